@@ -1,0 +1,43 @@
+"""ccoll: compression-assisted collectives for LLM training.
+
+Importing ccoll is cheap: torch and the codec registry only. cupy, mpi4py and deepspeed are imported
+when first needed (a CUDA tensor, an MPI communicator, a DeepSpeed resolver).
+"""
+from __future__ import annotations
+
+import importlib
+
+from . import errors
+from .codecs import CODECS, Codec, get_codec
+from .stats import reset_stats, stats
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it; loaded on first attribute access
+_LAZY = {
+    "all_reduce": "collectives",
+    "all_gather_into_tensor": "collectives",
+    "reduce_scatter_tensor": "collectives",
+    "broadcast": "collectives",
+    "all_to_all_single": "collectives",
+    "send": "collectives",
+    "recv": "collectives",
+    "isend": "collectives",
+    "irecv": "collectives",
+    "ErrorFeedback": "collectives",
+    "Policy": "policy",
+    "patch": None,
+    "transports": None,
+    "collectives": None,
+    "policy": None,
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ccoll' has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    return module if _LAZY[name] is None else getattr(module, name)
+
+
+__all__ = ["errors", "CODECS", "Codec", "get_codec", "stats", "reset_stats", *_LAZY]

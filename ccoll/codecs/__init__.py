@@ -1,0 +1,6 @@
+"""Codecs: tensor <-> fixed-size byte payload. Importing this registers every built-in codec;
+none of them imports cupy until a CUDA tensor is encoded."""
+from .base import CODECS, Codec, Param, get_codec, parse_spec
+from . import cast  # noqa: F401  (registers none, bf16, fp16)
+
+__all__ = ["CODECS", "Codec", "Param", "get_codec", "parse_spec"]

@@ -1,0 +1,108 @@
+"""Per-(dimension, op, codec) traffic counters: what users read to see what was compressed and how much.
+
+The dimension comes from a context variable that the patch layer sets (``with stats.dimension("dp")``),
+so collectives record without knowing about parallelism. Disabled cost: one dict update under a lock.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import json
+import os
+import threading
+from typing import Iterator
+
+_dim: contextvars.ContextVar[str] = contextvars.ContextVar("ccoll_dim", default="direct")
+_lock = threading.Lock()
+_table: dict[tuple[str, str, str], dict] = {}
+
+
+@contextlib.contextmanager
+def dimension(dim: str) -> Iterator[None]:
+    """Attribute collectives called inside this block to parallel dimension ``dim``."""
+    token = _dim.set(dim)
+    try:
+        yield
+    finally:
+        _dim.reset(token)
+
+
+def current_dimension() -> str:
+    return _dim.get()
+
+
+def _bucket(nbytes: int) -> str:
+    """Power-of-two upper bound of the message size, as a string key (JSON-friendly)."""
+    return str(1 << max(0, int(nbytes) - 1).bit_length())
+
+
+def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds: float, dim: str | None = None) -> None:
+    """Count one call. ``raw_bytes``: the uncompressed tensor this rank contributed; ``wire_bytes``:
+    the payload bytes this rank sent for it."""
+    key = (dim or _dim.get(), op, codec)
+    with _lock:
+        row = _table.get(key)
+        if row is None:
+            row = _table[key] = {
+                "dim": key[0], "op": op, "codec": codec, "calls": 0, "raw_bytes": 0, "wire_bytes": 0,
+                "seconds": 0.0, "histogram": {},
+            }
+        row["calls"] += 1
+        row["raw_bytes"] += int(raw_bytes)
+        row["wire_bytes"] += int(wire_bytes)
+        row["seconds"] += float(seconds)
+        b = _bucket(raw_bytes)
+        row["histogram"][b] = row["histogram"].get(b, 0) + 1
+
+
+def stats() -> list[dict]:
+    """One dict per (dim, op, codec): calls, raw_bytes, wire_bytes, seconds, histogram {size<=: calls}."""
+    with _lock:
+        return [dict(r, histogram=dict(r["histogram"])) for r in sorted(_table.values(), key=lambda r: (r["dim"], r["op"], r["codec"]))]
+
+
+def reset_stats() -> None:
+    with _lock:
+        _table.clear()
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    for r, w in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if r in os.environ:
+            return int(os.environ[r]), int(os.environ.get(w, "1"))
+    return 0, 1
+
+
+def stats_path(path: str) -> str:
+    """Per-rank file name: "{rank}" in the path is replaced; otherwise ".rank<R>" goes before ".json"
+    when there is more than one rank, so ranks never overwrite each other."""
+    rank, world = _rank_and_world()
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    if world > 1:
+        stem, ext = os.path.splitext(path)
+        return f"{stem}.rank{rank}{ext or '.json'}"
+    return path
+
+
+def dump(path: str) -> str:
+    out = stats_path(path)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"rank": _rank_and_world()[0], "stats": stats()}, f, indent=1)
+    return out
+
+
+def _dump_at_exit() -> None:
+    path = os.environ.get("CCOLL_STATS")
+    if path:
+        dump(path)
+
+
+atexit.register(_dump_at_exit)
