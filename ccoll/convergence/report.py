@@ -1,0 +1,136 @@
+"""Turn finished runs into losses.csv, loss.png, summary.json and summary.md."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+from .runner import RunResult
+
+DIMS = ("dp", "tp", "pp")
+
+
+def final_loss(losses: list[float]) -> float:
+    """Mean over the last 10% of steps (at least one): less noisy than the last step alone."""
+    n = max(1, math.ceil(0.1 * len(losses)))
+    tail = losses[-n:]
+    return sum(tail) / len(tail)
+
+
+def pick_baseline(results: list[RunResult]) -> RunResult:
+    """The run whose policy stem is "baseline", else the first one given."""
+    return next((r for r in results if r.name == "baseline"), results[0])
+
+
+def summary(results: list[RunResult], meta: dict) -> dict:
+    base = final_loss(pick_baseline(results).losses)
+    policies = {}
+    for r in results:
+        fl = final_loss(r.losses)
+        policies[r.name] = {
+            "final_loss": fl,
+            "samples_per_s": r.samples_per_s,
+            "steps": len(r.losses),
+            "bytes": {d: {"raw": int(r.bytes[d]["raw"]), "wire": int(r.bytes[d]["wire"])} for d in DIMS},
+            "delta_vs_baseline_pct": 100.0 * (fl - base) / base if base else float("nan"),
+            "compression": {d: _ratio(r.bytes[d]) for d in DIMS},
+            "wall_seconds": r.seconds,
+        }
+    return {"baseline": pick_baseline(results).name, "meta": meta, "policies": policies}
+
+
+def _ratio(b: dict) -> float | None:
+    return b["raw"] / b["wire"] if b["wire"] else None
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary_markdown(s: dict) -> str:
+    m = s["meta"]
+    lines = [
+        f"# Convergence: {', '.join(s['policies'])}",
+        "",
+        f"{m['steps']} steps, dp={m['dp']} tp={m['tp']} pp={m['pp']}, model {m['model']}, "
+        f"global batch {m['global_batch']} x {m['model']['seq_len']} bytes, seed {m['seed']}, data {m['data']}.",
+        f"Final loss = mean of the last 10% of steps; bytes summed over all ranks' training steps; "
+        f"ratio = raw / wire. Baseline: `{s['baseline']}`.",
+        "",
+        "| policy | final loss | vs baseline | samples/s | " + " | ".join(f"{d} raw | {d} wire | {d} ratio" for d in DIMS) + " |",
+        "|---|---:|---:|---:|" + "---:|---:|---:|" * len(DIMS),
+    ]
+    for name, p in s["policies"].items():
+        cells = [name, f"{p['final_loss']:.4f}", f"{p['delta_vs_baseline_pct']:+.2f}%", f"{p['samples_per_s']:.2f}"]
+        for d in DIMS:
+            b, r = p["bytes"][d], p["compression"][d]
+            cells += [_fmt_bytes(b["raw"]), _fmt_bytes(b["wire"]), "-" if r is None else f"{r:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_losses_csv(results: list[RunResult], path: str) -> None:
+    steps = max(len(r.losses) for r in results)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", *(r.name for r in results)])
+        for i in range(steps):
+            w.writerow([i + 1, *(f"{r.losses[i]:.6f}" if i < len(r.losses) else "" for r in results)])
+
+
+def _smooth(xs: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= window:
+            acc -= xs[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def plot_losses(results: list[RunResult], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    window = max(1, len(results[0].losses) // 50)
+    for i, r in enumerate(results):
+        color = f"C{i}"
+        steps = range(1, len(r.losses) + 1)
+        ax.plot(steps, r.losses, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, _smooth(r.losses, window), color=color, linewidth=1.8,
+                label=f"{r.name} (final {final_loss(r.losses):.3f})")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (cross-entropy, nats/byte)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title=f"policy (line: {window}-step mean)" if window > 1 else "policy")
+    lo = min(min(r.losses) for r in results)
+    hi = max(max(r.losses[min(len(r.losses) - 1, len(r.losses) // 20):]) for r in results)
+    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_all(results: list[RunResult], out_dir: str, meta: dict) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    s = summary(results, meta)
+    write_losses_csv(results, os.path.join(out_dir, "losses.csv"))
+    title = (f"Byte-level GPT, dp={meta['dp']} tp={meta['tp']} pp={meta['pp']}, "
+             f"{meta['model']['layers']}x{meta['model']['hidden']}, {meta['steps']} steps")
+    plot_losses(results, os.path.join(out_dir, "loss.png"), title)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(s, f, indent=1)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(summary_markdown(s))
+    with open(os.path.join(out_dir, "stats.json"), "w") as f:
+        json.dump({r.name: r.stats for r in results}, f, indent=1)
+    return s

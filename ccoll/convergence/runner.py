@@ -1,0 +1,158 @@
+"""Launch one training run (all ranks of one policy) and collect the ranks' results.
+
+Ranks are plain subprocesses (``python -m ccoll.convergence.worker``) with gloo on loopback, or, with
+``netem_rate``, one ``python -m ccoll.bench.netem`` command that starts every rank in its own network
+namespace behind a shaped link. Either way this process owns the children: on failure or timeout it
+stops exactly the processes it started and reports the failing rank's log tail.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..errors import CcollError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunResult:
+    """What one policy's run produced (merged from every rank's file)."""
+
+    name: str
+    losses: list[float]
+    samples_per_s: float
+    seconds: float
+    bytes: dict[str, dict[str, int]]
+    stats: list[dict] = field(default_factory=list)
+
+
+def _tail(path: str, nlines: int = 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-nlines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _launch(spec_path: str, run_dir: str, world: int, netem_rate: str | None) -> list[subprocess.Popen]:
+    worker = [sys.executable, "-m", "ccoll.convergence.worker", spec_path]
+    base_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if netem_rate:
+        cmd = [sys.executable, "-m", "ccoll.bench.netem", "--ranks", str(world), "--rate", netem_rate, "--", *worker]
+        log = open(os.path.join(run_dir, "netem.log"), "w")
+        return [subprocess.Popen(cmd, env=base_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(base_env, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        log = open(os.path.join(run_dir, f"rank{rank}.log"), "w")
+        procs.append(subprocess.Popen(worker, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def _logs(run_dir: str, world: int, netem: bool) -> list[str]:
+    return [os.path.join(run_dir, "netem.log")] if netem else [os.path.join(run_dir, f"rank{r}.log") for r in range(world)]
+
+
+def run_policy(name: str, spec: dict, run_dir: str, on_step=None, timeout_s: float = 3600.0,
+               netem_rate: str | None = None) -> RunResult:
+    """Train ``spec`` on ``dp*tp*pp`` ranks; ``on_step(step, loss)`` is called as rank 0 reports progress."""
+    os.makedirs(run_dir, exist_ok=True)
+    for n in os.listdir(run_dir):  # a rerun must never read a previous run's results
+        if n.startswith("rank") or n in ("progress.txt", "netem.log"):
+            os.remove(os.path.join(run_dir, n))
+    world = spec["dp"] * spec["tp"] * spec["pp"]
+    spec = dict(spec, run_dir=os.path.abspath(run_dir))
+    spec_path = os.path.join(run_dir, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    progress_path = os.path.join(run_dir, "progress.txt")
+    t0 = time.monotonic()
+    procs = _launch(spec_path, run_dir, world, netem_rate)
+    seen = 0
+    try:
+        while True:
+            done = [p.poll() for p in procs]
+            seen = _poll_progress(progress_path, seen, on_step)
+            failed = [i for i, rc in enumerate(done) if rc not in (None, 0)]
+            if failed:
+                log = _logs(run_dir, world, bool(netem_rate))[failed[0]]
+                raise CcollError(f"policy {name!r}: rank {failed[0]} exited with {done[failed[0]]}; "
+                                 f"log {log}:\n{_tail(log)}")
+            if all(rc == 0 for rc in done):
+                break
+            if time.monotonic() - t0 > timeout_s:
+                raise CcollError(f"policy {name!r}: run exceeded {timeout_s:.0f} s; logs in {run_dir}")
+            time.sleep(0.3)
+        _poll_progress(progress_path, seen, on_step)
+    finally:
+        _stop(procs)
+    return _merge(name, run_dir, world, time.monotonic() - t0)
+
+
+def _poll_progress(path: str, seen: int, on_step) -> int:
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return seen
+    for line in lines[seen:]:
+        parts = line.split()
+        if len(parts) == 2 and on_step is not None:
+            on_step(int(parts[0]), float(parts[1]))
+        seen += 1
+    return seen
+
+
+def _merge(name: str, run_dir: str, world: int, wall_s: float) -> RunResult:
+    ranks = []
+    for r in range(world):
+        path = os.path.join(run_dir, f"rank{r}.json")
+        try:
+            with open(path) as f:
+                ranks.append(json.load(f))
+        except OSError as e:
+            raise CcollError(f"policy {name!r}: rank {r} finished without writing {path}") from e
+    # the pipeline engine hands every rank the DP-averaged loss of the last stage; rank 0's copy is it
+    losses = ranks[0]["losses"]
+    # throughput: the slowest rank's time over steps 2.. (step 1 includes one-off setup such as allocation)
+    timed = max(sum(r["step_seconds"][1:]) if len(r["step_seconds"]) > 1 else sum(r["step_seconds"]) for r in ranks)
+    nsteps = max(1, len(losses) - 1) if len(losses) > 1 else 1
+    samples_per_s = ranks[0]["samples_per_step"] * nsteps / timed if timed > 0 else float("nan")
+    totals = {d: {"raw": 0, "wire": 0} for d in ("dp", "tp", "pp")}
+    all_stats = []
+    for r in ranks:
+        for row in r["stats"]:
+            all_stats.append(dict(row, rank=r["rank"]))
+            if row["dim"] in totals:
+                totals[row["dim"]]["raw"] += int(row["raw_bytes"])
+                totals[row["dim"]]["wire"] += int(row["wire_bytes"])
+    return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats)

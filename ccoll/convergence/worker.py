@@ -1,0 +1,141 @@
+"""One training rank: ``python -m ccoll.convergence.worker SPEC.json`` with RANK, WORLD_SIZE, MASTER_ADDR
+and MASTER_PORT in the environment (set by the runner, or by ``ccoll.bench.netem`` per namespace).
+
+Order matters and mirrors GPT-NeoX: the ccoll patch is installed with the policy before
+``deepspeed.init_distributed`` (so the groups DeepSpeed creates and the functions deepspeed.comm caches
+are already wrapped); TP groups are built from the same PipeModelDataParallelTopology object the
+PipelineModule gets, so the resolver maps every group to dp/tp/pp by its rank set.
+
+Writes, in the spec's ``run_dir``: ``progress.txt`` (rank 0: "step loss" per line, for the progress bar)
+and ``rank<R>.json`` (losses, timing, ``ccoll.stats()`` of this rank's training steps).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+
+def _tp_state(topology, rank: int):
+    import torch.distributed as dist
+
+    from .model import TPState
+
+    lists = topology.get_axis_comm_lists("model")
+    if topology.get_dim("model") == 1:
+        return TPState(None, 0, 1)
+    mine = None
+    for ranks in lists:  # every rank creates every group, in the same order (torch.distributed rule)
+        g = dist.new_group(ranks=ranks)
+        if rank in ranks:
+            mine = TPState(g, ranks.index(rank), len(ranks))
+    return mine
+
+
+def _install_patch(policy_path: str | None, topology):
+    """Install ccoll's patch for ``policy_path`` (None: run unpatched). Returns the uninstall callable."""
+    if policy_path is None:
+        return lambda: None
+    from .. import patch
+    from ..resolvers import TopologyResolver
+
+    patch.install(policy_path, resolver=TopologyResolver(topology))
+    return patch.uninstall
+
+
+def run(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    torch.manual_seed(spec["seed"])
+    import deepspeed
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from deepspeed.utils import logger as ds_logger
+
+    import ccoll
+
+    from .data import BatchSampler, load_corpus
+    from .model import GPTConfig, build_pipeline
+
+    ds_logger.setLevel(logging.WARNING)
+    t_start = time.perf_counter()
+
+    def phase(what: str) -> None:
+        print(f"[ccoll.convergence rank {rank}] {what} at {time.perf_counter() - t_start:.1f} s", flush=True)
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ.setdefault("LOCAL_RANK", "0")
+    dp, tp, pp = spec["dp"], spec["tp"], spec["pp"]
+    topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    uninstall = _install_patch(spec.get("policy"), topology)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False, rank=rank, world_size=world)
+    phase("process group up")
+
+    tp_state = _tp_state(topology, rank)
+    cfg = GPTConfig(**spec["model"])
+    module = build_pipeline(cfg, topology, tp_state, spec["seed"])
+    steps, mb, gas, lr = spec["steps"], spec["micro_batch"], spec["grad_accum"], spec["lr"]
+    warmup = max(1, min(spec.get("warmup_steps", 20), steps // 5))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    ds_config = {
+        "train_micro_batch_size_per_gpu": mb,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": mb * gas * dp,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 1, "overlap_comm": False, "reduce_scatter": spec.get("reduce_scatter", True)},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=schedule,
+                                           config=ds_config)
+    phase("engine ready")
+    dp_rank = topology.get_coord(rank).data
+    sampler = BatchSampler(load_corpus(spec.get("data")), cfg.seq_len, mb, spec["seed"])
+    batches = sampler.iterator(dp_rank, gas)
+
+    # count only training traffic: init-time parameter broadcasts are never compressed by design
+    ccoll.reset_stats()
+    losses, step_seconds = [], []
+    progress = open(os.path.join(spec["run_dir"], "progress.txt"), "a") if rank == 0 else None
+    for step in range(steps):
+        t0 = time.perf_counter()
+        loss = engine.train_batch(data_iter=batches)
+        step_seconds.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+        if progress is not None:
+            progress.write(f"{step} {losses[-1]:.6f}\n")
+            progress.flush()
+    if progress is not None:
+        progress.close()
+    phase(f"{steps} steps done")
+    result = {
+        "rank": rank, "coord": topology.get_coord(rank)._asdict(), "losses": losses,
+        "step_seconds": step_seconds, "samples_per_step": mb * gas * dp, "stats": ccoll.stats(),
+    }
+    uninstall()
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    result = run(spec)
+    path = os.path.join(spec["run_dir"], f"rank{result['rank']}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
