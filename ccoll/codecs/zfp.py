@@ -1,0 +1,334 @@
+"""ZFP fixed-rate codec ("zfp:rate=R[,dims=1|2]"), byte-identical with libzfp 1.0.1 on every backend.
+
+Why ZFP: fixed-rate mode gives a payload size known from (numel, rate) alone, blocks are independent
+(GPU-friendly, one thread per block), and its transform keeps more accuracy than plain quantization
+on smooth data. The bitstream is specified in shared/ZFP_FIXED_RATE.md; libzfp (zfpy) is the oracle.
+
+Layout: ``dims=1`` codes the flat tensor in blocks of 4 values. ``dims=2`` reads it as rows of 4 values
+(nx = 4, ny = ceil(numel / 4)), so a 4x4 block holds 16 consecutive values and shares one exponent
+between them (lower error at the same rate). For numel % 4 == 0 the payload equals zfpy on
+``x.reshape(-1, 4)``; otherwise the last, partial row is first padded along x with zfp's own
+partial-block rule ([a] -> aaaa, [a,b] -> abba, [a,b,c] -> abca), then zfp pads missing rows as usual.
+
+Dtypes: float32 is coded as zfp float; bfloat16 and float16 are widened to float32 (exactly) and decoded
+back to their dtype (round to nearest even); float64 is coded as zfp double.
+
+Values libzfp does not define (shared/ZFP_FIXED_RATE.md section 5) get one definition on every backend:
+- a block holding NaN or +-Inf is written as header bit 1 followed by a biased exponent of 0 (a code
+  libzfp never emits) and zeros; it decodes to NaN for the whole block (the project rule, see base.py);
+- a block whose largest magnitude is below 2^-98 (float) or 2^-962 (double), where libzfp's scale
+  factor overflows and its output is garbage, is written as an all-zero block and decodes to +0.
+Every other block is exactly libzfp's.
+
+Rates: ``maxbits = floor(4^dims * rate + 0.5)`` bits per block. Rates with ``maxbits < 1 + EBITS``
+(float32: rate < 2.125 for dims=1, < 0.53125 for dims=2; float64: < 2.875, < 0.71875) make libzfp's
+coefficient budget underflow and write past its buffer; they are refused (PolicyError at construction for float32, CodecError
+when a float64 tensor needs the higher minimum). Rates above 64 bits/value (twice float32's raw size,
+beyond lossless for either type) are refused as absurd.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import torch
+
+from .. import kernels
+from ..errors import CodecError, PolicyError
+from .base import CODECS, Codec, Param
+
+#: rates above this many bits per value are refused
+MAX_RATE = 64.0
+
+
+class _Scalar:
+    """Per zfp scalar type: the constants the Python side needs (the kernel has the full traits)."""
+
+    def __init__(self, dtype, np_dtype, zfpy_type_name, int_dtype, ebits, mant_bits, precision, suffix):
+        self.dtype = dtype
+        self.np_dtype = np_dtype
+        self.zfpy_type_name = zfpy_type_name
+        self.int_dtype = int_dtype
+        self.ebits = ebits
+        self.mant_bits = mant_bits
+        self.precision = precision
+        self.suffix = suffix
+        # |v| bit patterns at or above this are Inf/NaN
+        self.nonfinite_bits = ((1 << ebits) - 1) << mant_bits
+        # blocks whose max |v| bit pattern is below this are "tiny" (biased exponent <= P - 4)
+        self.tiny_bits = (precision - 3) << mant_bits
+        self.magnitude_mask = (1 << (precision - 1)) - 1
+
+    def min_rate(self, dims: int) -> float:
+        # smallest rate with maxbits = floor(4^dims * rate + 0.5) >= 1 + EBITS (the header alone)
+        return (self.ebits + 0.5) / 4**dims
+
+
+_FLOAT = _Scalar(torch.float32, np.float32, "type_float", torch.int32, 8, 23, 32, "f32")
+_DOUBLE = _Scalar(torch.float64, np.float64, "type_double", torch.int64, 11, 52, 64, "f64")
+
+
+def _scalar(dtype: torch.dtype) -> _Scalar:
+    return _DOUBLE if dtype == torch.float64 else _FLOAT
+
+
+@CODECS.register("zfp")
+class ZfpCodec(Codec):
+    """Fixed-rate ZFP; see the module docstring for layout, dtypes and the values libzfp leaves undefined."""
+
+    name = "zfp"
+    PARAMS = {
+        "rate": Param(float, doc="bits per value (float32 dims=1: >= 2.125; dims=2: >= 0.53125)"),
+        "dims": Param(int, 1, (1, 2), doc="1: blocks of 4 values; 2: rows of 4, blocks of 16 values"),
+    }
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+    def _validate(self) -> None:
+        rate, dims = self.params["rate"], self.params["dims"]
+        if not math.isfinite(rate) or rate <= 0 or rate > MAX_RATE:
+            raise PolicyError(f"codec 'zfp': rate={rate} must be a number in (0, {MAX_RATE:g}] bits per value")
+        if _maxbits(rate, dims) < 1 + _FLOAT.ebits:
+            raise PolicyError(
+                f"codec 'zfp': rate={rate} with dims={dims} is below the minimum {_FLOAT.min_rate(dims)} "
+                f"(a block needs at least {1 + _FLOAT.ebits} bits; lower rates make libzfp overrun its buffer)"
+            )
+
+    @property
+    def rate(self) -> float:
+        return self.params["rate"]
+
+    @property
+    def dims(self) -> int:
+        return self.params["dims"]
+
+    @property
+    def block_size(self) -> int:
+        return 4**self.dims
+
+    def maxbits(self, dtype: torch.dtype) -> int:
+        """Bits per block for tensors of ``dtype``; CodecError where the rate is unsafe for its zfp type."""
+        self.check_dtype(dtype)
+        sc = _scalar(dtype)
+        maxbits = _maxbits(self.rate, self.dims)
+        if maxbits < 1 + sc.ebits:
+            raise CodecError(
+                f"codec {self.spec!r}: rate {self.rate} is below the minimum {sc.min_rate(self.dims)} for "
+                f"{dtype} with dims={self.dims} (zfp {sc.zfpy_type_name[5:]} needs {1 + sc.ebits} bits per block)"
+            )
+        return maxbits
+
+    def num_blocks(self, numel: int) -> int:
+        return -(-numel // self.block_size)
+
+    def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        if numel < 0:
+            raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
+        return 8 * (-(-self.num_blocks(numel) * self.maxbits(dtype) // 64))
+
+    # --- torch backend: libzfp through zfpy ---------------------------------------------------------
+    def _block_max_bits(self, x: torch.Tensor, sc: _Scalar) -> torch.Tensor:
+        """Per block, the largest |value| as its IEEE bit pattern (integers order like magnitudes; NaN
+        and Inf sort above every finite value)."""
+        S = self.block_size
+        mag = x.view(sc.int_dtype) & sc.magnitude_mask
+        full = (x.numel() // S) * S
+        maxima = mag[:full].view(-1, S).amax(dim=1)
+        if full < x.numel():
+            maxima = torch.cat([maxima, mag[full:].amax().reshape(1)])
+        return maxima
+
+    def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
+        import zfpy
+
+        sc = _scalar(flat.dtype)
+        maxbits = self.maxbits(flat.dtype)
+        x = flat.to(sc.dtype)
+        n, S = x.numel(), self.block_size
+        bmax = self._block_max_bits(x, sc)
+        nonfinite = bmax >= sc.nonfinite_bits
+        clear = nonfinite | ((bmax < sc.tiny_bits) & (bmax != 0))
+        if bool(clear.any()):
+            # never modify the caller's tensor; libzfp then codes these blocks as all-zero blocks
+            x = x.clone() if x.data_ptr() == flat.data_ptr() else x
+            full = (n // S) * S
+            x[:full].view(-1, S)[clear[: full // S]] = 0
+            if full < n and bool(clear[-1]):
+                x[full:] = 0
+        arr = x.numpy()
+        if self.dims == 2:
+            arr = _rows_of_four(arr)
+        encoded = zfpy.compress_numpy(arr, rate=self.rate, write_header=False)
+        out = np.frombuffer(bytearray(encoded), dtype=np.uint8)
+        if out.size != self.encoded_nbytes(n, flat.dtype):
+            raise CodecError(f"codec {self.spec!r}: libzfp wrote {out.size} bytes, expected {self.encoded_nbytes(n, flat.dtype)}")
+        if bool(nonfinite.any()):
+            # the block is all zero bits; its header flag alone turns it into the marker (exponent 0)
+            start = np.nonzero(nonfinite.numpy())[0].astype(np.int64) * maxbits
+            out[start >> 3] |= (1 << (start & 7)).astype(np.uint8)
+        return torch.from_numpy(out)
+
+    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        import zfpy
+
+        sc = _scalar(dtype)
+        maxbits = self.maxbits(dtype)
+        buf = payload.numpy()
+        if self.dims == 2:
+            rows = -(-numel // 4)
+            values = zfpy._decompress(buf, getattr(zfpy, sc.zfpy_type_name), [rows, 4], rate=self.rate)
+            values = values.reshape(-1)[:numel]
+        else:
+            values = zfpy._decompress(buf, getattr(zfpy, sc.zfpy_type_name), [numel], rate=self.rate)
+        out = torch.from_numpy(values)
+        marked = _marker_blocks(buf, self.num_blocks(numel), maxbits, sc.ebits)
+        if marked.any():
+            S = self.block_size
+            full = (numel // S) * S
+            mark = torch.from_numpy(marked)
+            out[:full].view(-1, S)[mark[: full // S]] = float("nan")
+            if full < numel and bool(mark[-1]):
+                out[full:] = float("nan")
+        return out.to(dtype)
+
+    # --- emulated backend: kernels/zfp.cu built for the host -----------------------------------------
+    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
+        sc = _scalar(flat.dtype)
+        maxbits = self.maxbits(flat.dtype)
+        x = flat.to(sc.dtype)
+        out = torch.zeros(self.encoded_nbytes(x.numel(), flat.dtype) // 8, dtype=torch.int64)
+        fn = _host_fn(f"ccoll_host_zfp_encode_{sc.suffix}")
+        fn(x.data_ptr(), x.numel(), self.dims, maxbits, out.data_ptr())
+        return out.view(torch.uint8)
+
+    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        sc = _scalar(dtype)
+        maxbits = self.maxbits(dtype)
+        words = _aligned(payload)
+        out = torch.empty(numel, dtype=sc.dtype)
+        fn = _host_fn(f"ccoll_host_zfp_decode_{sc.suffix}")
+        fn(words.data_ptr(), numel, self.dims, maxbits, out.data_ptr())
+        return out.to(dtype)
+
+    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in (torch.float32, torch.bfloat16):
+            return self._decode_sum_rows(payloads, numel, dtype)
+        rows = _aligned(payloads)
+        out = torch.empty(numel, dtype=torch.float32)
+        fn = _host_fn("ccoll_host_zfp_decode_sum_f32")
+        fn(rows.data_ptr(), rows.shape[1] // 8, rows.shape[0], numel, self.dims, self.maxbits(dtype),
+           int(dtype == torch.bfloat16), out.data_ptr())
+        return out
+
+    # --- cupy backend: the same kernels on the caller's torch stream ---------------------------------
+    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
+        sc = _scalar(flat.dtype)
+        maxbits = self.maxbits(flat.dtype)
+        x = flat.to(sc.dtype)
+        out = torch.zeros(self.encoded_nbytes(x.numel(), flat.dtype), dtype=torch.uint8, device=x.device)
+        _launch(f"ccoll_zfp_encode_{sc.suffix}", x.device, self.num_blocks(x.numel()),
+                _ptr(x), np.uint64(x.numel()), np.int32(self.dims), np.int32(maxbits), _ptr(out))
+        return out
+
+    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        sc = _scalar(dtype)
+        maxbits = self.maxbits(dtype)
+        words = _aligned(payload)
+        out = torch.empty(numel, dtype=sc.dtype, device=payload.device)
+        _launch(f"ccoll_zfp_decode_{sc.suffix}", payload.device, self.num_blocks(numel),
+                _ptr(words), np.uint64(numel), np.int32(self.dims), np.int32(maxbits), _ptr(out))
+        return out.to(dtype)
+
+    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in (torch.float32, torch.bfloat16):
+            return self._decode_sum_rows(payloads, numel, dtype)
+        rows = _aligned(payloads)
+        out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
+        _launch("ccoll_zfp_decode_sum_f32", payloads.device, self.num_blocks(numel),
+                _ptr(rows), np.uint64(rows.shape[1] // 8), np.int32(rows.shape[0]), np.uint64(numel),
+                np.int32(self.dims), np.int32(self.maxbits(dtype)), np.int32(dtype == torch.bfloat16), _ptr(out))
+        return out
+
+    def _decode_sum_rows(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Unfused reduce step (float16, float64): decode each row to ``dtype``, add in fp32 in row order."""
+        acc = torch.zeros(numel, dtype=torch.float32, device=payloads.device)
+        for row in payloads:
+            acc += self.decode(row, numel, dtype).to(torch.float32)
+        return acc
+
+
+def _maxbits(rate: float, dims: int) -> int:
+    # libzfp's zfp_stream_set_rate: floor(4^dims * rate + 0.5) in double arithmetic
+    return math.floor(4**dims * rate + 0.5)
+
+
+def _rows_of_four(arr: np.ndarray) -> np.ndarray:
+    """The flat array as shape (ceil(n/4), 4), the last partial row padded with zfp's partial-run rule."""
+    n = arr.size
+    if n % 4 == 0:
+        return arr.reshape(-1, 4)
+    padded = np.empty(n + (-n % 4), dtype=arr.dtype)
+    padded[:n] = arr
+    tail = padded[n - n % 4 :]
+    m = n % 4  # 1..3 values present; zfp's pad_block: n<=1: p1=p0; n<=2: p2=p1; p3=p0
+    if m <= 1:
+        tail[1] = tail[0]
+    if m <= 2:
+        tail[2] = tail[1]
+    tail[3] = tail[0]
+    return padded.reshape(-1, 4)
+
+
+def _marker_blocks(buf: np.ndarray, nblocks: int, maxbits: int, ebits: int) -> np.ndarray:
+    """Blocks whose header is flag 1 + biased exponent 0 (our non-finite marker), vectorised."""
+    start = np.arange(nblocks, dtype=np.int64) * maxbits
+    first = start >> 3
+    window = np.zeros(buf.size + 3, dtype=np.uint32)  # header (<= 12 bits) + offset (<= 7) fits in 3 bytes
+    window[: buf.size] = buf
+    word = window[first] | (window[first + 1] << 8) | (window[first + 2] << 16)
+    header = (word >> (start & 7).astype(np.uint32)) & ((1 << (1 + ebits)) - 1)
+    return header == 1
+
+
+def _aligned(payload: torch.Tensor) -> torch.Tensor:
+    """Kernels read 64-bit words: copy the (small) payload if it does not start on an 8-byte boundary."""
+    payload = payload.contiguous()
+    return payload if payload.data_ptr() % 8 == 0 else payload.clone()
+
+
+_HOST_SIGNATURES = {
+    "encode": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
+    "decode": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
+    "decode_sum": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_void_p],
+}
+
+
+def _host_fn(name: str):
+    fn = getattr(kernels.host_library("zfp"), name)
+    if fn.argtypes is None:
+        op = name[len("ccoll_host_zfp_"):].rsplit("_", 1)[0]
+        fn.argtypes = _HOST_SIGNATURES[op]
+        fn.restype = None
+    return fn
+
+
+def _ptr(t: torch.Tensor):
+    return np.uint64(t.data_ptr())
+
+
+#: threads per CUDA block; one thread codes one ZFP block
+_THREADS = 128
+
+
+def _launch(name: str, device: torch.device, nblocks: int, *args) -> None:
+    """Launch a zfp.cu kernel on torch's current stream of ``device`` (no synchronisation). Pointers are
+    passed as raw 64-bit device addresses of torch-owned memory, so nothing is copied."""
+    import cupy
+
+    fn = kernels.cupy_module("zfp").get_function(name)
+    grid = max(1, min(-(-nblocks // _THREADS), 2**31 - 1))
+    with cupy.cuda.Device(device.index):
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+        with stream:
+            fn((grid,), (_THREADS,), args)
