@@ -1,0 +1,536 @@
+"""Drop-in integration: route torch.distributed collectives and p2p calls through ccoll by policy.
+
+``install(policy, resolver)`` replaces these ``torch.distributed`` attributes (old and new names in
+torch 2.13) with wrappers:
+
+    all_reduce                                                    -> op "all_reduce"
+    all_gather_into_tensor, all_gather_single, _all_gather_base   -> op "all_gather"
+    reduce_scatter_tensor, reduce_scatter_single, _reduce_scatter_base -> op "reduce_scatter"
+    broadcast -> "broadcast"; all_to_all_single -> "all_to_all"; send, recv, isend, irecv -> "send_recv"
+
+GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
+functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
+``reduce_scatter_function``): those are rebound on the live backend at install and uninstall; a backend
+built while the patch is installed picks the wrappers up by itself.
+
+Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched); the policy
+gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG, uneven
+all_to_all splits, any-source recv and tagged p2p stay native. Native calls on a resolved dimension are
+recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to
+``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
+torch.distributed call made while ccoll handles a call goes straight to the original.
+
+Calls the patch does not compress reach the original with the same arguments and return its result.
+After ``uninstall()`` (or if someone captured a wrapper before), wrappers are plain pass-throughs.
+
+Policy fingerprints are compared across ranks through the default group's key-value store (no
+collective, so no device and no ordering constraint): at install when torch.distributed is initialised,
+otherwise right after ``torch.distributed.init_process_group`` (wrapped while installed), or at the first
+handled call as a last resort. Ranks that disagree raise PolicyError naming the ranks on every rank; a
+rank that never installs makes the others fail after ``CCOLL_FINGERPRINT_TIMEOUT_S`` (default 120 s).
+
+Steps (for ``warmup_steps``): by default every ``torch.optim.Optimizer.step()`` in the process counts
+one (a global post-step hook); ``install(..., step_counter="manual")`` counts only ``ccoll.patch.step()``
+calls. The step count also delimits error-feedback keys: the n-th error-feedback call of a (dim, op,
+group) within a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces
+its gradient buckets in the same order every step).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .errors import PolicyError
+from .log import logger, warn_once
+from .policy import Policy, load as _load_policy
+from .stats import dimension, record
+
+__all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
+           "steps", "WRAPPED"]
+
+_SUM = dist.ReduceOp.SUM
+_AVG = dist.ReduceOp.AVG
+
+
+class _Local(threading.local):
+    busy = False
+
+
+_local = _Local()
+
+
+class _State:
+    """Everything one installation decides with; replaced as a whole, read once per call."""
+
+    def __init__(self, policy: Policy, resolver: Callable | None, step_counter: str):
+        self.policy = policy
+        self.resolver = resolver
+        self.step_counter = step_counter
+        self.steps = 0
+        self.checked = False  # fingerprint compared across ranks
+        self.lock = threading.Lock()
+        self.ordinals: dict[tuple, int] = {}  # (dim, op, group id) -> error-feedback calls this step
+        from .feedback import ErrorFeedback
+
+        self.feedback = ErrorFeedback()
+
+    def dim_of(self, group: Any, op: str) -> str | None:
+        r = self.resolver
+        return "default" if r is None else r(group, op)
+
+    def ef_key(self, dim: str, op: str, group: Any) -> tuple:
+        k = (dim, op, id(group))
+        with self.lock:
+            n = self.ordinals.get(k, 0)
+            self.ordinals[k] = n + 1
+        if n == 100_000:
+            warn_once("ccoll-ef-no-steps", "ccoll: 100000 error-feedback calls on %s/%s without an optimizer step; "
+                      "with step_counter='manual', call ccoll.patch.step() once per step", dim, op)
+        return (dim, op, id(group), n)
+
+    def advance(self) -> None:
+        with self.lock:
+            self.steps += 1
+            self.ordinals.clear()
+
+
+_STATE: _State | None = None
+_install_lock = threading.RLock()
+_ORIGINALS: dict[str, Callable] = {}
+_WRAPPERS: dict[str, Callable] = {}
+_hook_handle: Any = None
+_fingerprint_generation = 0
+
+#: torch.distributed attribute -> policy op
+WRAPPED = {
+    "all_reduce": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather", "_all_gather_base": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "broadcast": "broadcast",
+    "all_to_all_single": "all_to_all",
+    "send": "send_recv", "recv": "send_recv", "isend": "send_recv", "irecv": "send_recv",
+}
+
+
+# --- per-call helpers ---------------------------------------------------------------------------------
+def _reduce_name(op: Any) -> str | None:
+    if op == _SUM:
+        return "sum"
+    if op == _AVG:
+        return "avg"
+    return None
+
+
+def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
+    t0 = time.perf_counter()
+    result = fn(*args)
+    record(op, "native", nbytes, nbytes, time.perf_counter() - t0, dim=dim)
+    return result
+
+
+def _enter(st: _State) -> None:
+    if not st.checked:
+        _check_fingerprint(st)
+    _local.busy = True
+
+
+def _collectives():
+    from . import collectives
+
+    return collectives
+
+
+# --- wrappers (signatures mirror torch 2.13 so keyword callers keep working) ----------------------------
+def _make_all_reduce(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def all_reduce(tensor, op=_SUM, group=None, async_op=False):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(tensor, op, group, async_op)
+        dim = st.dim_of(group, "all_reduce")
+        if dim is None:
+            return orig(tensor, op, group, async_op)
+        red = _reduce_name(op)
+        codec = st.policy.resolve(dim, "all_reduce", tensor, step=st.steps) if red else None
+        if codec is None:
+            return _native(dim, "all_reduce", tensor.numel() * tensor.element_size(), orig, tensor, op, group, async_op)
+        rule = st.policy.rule(dim, "all_reduce")
+        _enter(st)
+        try:
+            with dimension(dim):
+                ef = st.feedback if rule.error_feedback else None
+                key = st.ef_key(dim, "all_reduce", group) if ef is not None else None
+                h = _collectives().all_reduce(tensor, op=red, group=group, codec=codec, async_op=async_op,
+                                              error_feedback=ef, key=key, min_bytes=0)
+        finally:
+            _local.busy = False
+        return h if async_op else None
+
+    return all_reduce
+
+
+def _make_all_gather(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def all_gather(output_tensor, input_tensor, group=None, async_op=False):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(output_tensor, input_tensor, group, async_op)
+        dim = st.dim_of(group, "all_gather")
+        if dim is None:
+            return orig(output_tensor, input_tensor, group, async_op)
+        codec = st.policy.resolve(dim, "all_gather", input_tensor, step=st.steps)
+        if codec is None or output_tensor.dtype != input_tensor.dtype:
+            return _native(dim, "all_gather", input_tensor.numel() * input_tensor.element_size(), orig,
+                           output_tensor, input_tensor, group, async_op)
+        _enter(st)
+        try:
+            with dimension(dim):
+                h = _collectives().all_gather_into_tensor(output_tensor, input_tensor, group=group, codec=codec,
+                                                          async_op=async_op, min_bytes=0)
+        finally:
+            _local.busy = False
+        return h if async_op else None
+
+    return all_gather
+
+
+def _make_reduce_scatter(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def reduce_scatter(output, input, op=_SUM, group=None, async_op=False):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(output, input, op, group, async_op)
+        dim = st.dim_of(group, "reduce_scatter")
+        if dim is None:
+            return orig(output, input, op, group, async_op)
+        red = _reduce_name(op)
+        codec = st.policy.resolve(dim, "reduce_scatter", input, step=st.steps) if red else None
+        if codec is None or output.dtype != input.dtype:
+            return _native(dim, "reduce_scatter", input.numel() * input.element_size(), orig,
+                           output, input, op, group, async_op)
+        rule = st.policy.rule(dim, "reduce_scatter")
+        _enter(st)
+        try:
+            with dimension(dim):
+                ef = st.feedback if rule.error_feedback else None
+                key = st.ef_key(dim, "reduce_scatter", group) if ef is not None else None
+                h = _collectives().reduce_scatter_tensor(output, input, op=red, group=group, codec=codec,
+                                                         async_op=async_op, error_feedback=ef, key=key, min_bytes=0)
+        finally:
+            _local.busy = False
+        return h if async_op else None
+
+    return reduce_scatter
+
+
+def _make_broadcast(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(tensor, src, group, async_op, group_src)
+        dim = st.dim_of(group, "broadcast")
+        if dim is None:
+            return orig(tensor, src, group, async_op, group_src)
+        codec = st.policy.resolve(dim, "broadcast", tensor, step=st.steps)
+        if codec is None:
+            return _native(dim, "broadcast", tensor.numel() * tensor.element_size(), orig,
+                           tensor, src, group, async_op, group_src)
+        if src is None:
+            src = dist.get_global_rank(group if group is not None else dist.group.WORLD, group_src)
+        _enter(st)
+        try:
+            with dimension(dim):
+                h = _collectives().broadcast(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0)
+        finally:
+            _local.busy = False
+        return h if async_op else None
+
+    return broadcast
+
+
+def _make_all_to_all_single(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
+        dim = st.dim_of(group, "all_to_all")
+        if dim is None:
+            return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
+        even = output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
+        codec = st.policy.resolve(dim, "all_to_all", input, step=st.steps) if even else None
+        if codec is None:
+            return _native(dim, "all_to_all", input.numel() * input.element_size(), orig,
+                           output, input, output_split_sizes, input_split_sizes, group, async_op)
+        _enter(st)
+        try:
+            with dimension(dim):
+                h = _collectives().all_to_all_single(output, input, group=group, codec=codec, async_op=async_op,
+                                                     min_bytes=0)
+        finally:
+            _local.busy = False
+        return h if async_op else None
+
+    return all_to_all_single
+
+
+def _peer(group: Any, peer: int | None, group_peer: int | None) -> int:
+    if peer is not None:
+        return peer
+    return dist.get_global_rank(group if group is not None else dist.group.WORLD, group_peer)
+
+
+def _make_p2p(orig: Callable, name: str) -> Callable:
+    """send / recv / isend / irecv: both sides decide from (dim, shape, dtype, step) only."""
+    sending = name in ("send", "isend")
+    is_async = name in ("isend", "irecv")
+
+    def p2p(tensor, peer=None, group=None, tag=0, group_peer=None):
+        st = _STATE
+        if st is None or _local.busy:
+            return orig(tensor, peer, group, tag, group_peer)
+        dim = st.dim_of(group, "send_recv")
+        if dim is None:
+            return orig(tensor, peer, group, tag, group_peer)
+        # any-source recv cannot know its sender's decision; tags are outside ccoll's wire protocol
+        known = tag == 0 and (peer is not None or group_peer is not None)
+        codec = st.policy.resolve(dim, "send_recv", tensor, step=st.steps) if known else None
+        if codec is None:
+            return _native(dim, "send_recv", tensor.numel() * tensor.element_size(), orig,
+                           tensor, peer, group, tag, group_peer)
+        global_peer = _peer(group, peer, group_peer)
+        _enter(st)
+        try:
+            with dimension(dim):
+                fn = getattr(_collectives(), name)
+                h = fn(tensor, global_peer, group=group, codec=codec, min_bytes=0)
+        finally:
+            _local.busy = False
+        if is_async:
+            return h
+        return None if sending else global_peer
+
+    # keep torch's parameter names (dst/src, group_dst/group_src) for keyword callers
+    peer_name, group_peer_name = ("dst", "group_dst") if sending else ("src", "group_src")
+    code = (f"def {name}(tensor, {peer_name}=None, group=None, tag=0, {group_peer_name}=None):\n"
+            f"    return _p2p(tensor, {peer_name}, group, tag, {group_peer_name})\n")
+    ns: dict = {"_p2p": p2p}
+    exec(code, ns)  # noqa: S102 - fixed template, no user input
+    return functools.wraps(orig)(ns[name])
+
+
+_FACTORIES: dict[str, Callable[[Callable], Callable]] = {
+    "all_reduce": _make_all_reduce,
+    "all_gather_into_tensor": _make_all_gather, "all_gather_single": _make_all_gather,
+    "_all_gather_base": _make_all_gather,
+    "reduce_scatter_tensor": _make_reduce_scatter, "reduce_scatter_single": _make_reduce_scatter,
+    "_reduce_scatter_base": _make_reduce_scatter,
+    "broadcast": _make_broadcast,
+    "all_to_all_single": _make_all_to_all_single,
+    "send": lambda f: _make_p2p(f, "send"), "recv": lambda f: _make_p2p(f, "recv"),
+    "isend": lambda f: _make_p2p(f, "isend"), "irecv": lambda f: _make_p2p(f, "irecv"),
+}
+
+
+def _make_init_process_group(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def init_process_group(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        st = _STATE
+        if st is not None and not st.checked:
+            _check_fingerprint(st)
+        return result
+
+    return init_process_group
+
+
+# --- fingerprint check ----------------------------------------------------------------------------------
+def _check_fingerprint(st: _State) -> None:
+    """Every rank publishes its policy fingerprint in the default store and reads everyone's."""
+    global _fingerprint_generation
+    with st.lock:
+        if st.checked:
+            return
+        st.checked = True
+    if not (dist.is_available() and dist.is_initialized()):
+        st.checked = False
+        return
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    if world == 1:
+        return
+    _fingerprint_generation += 1
+    prefix = f"ccoll/policy/{_fingerprint_generation}/"
+    mine = f"{st.policy.fingerprint()[:16]} {st.policy.source}"
+    timeout_s = float(os.environ.get("CCOLL_FINGERPRINT_TIMEOUT_S", "120"))
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - backends without a store (e.g. some MPI setups): use a collective
+        store = None
+    if store is not None:
+        store.set(prefix + str(rank), mine)
+        keys = [prefix + str(r) for r in range(world)]
+        try:
+            store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        except Exception:  # noqa: BLE001 - store timeouts raise backend-specific errors
+            missing = [r for r in range(world) if not store.check([prefix + str(r)])]
+            raise PolicyError(
+                f"ccoll policy check: ranks {missing} did not publish a policy fingerprint within {timeout_s:.0f} s; "
+                f"install ccoll.patch with the same policy on every rank (this rank: {st.policy.source})"
+            ) from None
+        theirs = [store.get(k).decode() for k in keys]
+    else:
+        theirs = [None] * world
+        dist.distributed_c10d.all_gather_object(theirs, mine)
+    if len(set(theirs)) > 1:
+        by_fp: dict[str, list[int]] = {}
+        for r, v in enumerate(theirs):
+            by_fp.setdefault(v, []).append(r)
+        detail = "; ".join(f"ranks {rs}: {v.split(' ', 1)[0]} ({v.split(' ', 1)[1]})" for v, rs in by_fp.items())
+        raise PolicyError(f"ccoll policy mismatch across ranks (rank {rank} has {mine.split(' ', 1)[0]}): {detail}")
+    logger.debug("ccoll policy %s agreed on %d ranks", mine, world)
+
+
+# --- deepspeed.comm cached functions --------------------------------------------------------------------
+def _rebind_deepspeed(table_from: dict[str, Callable], table_to: dict[str, Callable]) -> None:
+    comm = sys.modules.get("deepspeed.comm.comm")
+    cdb = getattr(comm, "cdb", None) if comm is not None else None
+    if cdb is None:
+        return
+    for attr in ("all_gather_function", "reduce_scatter_function"):
+        fn = getattr(cdb, attr, None)
+        if fn is None:
+            continue
+        for name, f in table_from.items():
+            if f is fn and name in table_to:
+                setattr(cdb, attr, table_to[name])
+                break
+
+
+# --- public API -----------------------------------------------------------------------------------------
+def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None = None, *,
+            step_counter: str = "optimizer") -> Policy:
+    """Route torch.distributed calls through ccoll by ``policy`` (a Policy or a YAML path).
+
+    ``resolver(group, op) -> dim | None`` (see ccoll.resolvers); None: every call belongs to the
+    "default" dimension. Installing again replaces policy and resolver (wrappers are not stacked).
+    Returns the loaded Policy."""
+    global _STATE, _hook_handle
+    if step_counter not in ("optimizer", "manual"):
+        raise PolicyError(f"step_counter must be 'optimizer' or 'manual', got {step_counter!r}")
+    pol = _load_policy(policy)
+    with _install_lock:
+        if not _ORIGINALS:
+            for name in list(WRAPPED) + ["init_process_group"]:
+                orig = getattr(dist, name, None)
+                if orig is None:
+                    continue
+                factory = _FACTORIES.get(name, _make_init_process_group)
+                _ORIGINALS[name] = orig
+                _WRAPPERS[name] = factory(orig)
+                setattr(dist, name, _WRAPPERS[name])
+            _rebind_deepspeed(_ORIGINALS, _WRAPPERS)
+        st = _State(pol, resolver, step_counter)
+        if _STATE is not None:
+            st.steps = _STATE.steps
+        _STATE = st
+        if _hook_handle is not None:
+            _hook_handle.remove()
+            _hook_handle = None
+        if step_counter == "optimizer":
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _hook_handle = register_optimizer_step_post_hook(lambda *_: _advance())
+    logger.info("ccoll patch installed: %s\n%s", pol, pol.describe())
+    if dist.is_available() and dist.is_initialized():
+        _check_fingerprint(st)
+    return pol
+
+
+def uninstall() -> None:
+    """Restore the original torch.distributed functions (and DeepSpeed's cached ones). Idempotent."""
+    global _STATE, _hook_handle
+    with _install_lock:
+        _STATE = None
+        if _hook_handle is not None:
+            _hook_handle.remove()
+            _hook_handle = None
+        if not _ORIGINALS:
+            return
+        _rebind_deepspeed(_WRAPPERS, _ORIGINALS)
+        for name, orig in _ORIGINALS.items():
+            if getattr(dist, name, None) is _WRAPPERS[name]:
+                setattr(dist, name, orig)
+            else:  # someone wrapped on top of us: leave theirs; ours is now a plain pass-through
+                warn_once(f"ccoll-uninstall-{name}", "ccoll: torch.distributed.%s was replaced after ccoll "
+                          "installed; leaving it (ccoll's wrapper below it now passes through)", name)
+        _ORIGINALS.clear()
+        _WRAPPERS.clear()
+
+
+@contextlib.contextmanager
+def installed(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None = None, *,
+              step_counter: str = "optimizer") -> Iterator[Policy]:
+    """``with installed(policy, resolver): ...`` — install for the block, then restore what was before."""
+    previous = _STATE
+    pol = install(policy, resolver, step_counter=step_counter)
+    try:
+        yield pol
+    finally:
+        if previous is None:
+            uninstall()
+        else:
+            install(previous.policy, previous.resolver, step_counter=previous.step_counter)
+
+
+def is_installed() -> bool:
+    return _STATE is not None
+
+
+def current_policy() -> Policy | None:
+    st = _STATE
+    return None if st is None else st.policy
+
+
+def set_resolver(resolver: Callable | None) -> None:
+    """Attach a resolver to the current installation (e.g. once a framework's groups exist)."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.set_resolver: the patch is not installed")
+    st.resolver = resolver
+
+
+def _advance() -> None:
+    st = _STATE
+    if st is not None:
+        st.advance()
+
+
+def step() -> None:
+    """Count one optimizer step (with ``step_counter="manual"``; with the default counter, steps are
+    counted by the optimizer hook and calling this as well would count twice)."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.step: the patch is not installed")
+    if st.step_counter != "manual":
+        raise PolicyError("ccoll.patch.step: steps are counted by the optimizer hook; "
+                          "install(..., step_counter='manual') to count them yourself")
+    st.advance()
+
+
+def steps() -> int:
+    """Optimizer steps counted since install (0 when not installed)."""
+    st = _STATE
+    return 0 if st is None else st.steps

@@ -1,0 +1,359 @@
+"""Per-dimension compression policy: YAML -> validated, frozen rules -> ``Codec | None`` per call.
+
+Why a policy layer: the right codec depends on what a collective carries (DP gradients tolerate int4 with
+error feedback, TP activations need a light touch, an attention mask must stay exact), and that is known
+from the parallel dimension, the op and the tensor's shape/dtype alone. Deciding from those alone is what
+lets both sides of a send/recv reach the same decision without talking.
+
+Schema (``version: 1``)::
+
+    version: 1
+    default:                # rules for every dimension not listed, and defaults for the listed ones
+      codec: native
+    dp:                     # one of: dp, tp, pp, ep, default
+      codec: int4:block=64  # a codec spec (see ccoll.get_codec), "none" (ccoll's path, uncompressed)
+                            # or "native" (torch.distributed's own call, untouched)
+      error_feedback: true  # only meaningful for reducing ops (all_reduce, reduce_scatter)
+      min_bytes: 64KiB      # tensors smaller than this stay native (int, or "<n>B/KiB/MiB/GiB")
+      warmup_steps: 10      # optimizer steps (see below) before compression starts
+      exclude:              # tensors that must stay exact: each entry matches when all its keys match
+        - {dtype: float16, ndim: 4}
+      ops:                  # per-op overrides; keys as above
+        all_gather: {codec: bf16}
+
+Each setting of (dimension, op) is looked up in this order: ``<dim>.ops.<op>``, ``<dim>``,
+``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes 4096, no error feedback,
+no warm-up, nothing excluded). ``exclude`` lists are replaced, not merged, by a more specific level.
+
+What a "step" is: one optimizer step. ``ccoll.patch`` counts them (by default with a global
+``torch.optim`` step hook, or by explicit ``ccoll.patch.step()`` calls) and passes the count to
+:meth:`Policy.resolve`. Every rank steps the same number of times, so during warm-up all ranks (both
+sides of every send/recv) agree that a call stays native. Calls counted per (dim, op) would not: in a
+pipeline, neighbouring stages make different numbers of p2p calls.
+
+Never compressed whatever the policy says: non-floating tensors, dtypes the codec does not take,
+single-element tensors (losses, norms, overflow flags) and tensors below ``min_bytes``. Reduce ops other
+than SUM/AVG are kept native by the patch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import torch
+
+from .codecs import Codec, get_codec
+from .errors import PolicyError
+
+VERSION = 1
+DIMENSIONS = ("dp", "tp", "pp", "ep", "default")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+REDUCING_OPS = ("all_reduce", "reduce_scatter")
+NATIVE = "native"
+
+RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude")
+DIM_KEYS = RULE_KEYS + ("ops",)
+EXCLUDE_KEYS = ("dtype", "ndim")
+
+#: below this, a collective is latency-bound: encoding cannot pay for itself (4096 B = 1024 fp32)
+DEFAULT_MIN_BYTES = 4096
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclude:
+    """Tensors matching every given field stay exact (native). ``None`` = any."""
+
+    dtypes: tuple[str, ...] | None = None
+    ndims: tuple[int, ...] | None = None
+
+    def matches(self, ndim: int, dtype: torch.dtype) -> bool:
+        if self.dtypes is not None and _DTYPE_NAMES.get(dtype) not in self.dtypes:
+            return False
+        return self.ndims is None or ndim in self.ndims
+
+    def to_dict(self) -> dict:
+        return {"dtype": list(self.dtypes) if self.dtypes else None, "ndim": list(self.ndims) if self.ndims else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """The effective setting of one (dimension, op)."""
+
+    codec: str  # canonical codec spec, or "native"
+    min_bytes: int
+    error_feedback: bool
+    warmup_steps: int
+    exclude: tuple[Exclude, ...]
+    #: the built codec (None for native); built once at load so a bad spec fails at start
+    codec_obj: Codec | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "codec": self.codec, "min_bytes": self.min_bytes, "error_feedback": self.error_feedback,
+            "warmup_steps": self.warmup_steps, "exclude": [e.to_dict() for e in self.exclude],
+        }
+
+
+_BUILTIN: dict[str, Any] = {"codec": NATIVE, "min_bytes": DEFAULT_MIN_BYTES, "error_feedback": False,
+                            "warmup_steps": 0, "exclude": ()}
+
+
+class Policy:
+    """Frozen per-(dimension, op) rules. Build with :meth:`from_yaml` or :meth:`from_dict`."""
+
+    def __init__(self, rules: Mapping[tuple[str, str], Rule], source: str):
+        self._rules = dict(rules)
+        self.source = source
+        self._fingerprint = hashlib.sha256(
+            json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+
+    # --- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: "str | os.PathLike[str]") -> "Policy":
+        import yaml
+
+        path = os.fspath(path)
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise PolicyError(f"policy {path}: cannot read ({e.strerror})") from None
+        except yaml.YAMLError as e:
+            raise PolicyError(f"policy {path}: not valid YAML: {e}") from None
+        return cls.from_dict(data, source=path)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> "Policy":
+        return cls(_validate(data, source), source)
+
+    # --- queries ----------------------------------------------------------------------------------
+    def rule(self, dim: str, op: str) -> Rule:
+        """Effective rule of (dim, op); unknown dimensions or ops raise PolicyError."""
+        try:
+            return self._rules[(dim, op)]
+        except KeyError:
+            if dim not in DIMENSIONS:
+                raise PolicyError(f"policy {self.source}: unknown dimension {dim!r}; valid: {', '.join(DIMENSIONS)}") from None
+            raise PolicyError(f"policy {self.source}: unknown op {op!r}; valid: {', '.join(OPS)}") from None
+
+    def resolve(self, dim: str, op: str, tensor: "torch.Tensor | tuple", *, step: int | None = None) -> Codec | None:
+        """The codec for this call, or None = leave it to torch.distributed.
+
+        ``tensor``: the tensor this rank contributes (all_gather: its input chunk), or a
+        ``(numel_or_shape, dtype)`` pair. ``step``: optimizer steps done so far (None: warm-up is over).
+        The answer depends on (dim, op, shape, dtype, step) only, so both sides of a send/recv agree.
+        """
+        rule = self.rule(dim, op)
+        codec = rule.codec_obj
+        if codec is None:
+            return None
+        if isinstance(tensor, torch.Tensor):
+            numel, ndim, dtype = tensor.numel(), tensor.dim(), tensor.dtype
+        else:
+            shape, dtype = tensor
+            if isinstance(shape, int):
+                numel, ndim = shape, 1
+            else:
+                numel, ndim = 1, len(shape)
+                for s in shape:
+                    numel *= int(s)
+        if dtype not in codec.dtypes or not dtype.is_floating_point:
+            return None
+        if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
+            return None
+        if step is not None and step < rule.warmup_steps:
+            return None
+        for ex in rule.exclude:
+            if ex.matches(ndim, dtype):
+                return None
+        return codec
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the normalised rules: equal for policies that behave the same, whatever the
+        file's layout, comments or key order."""
+        return self._fingerprint
+
+    def to_dict(self) -> dict:
+        """Normalised rules, {dim: {op: rule dict}}, every dimension and op spelled out."""
+        out: dict = {"version": VERSION}
+        for (dim, op), rule in sorted(self._rules.items()):
+            out.setdefault(dim, {})[op] = rule.to_dict()
+        return out
+
+    def describe(self) -> str:
+        """One line per dimension: what each op does (for logs)."""
+        lines = []
+        for dim in DIMENSIONS:
+            parts = []
+            for op in OPS:
+                r = self._rules[(dim, op)]
+                ef = "+ef" if r.error_feedback else ""
+                parts.append(f"{op}={r.codec}{ef}")
+            lines.append(f"{dim}: " + " ".join(parts))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Policy {self.source} {self._fingerprint[:12]}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Policy) and self._fingerprint == other._fingerprint
+
+    def __hash__(self) -> int:
+        return hash(self._fingerprint)
+
+
+# --- validation -------------------------------------------------------------------------------------
+def _err(source: str, where: str, msg: str) -> PolicyError:
+    return PolicyError(f"policy {source}: {where}: {msg}")
+
+
+def _check_keys(source: str, where: str, mapping: Any, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(mapping, dict):
+        raise _err(source, where, f"expected a mapping with keys from {', '.join(allowed)}, got {type(mapping).__name__}")
+    unknown = [k for k in mapping if k not in allowed]
+    if unknown:
+        raise _err(source, where, f"unknown key(s) {', '.join(map(repr, unknown))}; valid: {', '.join(allowed)}")
+    return mapping
+
+
+def _parse_size(source: str, where: str, raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise _err(source, where, f"min_bytes must be a byte count, got {raw!r}")
+    if isinstance(raw, int):
+        value = raw
+    else:
+        m = _SIZE.match(str(raw))
+        if not m:
+            raise _err(source, where, f"min_bytes={raw!r} is not a size; write an integer or <n>B/KiB/MiB/GiB")
+        value = int(m.group(1)) * _UNITS[m.group(2)]
+    if value < 0:
+        raise _err(source, where, f"min_bytes must be >= 0, got {raw!r}")
+    return value
+
+
+def _parse_exclude(source: str, where: str, raw: Any) -> tuple[Exclude, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _err(source, where, "exclude must be a list of {dtype: ..., ndim: ...} entries")
+    out = []
+    for i, entry in enumerate(raw):
+        w = f"{where}[{i}]"
+        _check_keys(source, w, entry, EXCLUDE_KEYS)
+        if not entry:
+            raise _err(source, w, f"an exclude entry needs at least one of {', '.join(EXCLUDE_KEYS)}")
+        dtypes = ndims = None
+        if "dtype" in entry:
+            names = entry["dtype"] if isinstance(entry["dtype"], list) else [entry["dtype"]]
+            for n in names:
+                if n not in DTYPES:
+                    raise _err(source, f"{w}.dtype", f"unknown dtype {n!r}; valid: {', '.join(DTYPES)}")
+            dtypes = tuple(sorted(set(names)))
+        if "ndim" in entry:
+            vals = entry["ndim"] if isinstance(entry["ndim"], list) else [entry["ndim"]]
+            for v in vals:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise _err(source, f"{w}.ndim", f"ndim must be a non-negative integer, got {v!r}")
+            ndims = tuple(sorted(set(vals)))
+        out.append(Exclude(dtypes, ndims))
+    return tuple(sorted(set(out), key=lambda e: json.dumps(e.to_dict(), sort_keys=True)))
+
+
+def _parse_level(source: str, where: str, raw: dict, op: str | None) -> dict[str, Any]:
+    """Validate the rule keys of one level (a dimension or one of its ops); returns the keys it sets."""
+    out: dict[str, Any] = {}
+    if "codec" in raw:
+        spec = raw["codec"]
+        if spec is None or spec == NATIVE:
+            out["codec"] = None
+        else:
+            try:
+                out["codec"] = get_codec(spec)
+            except PolicyError as e:
+                raise _err(source, f"{where}.codec", f"{e} (or use 'native' to leave the op untouched)") from None
+            if torch.float32 not in out["codec"].dtypes:
+                raise _err(source, f"{where}.codec", f"codec {spec!r} does not take float32 tensors")
+    if "min_bytes" in raw:
+        out["min_bytes"] = _parse_size(source, f"{where}.min_bytes", raw["min_bytes"])
+    if "error_feedback" in raw:
+        ef = raw["error_feedback"]
+        if not isinstance(ef, bool):
+            raise _err(source, f"{where}.error_feedback", f"must be true or false, got {ef!r}")
+        if ef and op is not None and op not in REDUCING_OPS:
+            raise _err(source, f"{where}.error_feedback",
+                       f"error feedback needs a reducing op ({', '.join(REDUCING_OPS)}); {op} does not reduce")
+        if ef and "codec" in out and (out["codec"] is None or not out["codec"].lossy):
+            name = out["codec"].spec if out["codec"] is not None else NATIVE
+            raise _err(source, f"{where}.error_feedback",
+                       f"error feedback needs a lossy codec; codec {name!r} is exact, so there is no residual")
+        out["error_feedback"] = ef
+    if "warmup_steps" in raw:
+        w = raw["warmup_steps"]
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise _err(source, f"{where}.warmup_steps", f"must be a non-negative integer (optimizer steps), got {w!r}")
+        out["warmup_steps"] = w
+    if "exclude" in raw:
+        out["exclude"] = _parse_exclude(source, f"{where}.exclude", raw["exclude"])
+    return out
+
+
+def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
+    if data is None:
+        raise _err(source, "top level", "empty policy; at least 'version: 1' is required")
+    _check_keys(source, "top level", data, ("version",) + DIMENSIONS)
+    if data.get("version") != VERSION:
+        raise _err(source, "version", f"expected 'version: {VERSION}', got {data.get('version')!r}")
+    levels: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for dim in DIMENSIONS:
+        raw = data.get(dim)
+        if raw is None:
+            continue
+        _check_keys(source, dim, raw, DIM_KEYS)
+        levels[(dim, None)] = _parse_level(source, dim, raw, None)
+        ops = raw.get("ops") or {}
+        _check_keys(source, f"{dim}.ops", ops, OPS)
+        for op, op_raw in ops.items():
+            _check_keys(source, f"{dim}.ops.{op}", op_raw or {}, RULE_KEYS)
+            levels[(dim, op)] = _parse_level(source, f"{dim}.ops.{op}", op_raw or {}, op)
+
+    rules: dict[tuple[str, str], Rule] = {}
+    for dim in DIMENSIONS:
+        for op in OPS:
+            chain = [levels.get((dim, op), {}), levels.get((dim, None), {}),
+                     levels.get(("default", op), {}), levels.get(("default", None), {})]
+            eff: dict[str, Any] = {}
+            for key in RULE_KEYS:
+                eff[key] = next((lvl[key] for lvl in chain if key in lvl), _BUILTIN[key])
+            codec = eff["codec"] if isinstance(eff["codec"], Codec) else None
+            # error feedback only exists for reducing ops with a lossy codec; normalise it away elsewhere
+            ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and codec is not None and codec.lossy
+            rules[(dim, op)] = Rule(
+                codec=codec.spec if codec is not None else NATIVE,
+                min_bytes=eff["min_bytes"], error_feedback=ef, warmup_steps=eff["warmup_steps"],
+                exclude=tuple(eff["exclude"]), codec_obj=codec,
+            )
+    return rules
+
+
+def load(policy: "Policy | str | os.PathLike[str] | Mapping") -> Policy:
+    """Accept a Policy, a YAML path or a dict (for APIs that take any of them)."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, Mapping):
+        return Policy.from_dict(dict(policy))
+    if isinstance(policy, (str, os.PathLike)):
+        return Policy.from_yaml(policy)
+    raise PolicyError(f"expected a Policy, a YAML path or a dict, got {type(policy).__name__}")
