@@ -89,9 +89,9 @@ class _GatherFromTP(torch.autograd.Function):
     def forward(ctx, x, tp: TPState):
         ctx.tp = tp
         x = x.contiguous()
-        out = x.new_empty((tp.size, *x.shape))
+        out = x.new_empty((tp.size * x.shape[0], *x.shape[1:]))  # ranks' slices stacked along dim 0
         dist.all_gather_into_tensor(out, x, group=tp.group)
-        return torch.cat(out.unbind(0), dim=-1)
+        return torch.cat(out.view(tp.size, *x.shape).unbind(0), dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
