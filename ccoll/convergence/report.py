@@ -36,8 +36,23 @@ def summary(results: list[RunResult], meta: dict) -> dict:
             "delta_vs_baseline_pct": 100.0 * (fl - base) / base if base else float("nan"),
             "compression": {d: _ratio(r.bytes[d]) for d in DIMS},
             "wall_seconds": r.seconds,
+            "by_op": _by_op(r.stats),
         }
     return {"baseline": pick_baseline(results).name, "meta": meta, "policies": policies}
+
+
+def _by_op(rows: list[dict]) -> list[dict]:
+    """Stats summed over ranks per (dim, op, codec): shows e.g. DP gradients apart from ZeRO's param gathers."""
+    acc: dict[tuple[str, str, str], dict] = {}
+    for row in rows:
+        key = (row["dim"], row["op"], row["codec"])
+        a = acc.setdefault(key, {"dim": key[0], "op": key[1], "codec": key[2], "calls": 0, "raw": 0, "wire": 0,
+                                 "seconds": 0.0})
+        a["calls"] += int(row["calls"])
+        a["raw"] += int(row["raw_bytes"])
+        a["wire"] += int(row["wire_bytes"])
+        a["seconds"] += float(row["seconds"])
+    return [acc[k] for k in sorted(acc)]
 
 
 def _ratio(b: dict) -> float | None:
@@ -71,6 +86,13 @@ def summary_markdown(s: dict) -> str:
             b, r = p["bytes"][d], p["compression"][d]
             cells += [_fmt_bytes(b["raw"]), _fmt_bytes(b["wire"]), "-" if r is None else f"{r:.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Traffic by operation (all ranks; calls below the policy's min_bytes stay native):", "",
+              "| policy | dim | op | codec | calls | raw | wire | ratio |", "|---|---|---|---|---:|---:|---:|---:|"]
+    for name, p in s["policies"].items():
+        for o in p.get("by_op", []):
+            r = _ratio(o)
+            lines.append(f"| {name} | {o['dim']} | {o['op']} | {o['codec']} | {o['calls']} | {_fmt_bytes(o['raw'])} | "
+                         f"{_fmt_bytes(o['wire'])} | {'-' if r is None else f'{r:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 
