@@ -2,6 +2,7 @@
 none of them imports cupy until a CUDA tensor is encoded."""
 from .base import CODECS, Codec, Param, get_codec, parse_spec
 from . import cast  # noqa: F401  (registers none, bf16, fp16)
+from . import quant  # noqa: F401
 from . import zfp  # noqa: F401
 
 __all__ = ["CODECS", "Codec", "Param", "get_codec", "parse_spec"]

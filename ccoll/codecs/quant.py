@@ -1,0 +1,391 @@
+"""Block quantization codecs "int8" and "int4": symmetric absmax per block, one fp32 scale per block.
+
+One implementation parametrised by ``bits`` (qmax = 2^(bits-1) - 1 = 127 or 7). The algorithm, the exact
+rounding rules and the payload layout are specified once, in kernels/quant.cu's header comment; this
+module's torch backend is a vectorised re-statement of the same fp32 operations in the same order, so
+every backend produces the same bytes (tests/unit/test_quant.py checks it).
+
+Spec: ``int8:block=B`` / ``int4:block=B``, optional ``round=nearest|stochastic`` (default nearest,
+ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic rounding only).
+
+- ``block`` must be a multiple of 8 in [8, 2^20]: every block then starts on a 32-bit word of the q
+  section for both widths (vector loads/stores on the GPU, no two blocks share a byte). 2^20 bounds the
+  work of one GPU team; larger blocks buy nothing (the scale costs 32/B bits per value).
+- Round to nearest: |decode - x| <= absmax / (2 qmax) per element, up to fp32 rounding of the scale and
+  of x/scale (a few ulp of absmax) and, for bf16/fp16 output, the final cast. Zero stays exactly zero.
+- Stochastic: q = floor(x/scale + u) with u in [0, 1) (24 random bits) from a counter-based hash of
+  (seed, global element index), so E[decode] = x (up to fp32 rounding of x/scale + u, ~2^-17 of a step)
+  and CPU and GPU produce the same bytes for the same seed.
+  Seed design note: the same seed on every call gives the same u at the same index, so repeated calls on
+  similar data round the same way (errors stop averaging out over steps) and all ranks encoding equal-sized
+  chunks use the same u sequence (errors correlate across ranks instead of cancelling in the sum). The
+  codec itself is stateless -- callers that encode repeatedly (collectives, error feedback) should derive a
+  per-call seed, e.g. ``codec.with_seed(hash32(base_seed, call_counter, rank))``; the seed does not
+  travel, so receivers do not need it.
+- Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
+- Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+from typing import ClassVar
+
+import torch
+
+from .. import kernels
+from ..errors import CodecError, PolicyError
+from .base import CODECS, Codec, Param
+
+MAX_BLOCK = 1 << 20
+_FLT_MIN_NORMAL = 2.0**-126
+_U32 = 0xFFFFFFFF
+#: elements per torch-backend chunk: temporaries stay cache-resident and no large scratch is allocated
+_CHUNK_NUMEL = 1 << 18
+
+if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through int16 views
+    raise ImportError("ccoll.codecs.quant needs a little-endian host")
+
+
+def _mix32(x: int) -> int:
+    """The 32-bit integer hash of kernels/quant.cu (cq_mix32), on Python ints."""
+    x &= _U32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _U32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _U32
+    x ^= x >> 16
+    return x
+
+
+def _stream_key(seed: int, index_hi: int) -> int:
+    return _mix32(seed ^ _mix32(index_hi + 0x9E3779B9))
+
+
+def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> None:
+    """cq_mix32 in place on an int64 tensor holding values in [0, 2^32): products wrap mod 2^64 and the
+    mask keeps the low 32 bits, which is exactly uint32 arithmetic."""
+    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        torch.bitwise_right_shift(x, shift, out=tmp)
+        x.bitwise_xor_(tmp)
+        x.mul_(mult).bitwise_and_(_U32)
+    torch.bitwise_right_shift(x, 16, out=tmp)
+    x.bitwise_xor_(tmp)
+
+
+def _uniform(seed: int, index0: int, numel: int) -> torch.Tensor:
+    """u in [0, 1) for global element indices index0 .. index0+numel-1 (cq_uniform, vectorised)."""
+    idx = torch.arange(index0, index0 + numel, dtype=torch.int64)
+    hi_first, hi_last = index0 >> 32, (index0 + numel - 1) >> 32
+    tmp = torch.empty_like(idx)
+    if hi_first == hi_last:
+        key: int | torch.Tensor = _stream_key(seed, hi_first)
+        idx.bitwise_and_(_U32).bitwise_xor_(key)
+    else:  # the range crosses a 2^32-element segment: one key per element
+        key_t = torch.bitwise_right_shift(idx, 32).add_(0x9E3779B9).bitwise_and_(_U32)
+        _mix32_(key_t, tmp)
+        key_t.bitwise_xor_(seed)
+        _mix32_(key_t, tmp)
+        key = key_t
+        idx.bitwise_and_(_U32).bitwise_xor_(key_t)
+    _mix32_(idx, tmp)
+    idx.add_(key).bitwise_and_(_U32)
+    _mix32_(idx, tmp)
+    idx.bitwise_right_shift_(8)
+    return idx.to(torch.float32).mul_(2.0**-24)
+
+
+class BlockQuantCodec(Codec):
+    """Shared implementation of "int8" and "int4"; subclasses only set ``bits``."""
+
+    bits: ClassVar[int]
+    PARAMS = {
+        "block": Param(int, None, doc="values per scale: a multiple of 8 in [8, 2^20], e.g. 256"),
+        "round": Param(str, "nearest", ("nearest", "stochastic"), "rounding: nearest (ties to even) or stochastic"),
+        "seed": Param(int, 0, doc="stochastic rounding seed, 0 <= seed < 2^32"),
+    }
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def block(self) -> int:
+        return self.params["block"]
+
+    @property
+    def stochastic(self) -> bool:
+        return self.params["round"] == "stochastic"
+
+    def _validate(self) -> None:
+        block = self.params["block"]
+        if block < 8 or block > MAX_BLOCK or block % 8:
+            raise PolicyError(
+                f"codec {self.name!r}: block={block} is invalid; block must be a multiple of 8 between 8 and "
+                f"{MAX_BLOCK} (e.g. 64, 256, 4096)"
+            )
+        if not 0 <= self.params["seed"] <= _U32:
+            raise PolicyError(f"codec {self.name!r}: seed={self.params['seed']} must be in [0, 2^32)")
+
+    def with_seed(self, seed: int) -> "BlockQuantCodec":
+        """The same codec with another stochastic-rounding seed (see the module's seed design note)."""
+        return type(self)(backend=self.backend, **{**self.params, "seed": seed})
+
+    # --- layout (kernels/quant.cu) --------------------------------------------------------------
+    def _layout(self, numel: int) -> tuple[int, int, int]:
+        """(nblocks, scale section bytes, q section bytes); both sections are padded to 16 bytes."""
+        nblocks = -(-numel // self.block)
+        return nblocks, _round16(4 * nblocks), _round16(-(-numel * self.bits // 8))
+
+    def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        self.check_dtype(dtype)
+        if numel < 0:
+            raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
+        _, scale_nbytes, q_nbytes = self._layout(numel)
+        return scale_nbytes + q_nbytes
+
+    # --- torch backend --------------------------------------------------------------------------
+    def _chunk_numel(self) -> int:
+        return max(self.block, _CHUNK_NUMEL // self.block * self.block)
+
+    def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
+        numel = flat.numel()
+        nblocks, scale_nbytes, q_nbytes = self._layout(numel)
+        payload = torch.empty(scale_nbytes + q_nbytes, dtype=torch.uint8)
+        scales = payload[: 4 * nblocks].view(torch.float32)
+        payload[4 * nblocks : scale_nbytes].zero_()
+        qsec = payload[scale_nbytes:]
+        chunk = self._chunk_numel()
+        work = torch.empty(min(chunk, numel), dtype=torch.float32)
+        wide = None if flat.dtype == torch.float32 else torch.empty_like(work)
+        if self.bits == 8:
+            qsec[numel:].zero_()
+            qbuf = qsec[:numel].view(torch.int8)
+        else:
+            qsec[(numel + 1) // 2 :].zero_()
+            qbuf = torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+        for start in range(0, numel, chunk):
+            stop = min(numel, start + chunk)
+            n = stop - start
+            q = qbuf[start:stop] if self.bits == 8 else qbuf[:n]
+            x = flat[start:stop] if wide is None else wide[:n].copy_(flat[start:stop])  # bf16/fp16: exact
+            self._quantize_chunk(x, scales[start // self.block : -(-stop // self.block)], q, work[:n], start)
+            if self.bits == 4:
+                if n % 2:
+                    qbuf[n] = 0
+                words = qbuf[: n + n % 2].view(torch.int16)  # little-endian: low byte = even element
+                packed = torch.bitwise_and(words, 0x0F)
+                packed.bitwise_or_(torch.bitwise_right_shift(words, 4).bitwise_and_(0xF0))
+                qsec[start // 2 : start // 2 + packed.numel()].copy_(packed)
+        return payload
+
+    def _rows(self, t: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
+        """[full blocks as a [nfull, block] view, the partial tail block as [1, tail]] with row slices."""
+        n, block = t.numel(), self.block
+        nfull = n // block
+        parts = []
+        if nfull:
+            parts.append((t[: nfull * block].view(nfull, block), slice(0, nfull)))
+        if n % block:
+            parts.append((t[nfull * block :].view(1, n % block), slice(nfull, nfull + 1)))
+        return parts
+
+    def _quantize_chunk(self, x: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, v: torch.Tensor, index0: int) -> None:
+        """Quantize one chunk (a whole number of blocks, except possibly the tensor's tail) into q (int8),
+        writing its scales; x is fp32, v is fp32 scratch of the chunk's size."""
+        qmax = float(self.qmax)
+        torch.abs(x, out=v)
+        absmax = torch.empty_like(scales)
+        for rows, sl in self._rows(v):
+            torch.amax(rows, dim=1, out=absmax[sl])  # NaN propagates, Inf stays Inf
+        finite = torch.isfinite(absmax)
+        torch.div(absmax, qmax, out=scales)
+        divisor = torch.where(scales > 0, scales, math.inf)  # 0 and NaN -> inf: q becomes exactly 0
+        all_finite = bool(finite.all())
+        if not all_finite:
+            scales.masked_fill_(~finite, math.nan)
+        for (rows_x, sl), (rows_v, _) in zip(self._rows(x), self._rows(v)):
+            torch.div(rows_x, divisor[sl, None], out=rows_v)
+        if not all_finite:  # Inf/Inf and NaN/Inf are NaN: those blocks quantize to 0
+            for rows_v, sl in self._rows(v):
+                rows_v.masked_fill_(~finite[sl, None], 0.0)
+        if self.stochastic:
+            v.add_(_uniform(self.params["seed"], index0, v.numel()))
+            v.floor_().clamp_(-qmax, qmax)
+        else:
+            v.round_()  # half to even, as rintf
+            # |x| / fl(absmax/qmax) <= qmax (1 + 2^-23) when the scale is normal, so rounding cannot leave
+            # [-qmax, qmax]; only a subnormal scale (absmax < 2^-119) can overshoot
+            if bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any()):
+                v.clamp_(-qmax, qmax)
+        q.copy_(v)
+
+    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype)
+        payload = _aligned(payload)
+        chunk = self._chunk_numel()
+        work = None if dtype == torch.float32 else torch.empty(min(chunk, numel), dtype=torch.float32)
+        qwork = None if self.bits == 8 else torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+        for start in range(0, numel, chunk):
+            stop = min(numel, start + chunk)
+            v = out[start:stop] if work is None else work[: stop - start]
+            self._dequantize_chunk(payload, numel, start, stop, v, qwork)
+            if work is not None:
+                out[start:stop].copy_(v)
+        return out
+
+    def _dequantize_chunk(
+        self, payload: torch.Tensor, numel: int, start: int, stop: int, v: torch.Tensor, qwork: torch.Tensor | None
+    ) -> None:
+        """fp32 decode of elements [start, stop) of one payload into v."""
+        nblocks, scale_nbytes, _ = self._layout(numel)
+        scales = payload[: 4 * nblocks].view(torch.float32)[start // self.block : -(-stop // self.block)]
+        qsec = payload[scale_nbytes:]
+        n = stop - start
+        if self.bits == 8:
+            v.copy_(qsec[start:stop].view(torch.int8))
+        else:
+            packed = qsec[start // 2 : (stop + 1) // 2].view(torch.int8)
+            pairs = qwork[: 2 * packed.numel()].view(-1, 2)
+            torch.bitwise_left_shift(packed, 4, out=pairs[:, 0]).bitwise_right_shift_(4)  # sign-extended low nibble
+            torch.bitwise_right_shift(packed, 4, out=pairs[:, 1])  # arithmetic shift: high nibble
+            v.copy_(qwork[:n])
+        for rows, sl in self._rows(v):
+            rows.mul_(scales[sl, None])
+
+    def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them),
+        chunk by chunk so the accumulator stays in cache."""
+        payloads = _aligned(payloads)
+        acc = torch.zeros(numel, dtype=torch.float32)
+        chunk = self._chunk_numel()
+        work = torch.empty(min(chunk, numel), dtype=torch.float32)
+        qwork = None if self.bits == 8 else torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+        for start in range(0, numel, chunk):
+            stop = min(numel, start + chunk)
+            v = work[: stop - start]
+            for row in payloads:
+                self._dequantize_chunk(row, numel, start, stop, v, qwork)
+                if dtype != torch.float32:
+                    v.copy_(v.to(dtype))
+                acc[start:stop].add_(v)
+        return acc
+
+    # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
+    def _host_fn(self, op: str, dtype: torch.dtype):
+        fn = getattr(kernels.host_library("quant"), f"ccoll_host_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}")
+        if fn.argtypes is None:
+            i64, vp = ctypes.c_longlong, ctypes.c_void_p
+            fn.argtypes = {
+                "encode": [vp, i64, i64, ctypes.c_int, ctypes.c_uint32, vp],
+                "decode": [vp, i64, i64, vp],
+                "decode_sum": [vp, i64, i64, i64, i64, vp],
+            }[op]
+            fn.restype = None
+        return fn
+
+    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
+        payload = torch.empty(self.encoded_nbytes(flat.numel(), flat.dtype), dtype=torch.uint8)
+        self._host_fn("encode", flat.dtype)(
+            flat.data_ptr(), flat.numel(), self.block, int(self.stochastic), self.params["seed"], payload.data_ptr()
+        )
+        return payload
+
+    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype)
+        self._host_fn("decode", dtype)(_aligned(payload).data_ptr(), numel, self.block, out.data_ptr())
+        return out
+
+    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=torch.float32)
+        payloads = _aligned(payloads)
+        self._host_fn("decode_sum", dtype)(
+            payloads.data_ptr(), payloads.shape[0], payloads.shape[1], numel, self.block, out.data_ptr()
+        )
+        return out
+
+    # --- cupy backend (kernels/quant.cu through NVRTC, on torch's current stream) ---------------
+    _THREADS = 256
+
+    def _launch(self, op: str, dtype: torch.dtype, device: torch.device, nthreads: int, args: tuple) -> None:
+        import cupy  # only on the CUDA path
+        import numpy as np
+
+        fn = kernels.cupy_module("quant").get_function(f"ccoll_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}")
+        grid = max(1, min(-(-nthreads // self._THREADS), 1 << 20))  # kernels loop (grid-stride) beyond
+        stream = torch.cuda.current_stream(device)
+        typed = tuple(
+            a if isinstance(a, np.generic) else np.uint64(a) if isinstance(a, _Ptr) else np.int64(a) for a in args
+        )
+        with cupy.cuda.Device(device.index):
+            with cupy.cuda.ExternalStream(stream.cuda_stream):
+                fn((grid,), (self._THREADS,), typed)
+
+    def _team(self) -> int:
+        """Lanes per quant block in the encode kernel: a power of two <= 32 covering its q words."""
+        words = self.block * self.bits // 32
+        return min(32, 1 << (words - 1).bit_length())
+
+    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        numel = flat.numel()
+        nblocks = self._layout(numel)[0]
+        payload = torch.empty(self.encoded_nbytes(numel, flat.dtype), dtype=torch.uint8, device=flat.device)
+        team = self._team()
+        self._launch(
+            "encode", flat.dtype, flat.device, nblocks * team,
+            (_Ptr(flat.data_ptr()), numel, self.block, np.int32(team), np.int32(self.stochastic),
+             np.uint32(self.params["seed"]), _Ptr(payload.data_ptr())),
+        )
+        return payload
+
+    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype, device=payload.device)
+        nwords = -(-numel * self.bits // 32)
+        self._launch("decode", dtype, payload.device, nwords,
+                     (_Ptr(_aligned(payload).data_ptr()), numel, self.block, _Ptr(out.data_ptr())))
+        return out
+
+    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
+        payloads = _aligned(payloads)
+        nwords = -(-numel * self.bits // 32)
+        self._launch("decode_sum", dtype, payloads.device, nwords,
+                     (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], numel, self.block,
+                      _Ptr(out.data_ptr())))
+        return out
+
+
+class _Ptr(int):
+    """A device pointer argument (passed to the kernel as a 64-bit value)."""
+
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _round16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def _aligned(payload: torch.Tensor) -> torch.Tensor:
+    """Payload sections are read as fp32 / 32-bit words: a view at an odd byte offset is copied once."""
+    return payload if payload.data_ptr() % 16 == 0 else payload.clone()
+
+
+@CODECS.register("int8")
+class Int8Codec(BlockQuantCodec):
+    """int8 block quantization: 8 + 32/block bits per value (qmax 127)."""
+
+    name = "int8"
+    bits = 8
+
+
+@CODECS.register("int4")
+class Int4Codec(BlockQuantCodec):
+    """int4 block quantization: 4 + 32/block bits per value (qmax 7)."""
+
+    name = "int4"
+    bits = 4
