@@ -15,7 +15,7 @@ built while the patch is installed picks the wrappers up by itself.
 
 Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched); the policy
 gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG, uneven
-all_to_all splits, any-source recv and tagged p2p stay native. Native calls on a resolved dimension are
+all_to_all splits and any-source recv stay native. Native calls on a resolved dimension are
 recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to
 ``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
 torch.distributed call made while ccoll handles a call goes straight to the original.
@@ -138,6 +138,28 @@ def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
     return result
 
 
+class _DimHandle:
+    """Async handle whose ``wait()`` (where ccoll decodes and records stats) runs under the call's
+    dimension, so async traffic is attributed like sync traffic."""
+
+    __slots__ = ("_handle", "_dim")
+
+    def __init__(self, handle: Any, dim: str):
+        self._handle = handle
+        self._dim = dim
+
+    def wait(self, *args, **kwargs):
+        with dimension(self._dim):
+            return self._handle.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+def _async_result(h: Any, dim: str) -> Any:
+    return None if h is None else _DimHandle(h, dim)
+
+
 def _enter(st: _State) -> None:
     if not st.checked:
         _check_fingerprint(st)
@@ -174,7 +196,7 @@ def _make_all_reduce(orig: Callable) -> Callable:
                                               error_feedback=ef, key=key, min_bytes=0)
         finally:
             _local.busy = False
-        return h if async_op else None
+        return _async_result(h, dim) if async_op else None
 
     return all_reduce
 
@@ -199,7 +221,7 @@ def _make_all_gather(orig: Callable) -> Callable:
                                                           async_op=async_op, min_bytes=0)
         finally:
             _local.busy = False
-        return h if async_op else None
+        return _async_result(h, dim) if async_op else None
 
     return all_gather
 
@@ -228,7 +250,7 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
                                                          async_op=async_op, error_feedback=ef, key=key, min_bytes=0)
         finally:
             _local.busy = False
-        return h if async_op else None
+        return _async_result(h, dim) if async_op else None
 
     return reduce_scatter
 
@@ -254,7 +276,7 @@ def _make_broadcast(orig: Callable) -> Callable:
                 h = _collectives().broadcast(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0)
         finally:
             _local.busy = False
-        return h if async_op else None
+        return _async_result(h, dim) if async_op else None
 
     return broadcast
 
@@ -281,7 +303,7 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
                                                      min_bytes=0)
         finally:
             _local.busy = False
-        return h if async_op else None
+        return _async_result(h, dim) if async_op else None
 
     return all_to_all_single
 
@@ -296,6 +318,7 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
     """send / recv / isend / irecv: both sides decide from (dim, shape, dtype, step) only."""
     sending = name in ("send", "isend")
     is_async = name in ("isend", "irecv")
+    stat_op = "send" if sending else "recv"  # the op names ccoll.collectives records
 
     def p2p(tensor, peer=None, group=None, tag=0, group_peer=None):
         st = _STATE
@@ -304,22 +327,22 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         dim = st.dim_of(group, "send_recv")
         if dim is None:
             return orig(tensor, peer, group, tag, group_peer)
-        # any-source recv cannot know its sender's decision; tags are outside ccoll's wire protocol
-        known = tag == 0 and (peer is not None or group_peer is not None)
+        # an any-source recv cannot be decoded: the sender's decision is known, its rank is not
+        known = peer is not None or group_peer is not None
         codec = st.policy.resolve(dim, "send_recv", tensor, step=st.steps) if known else None
         if codec is None:
-            return _native(dim, "send_recv", tensor.numel() * tensor.element_size(), orig,
+            return _native(dim, stat_op, tensor.numel() * tensor.element_size(), orig,
                            tensor, peer, group, tag, group_peer)
         global_peer = _peer(group, peer, group_peer)
         _enter(st)
         try:
             with dimension(dim):
                 fn = getattr(_collectives(), name)
-                h = fn(tensor, global_peer, group=group, codec=codec, min_bytes=0)
+                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0)
         finally:
             _local.busy = False
         if is_async:
-            return h
+            return _async_result(h, dim)
         return None if sending else global_peer
 
     # keep torch's parameter names (dst/src, group_dst/group_src) for keyword callers

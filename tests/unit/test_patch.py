@@ -1,0 +1,147 @@
+"""ccoll.patch mechanics without a process group: what is wrapped, idempotence, restoration, step counting.
+Behaviour on real ranks (pass-through results, compression, fingerprints): tests/dist/test_patch_dist.py."""
+from __future__ import annotations
+
+import inspect
+import pathlib
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ccoll.patch as patch
+from ccoll import Policy
+from ccoll.errors import PolicyError
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+BF16 = {"version": 1, "default": {"codec": "bf16"}}
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    patch.uninstall()
+    yield
+    patch.uninstall()
+
+
+def _originals():
+    return {n: getattr(dist, n) for n in list(patch.WRAPPED) + ["init_process_group"]}
+
+
+def test_given_torch_213_when_installing_expect_every_old_and_new_name_wrapped_and_restored_by_identity():
+    before = _originals()
+    for name in ("all_gather_single", "reduce_scatter_single", "_all_gather_base", "_reduce_scatter_base"):
+        assert name in before  # the names torch 2.13 exposes
+    patch.install(Policy.from_dict(BF16))
+    for name, orig in before.items():
+        wrapper = getattr(dist, name)
+        assert wrapper is not orig and wrapper.__wrapped__ is orig, name
+    patch.uninstall()
+    assert _originals() == before
+
+
+def test_given_wrappers_when_inspecting_signatures_expect_torch_parameter_names_for_keyword_callers():
+    before = _originals()
+    patch.install(Policy.from_dict(BF16))
+    for name in patch.WRAPPED:
+        ours = list(inspect.signature(getattr(dist, name), follow_wrapped=False).parameters)
+        theirs = list(inspect.signature(before[name]).parameters)
+        assert ours == theirs, (name, ours, theirs)
+
+
+def test_given_installed_when_installing_again_expect_no_stacking_and_new_policy_active():
+    patch.install(Policy.from_dict(BF16))
+    first = _originals()
+    patch.install(CONFIGS / "baseline.yaml")  # a path works too
+    assert _originals() == first
+    assert patch.current_policy() == Policy.from_yaml(CONFIGS / "baseline.yaml")
+    patch.uninstall()
+    patch.uninstall()  # idempotent
+    assert not patch.is_installed()
+
+
+def test_given_concurrent_installs_and_uninstalls_when_done_expect_wrapped_once_or_fully_restored():
+    before = _originals()
+    pol = Policy.from_dict(BF16)
+    barrier = threading.Barrier(8)
+
+    def worker(i):
+        barrier.wait()
+        for _ in range(50):
+            patch.install(pol)
+            if i % 2:
+                patch.uninstall()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    patch.install(pol)
+    for name, orig in before.items():
+        assert getattr(dist, name).__wrapped__ is orig  # never a wrapper of a wrapper
+    patch.uninstall()
+    assert _originals() == before
+
+
+def test_given_no_process_group_when_calling_wrapper_expect_the_originals_own_error():
+    """Pass-through reaches the original with the same arguments: its error is the one users see."""
+    x = torch.ones(4)
+    with pytest.raises(Exception) as native:
+        dist.all_reduce(x)
+    patch.install(Policy.from_dict(BF16))
+    with pytest.raises(type(native.value)) as ours:
+        dist.all_reduce(x)
+    assert str(ours.value) == str(native.value)
+
+
+def test_given_wrapper_captured_before_uninstall_when_called_after_expect_plain_passthrough():
+    patch.install(Policy.from_dict(BF16))
+    captured = dist.all_reduce
+    patch.uninstall()
+    with pytest.raises(Exception) as e:
+        captured(torch.ones(4))
+    assert "process group" in str(e.value).lower()
+
+
+def test_given_context_manager_when_nested_expect_previous_installation_restored():
+    before = _originals()
+    outer = Policy.from_dict(BF16)
+    inner = Policy.from_yaml(CONFIGS / "baseline.yaml")
+    with patch.installed(outer) as p:
+        assert p == outer and patch.current_policy() == outer
+        with patch.installed(inner):
+            assert patch.current_policy() == inner
+        assert patch.current_policy() == outer
+    assert not patch.is_installed() and _originals() == before
+
+
+def test_given_default_step_counter_when_optimizer_steps_expect_counted_and_hook_removed_on_uninstall():
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    patch.install(Policy.from_dict(BF16))
+    for _ in range(3):
+        w.grad = torch.ones(3)
+        opt.step()
+    assert patch.steps() == 3
+    with pytest.raises(PolicyError, match="optimizer hook"):
+        patch.step()
+    patch.uninstall()
+    patch.install(Policy.from_dict(BF16), step_counter="manual")
+    opt.step()
+    assert patch.steps() == 0
+    patch.step()
+    patch.step()
+    assert patch.steps() == 2
+
+
+def test_given_bad_arguments_when_installing_expect_typed_errors():
+    with pytest.raises(PolicyError, match="step_counter"):
+        patch.install(Policy.from_dict(BF16), step_counter="calls")
+    with pytest.raises(PolicyError, match="expected a Policy"):
+        patch.install(3)  # type: ignore[arg-type]
+    with pytest.raises(PolicyError, match="not installed"):
+        patch.set_resolver(lambda g, op: None)
+    with pytest.raises(PolicyError, match="not installed"):
+        patch.step()
