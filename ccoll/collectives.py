@@ -1,0 +1,511 @@
+"""Compressed collectives with ``torch.distributed``'s signatures plus ``codec=``.
+
+Each algorithm is written once against a :class:`~ccoll.codecs.Codec` (tensor <-> fixed-size payload)
+and a :class:`~ccoll.transports.Transport` (moves those payloads), so it runs the same on gloo, NCCL
+and MPI, on CPU and CUDA tensors (the codec picks its backend from the tensor's device).
+
+all_reduce = compressed reduce-scatter by all-to-all (each rank decodes the p payloads of its chunk and
+sums them in fp32) + compressed all-gather of the reduced chunk. Exactly two codec round trips whatever
+the world size; compressing at every hop of a ring would compound the error p-1 times.
+
+Invariants:
+- every lossy collective leaves bit-identical results on every rank that should agree: the all-gather
+  decodes the caller's own slot from its own payload, all_reduce decodes its own reduced chunk, and the
+  broadcast root adopts the decoded values;
+- exact passthrough (the native call, unchanged results) for: ``codec=None``; integer/bool tensors;
+  MAX/MIN/PRODUCT; tensors under ``min_bytes`` (default :data:`DEFAULT_MIN_BYTES`; ``min_bytes=0``
+  compresses everything); dtypes the codec does not take (e.g. fp64 into int8); world size 1 (nothing
+  travels, so nothing is lossy: the result is exact); callers outside the group (nothing, like torch);
+  all_to_all with uneven split sizes. Both sides of a send/recv decide from (shape, dtype, codec,
+  min_bytes, world size) alone, so they always agree;
+- non-contiguous tensors work (results copied back in place); ``op="avg"`` works on every backend.
+
+``async_op=True``: every collective is *issued* at call time, in program order, so ranks can never
+issue them in different orders; the handle's ``wait()`` finishes the last communication step, decodes
+and records stats. For all_reduce that means the reduce-scatter exchange runs at call time and only the
+all-gather overlaps with the caller's work.
+
+Stats: every call records ``(op, codec spec or "native", raw_bytes, wire_bytes, seconds)``; raw is this
+rank's uncompressed contribution, wire the encoded bytes that stand for it (all_reduce / all_to_all /
+reduce_scatter: the p encoded chunks of its input; all_gather / broadcast / send / recv: the one
+payload). Native calls record wire = raw. Async calls record when ``wait()`` completes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Hashable
+
+import torch
+
+from .stats import record as _record_stats
+from .codecs import Codec, get_codec
+from .errors import PolicyError, TransportError
+from .feedback import ErrorFeedback
+from .log import warn_once
+from .transports import Handle, Transport, for_group, op_name
+
+#: tensors with fewer bytes than this go native unless the caller passes ``min_bytes``; below it the
+#: codec's fixed per-call cost (kernel launches, Python) outweighs the bytes saved on any real link
+DEFAULT_MIN_BYTES = 64 * 1024
+
+_codecs: dict[str, Codec] = {}
+_codecs_lock = threading.Lock()
+
+
+def _as_codec(codec: Any) -> Codec | None:
+    if codec is None or isinstance(codec, Codec):
+        return codec
+    if not isinstance(codec, str):
+        raise PolicyError(f"codec must be a spec string, a Codec or None, got {type(codec).__name__}")
+    with _codecs_lock:
+        c = _codecs.get(codec)
+    if c is None:
+        c = get_codec(codec)
+        with _codecs_lock:
+            _codecs[codec] = c
+    return c
+
+
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TransportError(f"{what} expects a torch.Tensor, got {type(t).__name__}")
+
+
+def _plan(codec: Any, tensor: torch.Tensor, min_bytes: int | None, tr: Transport, op: str | None = None) -> Codec | None:
+    """The codec to use for this call, or None for the exact native call (the passthrough rules)."""
+    c = _as_codec(codec)
+    if c is None or tr.world_size <= 1 or tr.rank < 0:
+        return None
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    if op is not None and op not in ("sum", "avg"):
+        return None
+    threshold = DEFAULT_MIN_BYTES if min_bytes is None else int(min_bytes)
+    if tensor.numel() * tensor.element_size() < threshold:
+        return None
+    if tensor.dtype not in c.dtypes:
+        warn_once(f"dtype-{c.spec}-{tensor.dtype}", "ccoll: codec %s does not take %s; sending those tensors uncompressed", c.spec, tensor.dtype)
+        return None
+    return c
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _finish(async_op: bool, inner: Handle | None, then: Callable[[], Any]) -> Handle | None:
+    """Sync: wait for ``inner`` and run ``then`` now. Async: a handle that does both in ``wait()``."""
+    if async_op:
+        return Handle([inner] if inner is not None else [], then)
+    if inner is not None:
+        inner.wait()
+    then()
+    return None
+
+
+def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: float) -> Callable[[], None]:
+    return lambda: _record_stats(op, codec, raw_bytes, wire_bytes, time.perf_counter() - t0)
+
+
+def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if src is not dst:
+        dst.copy_(src.view(dst.shape) if src.is_contiguous() else src.reshape(dst.shape))
+
+
+def _encode_chunks(
+    c: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable
+) -> tuple[torch.Tensor, int]:
+    """Encode ``flat`` (p * chunk_numel elements) as p equal payloads in one [p * nbytes] buffer."""
+    nbytes = c.encoded_nbytes(chunk_numel, flat.dtype)
+    send = torch.empty(p * nbytes, dtype=torch.uint8, device=flat.device)
+    rows = send.view(p, nbytes)
+    for i in range(p):
+        piece = flat[i * chunk_numel:(i + 1) * chunk_numel]
+        rows[i].copy_(ef.encode((key, "rs", i), piece, c) if ef is not None else c.encode(piece))
+    return send, nbytes
+
+
+def _decode_rows(c: Codec, rows: torch.Tensor, chunk_numel: int, out_flat: torch.Tensor) -> None:
+    """Decode row i into ``out_flat[i*chunk : (i+1)*chunk]`` (clipped at ``out_flat``'s end)."""
+    n = out_flat.numel()
+    for i in range(rows.shape[0]):
+        lo = i * chunk_numel
+        hi = min(lo + chunk_numel, n)
+        if hi - lo == chunk_numel:
+            c.decode(rows[i], chunk_numel, out_flat.dtype, out=out_flat[lo:hi])
+        elif hi > lo:
+            out_flat[lo:hi].copy_(c.decode(rows[i], chunk_numel, out_flat.dtype)[: hi - lo])
+
+
+def _output_flat(t: torch.Tensor) -> torch.Tensor:
+    """Where to decode into: ``t``'s own memory when contiguous, else a scratch buffer copied back."""
+    return t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+
+
+# --- all_reduce ---------------------------------------------------------------------------------
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = "sum",
+    group: Any = None,
+    codec: Any = None,
+    async_op: bool = False,
+    *,
+    error_feedback: ErrorFeedback | None = None,
+    key: Hashable = None,
+    min_bytes: int | None = None,
+) -> Handle | None:
+    """In-place all-reduce of ``tensor``. ``error_feedback`` (with ``key`` naming the logical tensor)
+    compensates both lossy encodes: each rank's reduce-scatter chunks, and the all-gather payload of
+    the reduced chunk this rank owns. Compensating only the first would leave the second encode's
+    error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
+    bit-identical because all of them decode the same compensated payload."""
+    t0 = time.perf_counter()
+    _check_tensor(tensor, "all_reduce")
+    opn = op_name(op)
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    c = _plan(codec, tensor, min_bytes, tr, opn)
+    t = tensor.detach()
+    raw = _nbytes(t)
+    if c is None:
+        buf = _contig(t)
+        inner = tr.native_all_reduce(buf, opn, async_op)
+
+        def then_native() -> None:
+            _copy_back(t, buf)
+            _recorder("all_reduce", "native", raw, raw, t0)()
+
+        return _finish(async_op, inner, then_native)
+    if error_feedback is not None and key is None:
+        raise PolicyError("all_reduce: error_feedback needs key= naming the logical tensor")
+
+    p, n, dtype = tr.world_size, t.numel(), t.dtype
+    chunk = -(-n // p)  # every rank's chunk has the same numel, so every payload has the same nbytes
+    flat = t.reshape(-1)
+    if chunk * p != n:
+        padded = torch.zeros(chunk * p, dtype=dtype, device=t.device)
+        padded[:n] = flat
+        flat = padded
+    send, nbytes = _encode_chunks(c, _contig(flat), chunk, p, error_feedback, key)
+    recv = torch.empty_like(send)
+    tr.all_to_all(recv, send)
+    reduced = c.decode_sum(recv.view(p, nbytes), chunk, dtype)
+    if opn == "avg":
+        reduced /= p
+    reduced = reduced.to(dtype)
+    mine = error_feedback.encode((key, "ag"), reduced, c) if error_feedback is not None else c.encode(reduced)
+    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=t.device)
+    inner = tr.all_gather(gathered, _contig(mine), async_op)
+
+    def then() -> None:
+        out = _output_flat(t)
+        _decode_rows(c, gathered.view(p, nbytes), chunk, out)
+        _copy_back(t, out)
+        _recorder("all_reduce", c.spec, raw, p * nbytes, t0)()
+
+    return _finish(async_op, inner, then)
+
+
+# --- reduce_scatter_tensor ----------------------------------------------------------------------
+
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = "sum",
+    group: Any = None,
+    codec: Any = None,
+    async_op: bool = False,
+    *,
+    error_feedback: ErrorFeedback | None = None,
+    key: Hashable = None,
+    min_bytes: int | None = None,
+) -> Handle | None:
+    """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
+    elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
+    chunks, then a fused decode-and-sum."""
+    t0 = time.perf_counter()
+    _check_tensor(output, "reduce_scatter_tensor")
+    _check_tensor(input, "reduce_scatter_tensor")
+    opn = op_name(op)
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    p = tr.world_size
+    out, inp = output.detach(), input.detach()
+    if inp.numel() != p * out.numel() or inp.dtype != out.dtype:
+        raise TransportError(
+            f"reduce_scatter_tensor: input must hold {p} x output ({out.numel()} x {out.dtype}), "
+            f"got {inp.numel()} x {inp.dtype}"
+        )
+    c = _plan(codec, inp, min_bytes, tr, opn)
+    raw = _nbytes(inp)
+    if c is None:
+        obuf = _contig(out)
+        inner = tr.native_reduce_scatter(obuf, _contig(inp), opn, async_op)
+
+        def then_native() -> None:
+            _copy_back(out, obuf)
+            _recorder("reduce_scatter", "native", raw, raw, t0)()
+
+        return _finish(async_op, inner, then_native)
+    if error_feedback is not None and key is None:
+        raise PolicyError("reduce_scatter_tensor: error_feedback needs key= naming the logical tensor")
+
+    m, dtype = out.numel(), out.dtype
+    send, nbytes = _encode_chunks(c, _contig(inp.reshape(-1)), m, p, error_feedback, key)
+    recv = torch.empty_like(send)
+    inner = tr.all_to_all(recv, send, async_op)
+
+    def then() -> None:
+        reduced = c.decode_sum(recv.view(p, nbytes), m, dtype)
+        if opn == "avg":
+            reduced /= p
+        out.copy_(reduced.view(out.shape))
+        _recorder("reduce_scatter", c.spec, raw, p * nbytes, t0)()
+
+    return _finish(async_op, inner, then)
+
+
+# --- all_gather_into_tensor ---------------------------------------------------------------------
+
+def all_gather_into_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: Any = None,
+    codec: Any = None,
+    async_op: bool = False,
+    *,
+    min_bytes: int | None = None,
+) -> Handle | None:
+    """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
+    from its own payload, so every rank holds the same bytes."""
+    t0 = time.perf_counter()
+    _check_tensor(output, "all_gather_into_tensor")
+    _check_tensor(input, "all_gather_into_tensor")
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    p = tr.world_size
+    out, inp = output.detach(), input.detach()
+    if out.numel() != p * inp.numel() or inp.dtype != out.dtype:
+        raise TransportError(
+            f"all_gather_into_tensor: output must hold {p} x input ({inp.numel()} x {inp.dtype}), "
+            f"got {out.numel()} x {out.dtype}"
+        )
+    c = _plan(codec, inp, min_bytes, tr)
+    raw = _nbytes(inp)
+    if c is None:
+        obuf = _contig(out)
+        inner = tr.native_all_gather(obuf, _contig(inp), async_op)
+
+        def then_native() -> None:
+            _copy_back(out, obuf)
+            _recorder("all_gather", "native", raw, raw, t0)()
+
+        return _finish(async_op, inner, then_native)
+
+    m = inp.numel()
+    payload = _contig(c.encode(inp))
+    nbytes = payload.numel()
+    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=inp.device)
+    inner = tr.all_gather(gathered, payload, async_op)
+
+    def then() -> None:
+        flat = _output_flat(out)
+        _decode_rows(c, gathered.view(p, nbytes), m, flat)
+        _copy_back(out, flat)
+        _recorder("all_gather", c.spec, raw, nbytes, t0)()
+
+    return _finish(async_op, inner, then)
+
+
+# --- broadcast ----------------------------------------------------------------------------------
+
+def broadcast(
+    tensor: torch.Tensor,
+    src: int,
+    group: Any = None,
+    codec: Any = None,
+    async_op: bool = False,
+    *,
+    min_bytes: int | None = None,
+) -> Handle | None:
+    """Broadcast from global rank ``src``. With a lossy codec the root adopts the decoded values, so
+    every rank (root included) ends with identical bytes."""
+    t0 = time.perf_counter()
+    _check_tensor(tensor, "broadcast")
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    root = tr.group_rank(src)
+    t = tensor.detach()
+    raw = _nbytes(t)
+    c = _plan(codec, t, min_bytes, tr)
+    if c is None:
+        buf = _contig(t)
+        inner = tr.native_broadcast(buf, root, async_op)
+
+        def then_native() -> None:
+            _copy_back(t, buf)
+            _recorder("broadcast", "native", raw, raw, t0)()
+
+        return _finish(async_op, inner, then_native)
+
+    nbytes = c.encoded_nbytes(t.numel(), t.dtype)
+    if tr.rank == root:
+        payload = _contig(c.encode(t))
+    else:
+        payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
+    inner = tr.broadcast(payload, root, async_op)
+
+    def then() -> None:
+        c.decode(payload, t.numel(), t.dtype, out=t)
+        _recorder("broadcast", c.spec, raw, nbytes, t0)()
+
+    return _finish(async_op, inner, then)
+
+
+# --- all_to_all_single --------------------------------------------------------------------------
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: Any = None,
+    codec: Any = None,
+    async_op: bool = False,
+    *,
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    min_bytes: int | None = None,
+) -> Handle | None:
+    """Chunk j of ``input`` (along dim 0) goes to rank j; chunk i of ``output`` comes from rank i.
+    Equal splits are compressed (each chunk encoded on its own, the own chunk decoded too); uneven
+    ``*_split_sizes`` go native, as does an input not divisible into p equal chunks."""
+    t0 = time.perf_counter()
+    _check_tensor(output, "all_to_all_single")
+    _check_tensor(input, "all_to_all_single")
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    p = tr.world_size
+    out, inp = output.detach(), input.detach()
+    raw = _nbytes(inp)
+    equal = (
+        _equal_splits(output_split_sizes, out, p) and _equal_splits(input_split_sizes, inp, p)
+        and inp.numel() == out.numel() and inp.dtype == out.dtype
+        and inp.dim() > 0 and inp.shape[0] % p == 0
+    )
+    c = _plan(codec, inp, min_bytes, tr) if equal else None
+    if c is None:
+        obuf = _contig(out)
+        if equal:
+            output_split_sizes = input_split_sizes = None
+        inner = tr.native_all_to_all(obuf, _contig(inp), output_split_sizes, input_split_sizes, async_op)
+
+        def then_native() -> None:
+            _copy_back(out, obuf)
+            _recorder("all_to_all", "native", raw, raw, t0)()
+
+        return _finish(async_op, inner, then_native)
+
+    m = inp.numel() // p
+    send, nbytes = _encode_chunks(c, _contig(inp.reshape(-1)), m, p, None, None)
+    recv = torch.empty_like(send)
+    inner = tr.all_to_all(recv, send, async_op)
+
+    def then() -> None:
+        flat = _output_flat(out)
+        _decode_rows(c, recv.view(p, nbytes), m, flat)
+        _copy_back(out, flat)
+        _recorder("all_to_all", c.spec, raw, p * nbytes, t0)()
+
+    return _finish(async_op, inner, then)
+
+
+def _equal_splits(splits: list[int] | None, t: torch.Tensor, p: int) -> bool:
+    if not splits:
+        return True
+    return t.dim() > 0 and len(splits) == p and all(int(s) * p == t.shape[0] for s in splits)
+
+
+# --- point to point -----------------------------------------------------------------------------
+
+def isend(
+    tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
+) -> Handle | None:
+    """Send ``tensor`` to global rank ``dst``; the handle's ``wait()`` completes the send."""
+    t0 = time.perf_counter()
+    _check_tensor(tensor, "isend")
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    peer = tr.group_rank(dst)
+    t = tensor.detach()
+    raw = _nbytes(t)
+    c = _plan(codec, t, min_bytes, tr)
+    if c is None:
+        buf = _contig(t)
+        return Handle([tr.native_isend(buf, peer, tag)], lambda: (buf, _recorder("send", "native", raw, raw, t0)())[1])
+    payload = _contig(c.encode(t))
+    return Handle([tr.isend(payload, peer, tag)], lambda: (payload, _recorder("send", c.spec, raw, payload.numel(), t0)())[1])
+
+
+def irecv(
+    tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
+) -> Handle | None:
+    """Receive into ``tensor`` from global rank ``src``; the handle's ``wait()`` decodes into it."""
+    t0 = time.perf_counter()
+    _check_tensor(tensor, "irecv")
+    if src is None:
+        raise TransportError("irecv/recv need src= (a compressed payload's sender must be known)")
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    peer = tr.group_rank(src)
+    t = tensor.detach()
+    raw = _nbytes(t)
+    c = _plan(codec, t, min_bytes, tr)
+    if c is None:
+        buf = _contig(t)
+
+        def then_native() -> None:
+            _copy_back(t, buf)
+            _recorder("recv", "native", raw, raw, t0)()
+
+        return Handle([tr.native_irecv(buf, peer, tag)], then_native)
+    nbytes = c.encoded_nbytes(t.numel(), t.dtype)
+    payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
+
+    def then() -> None:
+        c.decode(payload, t.numel(), t.dtype, out=t)
+        _recorder("recv", c.spec, raw, nbytes, t0)()
+
+    return Handle([tr.irecv(payload, peer, tag)], then)
+
+
+def send(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None) -> None:
+    h = isend(tensor, dst, group, codec, tag=tag, min_bytes=min_bytes)
+    if h is not None:
+        h.wait()
+
+
+def recv(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None) -> int | None:
+    """Returns the sender's global rank, like ``torch.distributed.recv``."""
+    h = irecv(tensor, src, group, codec, tag=tag, min_bytes=min_bytes)
+    if h is None:
+        return None
+    h.wait()
+    return src
+
+
+__all__ = [
+    "DEFAULT_MIN_BYTES", "ErrorFeedback", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+    "broadcast", "irecv", "isend", "recv", "reduce_scatter_tensor", "send",
+]

@@ -1,0 +1,231 @@
+"""Transports: move bytes between the ranks of one group, nothing else.
+
+A transport wraps a ``torch.distributed`` process group (gloo here, NCCL on GPUs) or an mpi4py
+communicator behind one small interface, so every collective algorithm is written once:
+
+- byte movement (1-D uint8 tensors, contiguous, equal sizes on every rank, as fixed-size codec
+  payloads guarantee): ``all_to_all``, ``all_gather``, ``broadcast``, ``send``, ``recv``,
+  ``isend``, ``irecv``; the collective ones take ``async_op`` and then return a :class:`Handle`;
+- the native (uncompressed, exact) calls the collectives fall back to: ``native_all_reduce``,
+  ``native_reduce_scatter``, ``native_all_gather``, ``native_broadcast``, ``native_all_to_all``,
+  ``native_send`` / ``native_recv`` (any dtype, contiguous tensors).
+
+Ranks given to a transport are GROUP ranks; :meth:`Transport.group_rank` converts the global ranks
+that the public collectives take (``torch.distributed`` semantics; for MPI, the rank in
+``MPI.COMM_WORLD``).
+
+Reduce op names are the strings "sum", "avg", "max", "min", "product"; :func:`op_name` also accepts
+``torch.distributed.ReduceOp`` values.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from ..errors import TransportError
+
+OPS = ("sum", "avg", "max", "min", "product")
+
+
+def op_name(op: Any) -> str:
+    """Normalise a reduce op (string or ``torch.distributed.ReduceOp``) to one of :data:`OPS`."""
+    if isinstance(op, str):
+        name = op.lower()
+        name = {"prod": "product", "mean": "avg"}.get(name, name)
+        if name in OPS:
+            return name
+        raise TransportError(f"unknown reduce op {op!r}; available: {', '.join(OPS)}")
+    # ReduceOp values and ReduceOp.RedOpType members both print as e.g. "RedOpType.SUM"
+    text = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+    name = {"prod": "product"}.get(text, text)
+    if name in OPS:
+        return name
+    raise TransportError(f"reduce op {op!r} is not supported; available: {', '.join(OPS)}")
+
+
+class Handle:
+    """What async calls return: ``wait()`` finishes the communication and then runs ``then``
+    (decoding, copying back, recording stats) exactly once; ``is_completed()`` says whether the
+    communication is done (so ``wait()`` will not block on the network).
+
+    ``works`` are the underlying requests (torch ``Work`` objects, MPI requests, or other Handles).
+    """
+
+    __slots__ = ("_works", "_then", "_done", "_result")
+
+    def __init__(self, works: list | tuple = (), then: Callable[[], Any] | None = None):
+        self._works = [w for w in works if w is not None]
+        self._then = then
+        self._done = False
+        self._result = None
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._done:
+            for w in self._works:
+                _wait_one(w)
+            self._done = True
+            if self._then is not None:
+                then, self._then = self._then, None
+                self._result = then()
+        return True
+
+    def is_completed(self) -> bool:
+        if self._done:
+            return True
+        return all(_completed_one(w) for w in self._works)
+
+    def result(self) -> Any:
+        """Wait, then return what ``then`` returned (e.g. the received tensor of an irecv)."""
+        self.wait()
+        return self._result
+
+
+def _wait_one(w: Any) -> None:
+    if hasattr(w, "Wait"):  # mpi4py Request
+        w.Wait()
+    else:
+        w.wait()
+
+
+def _completed_one(w: Any) -> bool:
+    if hasattr(w, "Test"):  # mpi4py Request: Test() completes it when done, which is what we want
+        return bool(w.Test())
+    return bool(w.is_completed())
+
+
+def done_handle(then: Callable[[], Any] | None = None) -> Handle:
+    """A handle for work that already finished (world size 1, or a synchronous fallback)."""
+    return Handle((), then)
+
+
+class Transport:
+    """Interface every transport implements. ``rank``/``world_size`` are the caller's rank and the
+    size of this group; ``rank`` is -1 when the caller is not a member (collectives then do nothing,
+    like ``torch.distributed``)."""
+
+    kind: str = ""
+    rank: int
+    world_size: int
+
+    # ranks -------------------------------------------------------------------------------------
+    def group_rank(self, global_rank: int) -> int:
+        raise NotImplementedError
+
+    def global_rank(self, group_rank: int) -> int:
+        raise NotImplementedError
+
+    # byte movement -----------------------------------------------------------------------------
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        """``input`` holds world_size equal chunks, chunk j goes to rank j; ``output`` chunk i comes
+        from rank i."""
+        raise NotImplementedError
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        raise NotImplementedError
+
+    def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
+        raise NotImplementedError
+
+    def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        raise NotImplementedError
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        raise NotImplementedError
+
+    def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self.isend(buf, dst, tag).wait()
+
+    def recv(self, buf: torch.Tensor, src: int, tag: int = 0) -> None:
+        self.irecv(buf, src, tag).wait()
+
+    # native (exact) calls; any dtype, contiguous tensors -----------------------------------------
+    def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
+        raise NotImplementedError
+
+    def native_reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: str, async_op: bool = False
+    ) -> Handle | None:
+        raise NotImplementedError
+
+    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        return self.all_gather(_bytes(output), _bytes(input), async_op)
+
+    def native_broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
+        return self.broadcast(_bytes(tensor), src, async_op)
+
+    def native_all_to_all(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
+        async_op: bool = False,
+    ) -> Handle | None:
+        raise NotImplementedError
+
+    def native_isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        return self.isend(_bytes(tensor), dst, tag)
+
+    def native_irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        return self.irecv(_bytes(tensor), src, tag)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank={self.rank} world_size={self.world_size}>"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage as a 1-D uint8 view (no copy)."""
+    if not t.is_contiguous():
+        raise TransportError("transports move contiguous tensors only (the collectives copy for you)")
+    return t.reshape(-1).view(torch.uint8)
+
+
+def check_bytes(*bufs: torch.Tensor) -> None:
+    for b in bufs:
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 or not b.is_contiguous():
+            raise TransportError(
+                f"transport buffers must be contiguous 1-D uint8 tensors, got "
+                f"{getattr(b, 'dtype', type(b).__name__)} with shape {tuple(getattr(b, 'shape', ()))}"
+            )
+
+
+_cache: "weakref.WeakKeyDictionary[Any, Transport]" = weakref.WeakKeyDictionary()
+
+
+def is_mpi_comm(group: Any) -> bool:
+    """Detect an mpi4py communicator by its type, without importing mpi4py."""
+    return type(group).__module__.split(".")[0] == "mpi4py"
+
+
+def for_group(group: Any = None) -> Transport:
+    """The transport for ``group``: a ``torch.distributed`` ProcessGroup (``None`` = WORLD) or an
+    mpi4py communicator. Transports are cached per group object."""
+    mpi = is_mpi_comm(group)
+    if group is None:
+        from .torch_dist import default_group
+
+        group = default_group()
+    try:
+        cached = _cache.get(group)
+    except TypeError:  # not weak-referenceable: build each time (cheap)
+        cached = None
+    if cached is not None:
+        return cached
+    if mpi:
+        from .mpi import MPITransport
+
+        transport: Transport = MPITransport(group)
+    else:
+        from .torch_dist import TorchTransport
+
+        transport = TorchTransport(group)
+    try:
+        _cache[group] = transport
+    except TypeError:
+        pass
+    return transport
+
+
+__all__ = ["OPS", "Handle", "Transport", "TransportError", "check_bytes", "done_handle", "for_group", "is_mpi_comm", "op_name"]

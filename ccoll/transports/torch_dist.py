@@ -1,0 +1,224 @@
+"""Transport over a ``torch.distributed`` process group (gloo, NCCL, or any other c10d backend).
+
+Every call goes to ``torch.distributed.distributed_c10d.<fn>``, never ``torch.distributed.<fn>``: the
+patch layer replaces the ``torch.distributed`` attributes with ccoll wrappers, and a transport that
+called those would recurse into itself.
+
+What gloo supports in torch 2.13 (checked with real gloo ranks, see tests/dist): uint8
+``all_to_all_single`` (equal splits), ``all_gather_single``, ``broadcast``, ``send``/``recv``,
+``reduce_scatter_single`` and ``ReduceOp.AVG`` for floating tensors. Older gloo builds lack AVG and
+some backends lack all-to-all, so:
+- ``avg`` is computed as SUM followed by a division on every backend but NCCL (identical results on
+  every rank; NCCL keeps its native AVG). Integer tensors get ``ReduceOp.AVG`` unchanged, so the
+  backend's own behaviour (NCCL: supported; gloo: an error) is preserved;
+- a backend whose ``all_to_all_single`` raises "not supported" / ``NotImplementedError`` switches
+  (once, logged) to point-to-point exchanges (``batch_isend_irecv``), which every backend has.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from ..errors import TransportError
+from ..log import warn_once
+from . import Handle, Transport, check_bytes
+
+_REDUCE_OPS = {
+    "sum": c10d.ReduceOp.SUM,
+    "max": c10d.ReduceOp.MAX,
+    "min": c10d.ReduceOp.MIN,
+    "product": c10d.ReduceOp.PRODUCT,
+    "avg": c10d.ReduceOp.AVG,
+}
+
+# the *_single names are torch >= 2.10's non-deprecated spellings; older torch has only the *_tensor ones
+_all_gather = getattr(c10d, "all_gather_single", None) or c10d.all_gather_into_tensor
+_reduce_scatter = getattr(c10d, "reduce_scatter_single", None) or c10d.reduce_scatter_tensor
+
+
+def default_group() -> Any:
+    if not c10d.is_initialized():
+        raise TransportError("torch.distributed is not initialized: call init_process_group() first")
+    return c10d._get_default_group()
+
+
+def _unsupported(err: Exception) -> bool:
+    text = str(err).lower()
+    return isinstance(err, NotImplementedError) or "not supported" in text or "unsupported" in text
+
+
+def _wrap(work: Any, then=None) -> Handle:
+    return Handle([work], then)
+
+
+class TorchTransport(Transport):
+    """``all_to_all_impl``: "auto" (native, switching to "p2p" if the backend lacks it), "native" or
+    "p2p" (forced; used by the tests so the fallback is exercised on every run)."""
+
+    kind = "torch"
+
+    def __init__(self, group: Any = None, all_to_all_impl: str = "auto"):
+        if all_to_all_impl not in ("auto", "native", "p2p"):
+            raise TransportError(f"all_to_all_impl must be auto, native or p2p, got {all_to_all_impl!r}")
+        self.group = default_group() if group is None else group
+        self.is_world = self.group is c10d._get_default_group()
+        self.rank = c10d.get_rank(self.group)  # -1 when this process is not a member
+        self.world_size = c10d.get_world_size(self.group) if self.rank >= 0 else 0
+        self.backend = str(c10d.get_backend(self.group)).lower() if self.rank >= 0 else "none"
+        self.all_to_all_impl = all_to_all_impl
+        self._native_avg = self.backend == "nccl"
+
+    # ranks -------------------------------------------------------------------------------------
+    def group_rank(self, global_rank: int) -> int:
+        if self.is_world:
+            return int(global_rank)
+        try:
+            return c10d.get_group_rank(self.group, int(global_rank))
+        except (ValueError, RuntimeError) as e:
+            raise TransportError(f"global rank {global_rank} is not in this group: {e}") from None
+
+    def global_rank(self, group_rank: int) -> int:
+        if self.is_world:
+            return int(group_rank)
+        return c10d.get_global_rank(self.group, int(group_rank))
+
+    # byte movement -----------------------------------------------------------------------------
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        check_bytes(output, input)
+        if output.numel() != input.numel() or input.numel() % self.world_size:
+            raise TransportError(
+                f"all_to_all needs equal input/output sizes divisible by {self.world_size}, "
+                f"got {input.numel()} and {output.numel()}"
+            )
+        return self._all_to_all(output, input, None, None, async_op)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        check_bytes(output, input)
+        if output.numel() != input.numel() * self.world_size:
+            raise TransportError(
+                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
+            )
+        return self.native_all_gather(output, input, async_op)
+
+    def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
+        check_bytes(buf)
+        return self.native_broadcast(buf, src, async_op)
+
+    def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        check_bytes(buf)
+        return self.native_isend(buf, dst, tag)
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        check_bytes(buf)
+        return self.native_irecv(buf, src, tag)
+
+    def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
+        check_bytes(buf)
+        c10d.send(buf, self.global_rank(dst), group=self.group, tag=tag)
+
+    def recv(self, buf: torch.Tensor, src: int, tag: int = 0) -> None:
+        check_bytes(buf)
+        c10d.recv(buf, self.global_rank(src), group=self.group, tag=tag)
+
+    # native calls ------------------------------------------------------------------------------
+    def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
+        reduce_op, then = self._reduce_op(op, tensor)
+        work = c10d.all_reduce(tensor, op=reduce_op, group=self.group, async_op=async_op)
+        return self._finish(work, async_op, then)
+
+    def native_reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: str, async_op: bool = False
+    ) -> Handle | None:
+        reduce_op, then = self._reduce_op(op, output)
+        work = _reduce_scatter(output, input, op=reduce_op, group=self.group, async_op=async_op)
+        return self._finish(work, async_op, then)
+
+    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        work = _all_gather(output, input, group=self.group, async_op=async_op)
+        return self._finish(work, async_op, None)
+
+    def native_broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
+        work = c10d.broadcast(tensor, self.global_rank(src), group=self.group, async_op=async_op)
+        return self._finish(work, async_op, None)
+
+    def native_all_to_all(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
+        async_op: bool = False,
+    ) -> Handle | None:
+        return self._all_to_all(output, input, output_split_sizes, input_split_sizes, async_op)
+
+    def native_isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        return _wrap(c10d.isend(tensor, self.global_rank(dst), group=self.group, tag=tag))
+
+    def native_irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        return _wrap(c10d.irecv(tensor, self.global_rank(src), group=self.group, tag=tag))
+
+    # helpers -----------------------------------------------------------------------------------
+    def _reduce_op(self, op: str, result: torch.Tensor):
+        """(ReduceOp, post-step): AVG natively on NCCL; elsewhere SUM then divide (floats)."""
+        if op == "avg" and not self._native_avg and (result.is_floating_point() or result.is_complex()):
+            p = self.world_size
+            return c10d.ReduceOp.SUM, lambda: result.div_(p)
+        return _REDUCE_OPS[op], None
+
+    @staticmethod
+    def _finish(work: Any, async_op: bool, then) -> Handle | None:
+        if async_op:
+            return _wrap(work, then)
+        if then is not None:
+            then()
+        return None
+
+    def _all_to_all(self, output, input, output_split_sizes, input_split_sizes, async_op):
+        if self.all_to_all_impl != "p2p":
+            try:
+                work = c10d.all_to_all_single(
+                    output, input, output_split_sizes, input_split_sizes, group=self.group, async_op=async_op
+                )
+                return self._finish(work, async_op, None)
+            except (RuntimeError, NotImplementedError) as e:
+                if self.all_to_all_impl == "native" or not _unsupported(e):
+                    raise
+                warn_once(
+                    f"a2a-p2p-{self.backend}",
+                    "ccoll: backend %s has no all_to_all_single (%s); using point-to-point exchanges",
+                    self.backend, e,
+                )
+                self.all_to_all_impl = "p2p"
+        return self._all_to_all_p2p(output, input, output_split_sizes, input_split_sizes, async_op)
+
+    def _all_to_all_p2p(self, output, input, output_split_sizes, input_split_sizes, async_op):
+        p, me = self.world_size, self.rank
+        out_rows = _split_rows(output, output_split_sizes, p)
+        in_rows = _split_rows(input, input_split_sizes, p)
+        ops = []
+        for peer in range(p):
+            if peer == me:
+                continue
+            ops.append(c10d.P2POp(c10d.isend, in_rows[peer], self.global_rank(peer), self.group))
+            ops.append(c10d.P2POp(c10d.irecv, out_rows[peer], self.global_rank(peer), self.group))
+        out_rows[me].copy_(in_rows[me])
+        works = c10d.batch_isend_irecv(ops) if ops else []
+        handle = Handle(works)
+        if async_op:
+            return handle
+        handle.wait()
+        return None
+
+
+def _split_rows(t: torch.Tensor, split_sizes: list[int] | None, p: int) -> list[torch.Tensor]:
+    """Views of ``t`` along dim 0, as torch's all_to_all_single splits it."""
+    if not split_sizes:
+        if t.shape[0] % p:
+            raise TransportError(f"all_to_all: dim 0 ({t.shape[0]}) is not divisible by {p}")
+        split_sizes = [t.shape[0] // p] * p
+    if len(split_sizes) != p or sum(split_sizes) != t.shape[0]:
+        raise TransportError(f"all_to_all: split sizes {list(split_sizes)} do not match dim 0 {t.shape[0]} / {p} ranks")
+    return list(torch.split(t, list(split_sizes), dim=0))
+
