@@ -9,6 +9,8 @@ import os
 from .runner import RunResult
 
 DIMS = ("dp", "tp", "pp")
+#: DP ops that carry gradients (the rest of DP traffic is ZeRO's parameter all-gather and broadcasts)
+GRADIENT_OPS = ("all_reduce", "reduce_scatter")
 
 
 def final_loss(losses: list[float]) -> float:
@@ -38,6 +40,8 @@ def summary(results: list[RunResult], meta: dict) -> dict:
             "wall_seconds": r.seconds,
             "by_op": _by_op(r.stats),
         }
+        grads = [o for o in policies[r.name]["by_op"] if o["dim"] == "dp" and o["op"] in GRADIENT_OPS]
+        policies[r.name]["dp_gradients"] = {"raw": sum(o["raw"] for o in grads), "wire": sum(o["wire"] for o in grads)}
     return {"baseline": pick_baseline(results).name, "meta": meta, "policies": policies}
 
 
@@ -74,17 +78,22 @@ def summary_markdown(s: dict) -> str:
         "",
         f"{m['steps']} steps, dp={m['dp']} tp={m['tp']} pp={m['pp']}, model {m['model']}, "
         f"global batch {m['global_batch']} x {m['model']['seq_len']} bytes, seed {m['seed']}, data {m['data']}.",
-        f"Final loss = mean of the last 10% of steps; bytes summed over all ranks' training steps; "
+        f"Final loss = mean of the last 10% of steps; bytes summed over all ranks' training steps "
+        f"(point-to-point messages counted once, by the sender); dp includes ZeRO-1's parameter all-gather, "
+        f"'dp gradients' is the gradient all-reduce/reduce-scatter alone; "
         f"ratio = raw / wire. Baseline: `{s['baseline']}`.",
         "",
-        "| policy | final loss | vs baseline | samples/s | " + " | ".join(f"{d} raw | {d} wire | {d} ratio" for d in DIMS) + " |",
-        "|---|---:|---:|---:|" + "---:|---:|---:|" * len(DIMS),
+        "| policy | final loss | vs baseline | samples/s | " + " | ".join(f"{d} raw | {d} wire | {d} ratio" for d in DIMS)
+        + " | dp gradients ratio |",
+        "|---|---:|---:|---:|" + "---:|---:|---:|" * len(DIMS) + "---:|",
     ]
     for name, p in s["policies"].items():
         cells = [name, f"{p['final_loss']:.4f}", f"{p['delta_vs_baseline_pct']:+.2f}%", f"{p['samples_per_s']:.2f}"]
         for d in DIMS:
             b, r = p["bytes"][d], p["compression"][d]
             cells += [_fmt_bytes(b["raw"]), _fmt_bytes(b["wire"]), "-" if r is None else f"{r:.2f}x"]
+        r = _ratio(p["dp_gradients"])
+        cells.append("-" if r is None else f"{r:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Traffic by operation (all ranks; calls below the policy's min_bytes stay native):", "",
               "| policy | dim | op | codec | calls | raw | wire | ratio |", "|---|---|---|---|---:|---:|---:|---:|"]

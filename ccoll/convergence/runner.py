@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from ..errors import CcollError
 
 
+#: ops whose bytes the sender already counted
+RECEIVE_OPS = ("recv", "irecv")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,7 +156,8 @@ def _merge(name: str, run_dir: str, world: int, wall_s: float) -> RunResult:
     for r in ranks:
         for row in r["stats"]:
             all_stats.append(dict(row, rank=r["rank"]))
-            if row["dim"] in totals:
+            # a point-to-point message is counted once, by its sender (the receiver records the same bytes)
+            if row["dim"] in totals and row["op"] not in RECEIVE_OPS:
                 totals[row["dim"]]["raw"] += int(row["raw_bytes"])
                 totals[row["dim"]]["wire"] += int(row["wire_bytes"])
     return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats)

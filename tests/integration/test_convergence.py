@@ -98,9 +98,14 @@ def test_given_hybrid_policy_when_trained_expect_dp_gradients_at_the_codec_ratio
     assert grad, "hybrid compressed no DP gradient traffic"
     raw, wire = sum(r["raw_bytes"] for r in grad), sum(r["wire_bytes"] for r in grad)
     assert raw / wire == pytest.approx(_codec_ratio("hybrid", "dp", "all_reduce"), rel=0.05)
-    # the same gradient bytes went through as in the baseline run (same model, same steps)
-    base = [r for r in json.load(open(out / "stats.json"))["baseline"] if r["dim"] == "dp" and r["op"] == "all_reduce"]
-    assert raw == sum(r["raw_bytes"] for r in base)
+    # the same DP all-reduce bytes went through as in the baseline run (same model, same steps); only
+    # the scalar ones (loss, overflow) stayed native
+    with open(out / "stats.json") as f:
+        both = json.load(f)
+    total = {name: sum(r["raw_bytes"] for r in rows if r["dim"] == "dp" and r["op"] == "all_reduce")
+             for name, rows in both.items()}
+    assert total["hybrid"] == total["baseline"]
+    assert total["hybrid"] - raw < 0.001 * raw
     pp = s["policies"]["hybrid"]["bytes"]["pp"]
     assert pp["raw"] / pp["wire"] > 2.0
     assert s["policies"]["hybrid"]["bytes"]["dp"]["wire"] < s["policies"]["baseline"]["bytes"]["dp"]["wire"]
