@@ -173,7 +173,10 @@ class GlooWorld(World):
         import torch.distributed as dist
 
         self.dist = dist
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        # an existing default group (a launcher that initialised it, a test) is used as is and left open
+        self.owned = not dist.is_initialized()
+        if self.owned:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.size, self.group = dist.get_rank(), dist.get_world_size(), None
 
     def barrier(self) -> None:
@@ -200,10 +203,13 @@ class GlooWorld(World):
 
     def native(self, op: str) -> Callable:
         d = self.dist
+        # torch >= 2.13 renamed the *_tensor forms to *_single (the old names warn)
+        gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
+        scatter = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
         return {
             "all_reduce": lambda t: d.all_reduce(t),
-            "all_gather": lambda out, inp: d.all_gather_into_tensor(out, inp),
-            "reduce_scatter": lambda out, inp: d.reduce_scatter_tensor(out, inp),
+            "all_gather": lambda out, inp: gather(out, inp),
+            "reduce_scatter": lambda out, inp: scatter(out, inp),
             "broadcast": lambda t: d.broadcast(t, 0),
             "all_to_all": lambda out, inp: d.all_to_all_single(out, inp),
             "send": lambda t, peer: d.send(t, peer),
@@ -214,7 +220,8 @@ class GlooWorld(World):
         return "gloo (torch.distributed)"
 
     def close(self) -> None:
-        self.dist.destroy_process_group()
+        if self.owned:
+            self.dist.destroy_process_group()
 
 
 class MPIWorld(World):
@@ -582,7 +589,7 @@ def _resolve_codecs(specs: list[str], dtype: torch.dtype):
     codecs = []
     for spec in specs:
         if spec == NATIVE:
-            codecs.append(None)
+            codecs.append((NATIVE, None))
             continue
         try:
             c = get_codec(spec)
@@ -591,9 +598,9 @@ def _resolve_codecs(specs: list[str], dtype: torch.dtype):
         if dtype not in c.dtypes:
             names = ", ".join(str(d).replace("torch.", "") for d in c.dtypes)
             raise BenchError(f"codec {c.spec!r} does not take {dtype} (it takes {names}); choose another --dtype")
-        codecs.append(c)
+        codecs.append((spec, c))
     # native first: every other row's speedup is relative to it
-    return sorted(codecs, key=lambda c: c is not None)
+    return sorted(codecs, key=lambda lc: lc[1] is not None)
 
 
 def run_rank(args) -> int:
@@ -611,7 +618,7 @@ def run_rank(args) -> int:
         for c in colls:
             if w.size < c.min_world:
                 raise BenchError(f"{c.name} needs at least {c.min_world} ranks, got {w.size}")
-        head = _header(w, args, colls, ["native" if c is None else c.spec for c in codecs])
+        head = _header(w, args, colls, [label if c is None else c.spec for label, c in codecs])
         meta = {"world_size": w.size, "backend": w.backend, "dtype": args.dtype, "iters": args.iters,
                 "warmup": args.warmup, "min_bytes": args.min_bytes, "header": head,
                 "loadavg_start": os.getloadavg(), "netem": os.environ.get("CCOLL_NETEM")}
@@ -632,14 +639,15 @@ def run_rank(args) -> int:
                 seen.add(count)
                 case = coll.build(w, count, dtype, args.seed)
                 native_time = None
-                for codec in codecs:
+                for label, codec in codecs:
                     m = measure(w, coll, case, codec, args.iters, args.warmup, args.min_bytes)
                     nbytes = count * dtype.itemsize
                     algbw = nbytes / (m["time_us"] * 1e-6) / 1e9 if m["time_us"] > 0 else math.inf
                     if codec is None:
                         native_time = m["time_us"]
                     row = {"collective": coll.name, "size_bytes": nbytes, "count": count, "dtype": args.dtype,
-                           "codec": NATIVE if codec is None else codec.spec, "algbw_gbps": algbw,
+                           "codec": label, "codec_spec": NATIVE if codec is None else codec.spec,
+                           "algbw_gbps": algbw,
                            "busbw_gbps": algbw * coll.busbw_factor(w.size),
                            "busbw_factor": coll.busbw_factor(w.size),
                            "speedup": (native_time / m["time_us"]) if native_time else None, **m}
@@ -814,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         args.codec = args.codec or [NATIVE]
         if args.iters < 1 or args.warmup < 0:
             raise BenchError("-n must be >= 1 and -w >= 0")
-        split_codecs(args.codec)
+        _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
         if args.backend == "mpi" and _under_mpi(env):
