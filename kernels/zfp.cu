@@ -76,6 +76,14 @@ template <class Scalar> CCOLL_HD Scalar pow2(int k) {
 
 // ---- bit stream: stream bit j is bit (j % 64) of word j / 64 ------------------------------------------
 
+CCOLL_HD int ctz64(ccoll_u64 x) {  // x != 0
+#ifdef __CUDA_ARCH__
+  return __ffsll((long long)x) - 1;
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
 CCOLL_HD void atomic_or_word(ccoll_u64* w, ccoll_u64 v) {
 #ifdef __CUDA_ARCH__
   atomicOr(w, v);
@@ -149,6 +157,14 @@ struct BlockReader {
     --avail;
     return b;
   }
+  // the next n bits (0 <= n < 64) without consuming them; they must lie inside the payload
+  CCOLL_HD ccoll_u64 peek_bits(int n) {
+    if (n == 0) return 0;
+    ccoll_u64 v = buf;
+    if (n > avail) v |= words[widx] << avail;
+    return v & ((1ull << n) - 1);
+  }
+  CCOLL_HD void skip_bits(int n) { read_bits(n); }
   CCOLL_HD ccoll_u64 read_bits(int n) {  // 0 <= n <= 64
     if (n == 0) return 0;
     ccoll_u64 v;
@@ -339,17 +355,24 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
     int m = nsig < bits ? nsig : bits;
     bits -= m;
     x = w.write_bits(x, m);
+    // group tests: a 1 says "another coefficient becomes significant in this plane", followed by a
+    // unary scan for it (zeros, then a 1 unless it is the last coefficient, whose 1 is implied). The
+    // scan is emitted in one step from the position of the next one instead of bit by bit.
     while (bits > 0 && nsig < S) {
       --bits;
       if (!w.write_bit(x != 0)) break;
-      while (bits > 0 && nsig < S - 1) {
-        --bits;
-        if (w.write_bit((ccoll_u32)(x & 1))) break;
-        x >>= 1;
-        ++nsig;
+      int lim = S - 1 - nsig < bits ? S - 1 - nsig : bits;  // scan bits that may be written
+      int t = ctz64(x);
+      if (t < lim) {
+        w.write_bits(x, t + 1);  // t zeros and the one
+        bits -= t + 1;
+      } else {  // budget or implied last coefficient first: lim zeros
+        w.write_bits(0, lim);
+        bits -= lim;
+        t = lim;
       }
-      x >>= 1;
-      ++nsig;
+      x >>= t + 1;
+      nsig += t + 1;
     }
   }
   w.finish();
@@ -388,15 +411,22 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar
     int m = nsig < bits ? nsig : bits;
     bits -= m;
     ccoll_u64 x = r.read_bits(m);
-    while (bits > 0 && nsig < S) {
+    while (bits > 0 && nsig < S) {  // group tests, mirroring the encoder
       --bits;
       if (!r.read_bit()) break;
-      while (bits > 0 && nsig < S - 1) {
-        --bits;
-        if (r.read_bit()) break;
-        ++nsig;
+      int lim = S - 1 - nsig < bits ? S - 1 - nsig : bits;
+      ccoll_u64 window = r.peek_bits(lim);
+      int t = window ? ctz64(window) : lim;
+      if (t < lim) {
+        r.skip_bits(t + 1);
+        bits -= t + 1;
+      } else {
+        r.skip_bits(lim);
+        bits -= lim;
+        t = lim;
       }
-      x |= 1ull << nsig;
+      nsig += t;
+      x |= 1ull << nsig;  // as libzfp, also when the budget ran out before the one was seen
       ++nsig;
     }
 #pragma unroll
