@@ -196,6 +196,7 @@ def test_given_shipped_hybrid_when_loading_expect_aggressive_dp_with_ef_light_tp
     for dim in ("dp", "tp", "pp"):
         assert p.resolve(dim, "broadcast", grad) is None  # parameter broadcasts: exact
     assert p.resolve("pp", "send_recv", torch.zeros(1, 1, 512, 512, dtype=torch.float16)) is None  # NeoX mask
+    assert p.resolve("pp", "send_recv", torch.zeros(512, 2, 256, dtype=torch.float16)) is not None  # fp16 acts
     assert p.resolve("default", "all_reduce", grad) is None
 
 
