@@ -38,7 +38,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from .stats import record as _record_stats
+from .stats import current_dimension, record as _record_stats
 from .codecs import Codec, get_codec
 from .errors import PolicyError, TransportError
 from .feedback import ErrorFeedback
@@ -108,8 +108,13 @@ def _finish(async_op: bool, inner: Handle | None, then: Callable[[], Any]) -> Ha
     return None
 
 
-def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: float) -> Callable[[], None]:
-    return lambda: _record_stats(op, codec, raw_bytes, wire_bytes, time.perf_counter() - t0)
+def _start() -> tuple[float, str]:
+    """Call time and the stats dimension in effect at the call (an async wait() may run elsewhere)."""
+    return time.perf_counter(), current_dimension()
+
+
+def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: tuple[float, str]) -> Callable[[], None]:
+    return lambda: _record_stats(op, codec, raw_bytes, wire_bytes, time.perf_counter() - t0[0], dim=t0[1])
 
 
 def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -165,7 +170,7 @@ def all_reduce(
     the reduced chunk this rank owns. Compensating only the first would leave the second encode's
     error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
     bit-identical because all of them decode the same compensated payload."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(tensor, "all_reduce")
     opn = op_name(op)
     tr = for_group(group)
@@ -230,7 +235,7 @@ def reduce_scatter_tensor(
     """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
     elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
     chunks, then a fused decode-and-sum."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(output, "reduce_scatter_tensor")
     _check_tensor(input, "reduce_scatter_tensor")
     opn = op_name(op)
@@ -286,7 +291,7 @@ def all_gather_into_tensor(
 ) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(output, "all_gather_into_tensor")
     _check_tensor(input, "all_gather_into_tensor")
     tr = for_group(group)
@@ -339,7 +344,7 @@ def broadcast(
 ) -> Handle | None:
     """Broadcast from global rank ``src``. With a lossy codec the root adopts the decoded values, so
     every rank (root included) ends with identical bytes."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(tensor, "broadcast")
     tr = for_group(group)
     if tr.rank < 0:
@@ -388,7 +393,7 @@ def all_to_all_single(
     """Chunk j of ``input`` (along dim 0) goes to rank j; chunk i of ``output`` comes from rank i.
     Equal splits are compressed (each chunk encoded on its own, the own chunk decoded too); uneven
     ``*_split_sizes`` go native, as does an input not divisible into p equal chunks."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(output, "all_to_all_single")
     _check_tensor(input, "all_to_all_single")
     tr = for_group(group)
@@ -441,7 +446,7 @@ def isend(
     tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
 ) -> Handle | None:
     """Send ``tensor`` to global rank ``dst``; the handle's ``wait()`` completes the send."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(tensor, "isend")
     tr = for_group(group)
     if tr.rank < 0:
@@ -461,7 +466,7 @@ def irecv(
     tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
 ) -> Handle | None:
     """Receive into ``tensor`` from global rank ``src``; the handle's ``wait()`` decodes into it."""
-    t0 = time.perf_counter()
+    t0 = _start()
     _check_tensor(tensor, "irecv")
     if src is None:
         raise TransportError("irecv/recv need src= (a compressed payload's sender must be known)")

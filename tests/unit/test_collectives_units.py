@@ -1,0 +1,124 @@
+"""The parts of the collectives layer that need no process group: reduce-op names, handles, error
+feedback state, transport selection errors. Multi-rank behaviour is in tests/dist."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ccoll
+from ccoll.errors import TransportError
+from ccoll.transports import Handle, for_group, is_mpi_comm, op_name
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [("sum", "sum"), ("AVG", "avg"), ("mean", "avg"), ("prod", "product"), ("product", "product"),
+     (dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
+     (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.PRODUCT, "product")],
+)
+def test_op_name_given_string_or_reduce_op_expect_canonical_name(given, expected):
+    assert op_name(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["median", dist.ReduceOp.BAND, 3])
+def test_op_name_given_unsupported_op_expect_transport_error_listing_ops(bad):
+    with pytest.raises(TransportError, match="sum, avg, max, min, product"):
+        op_name(bad)
+
+
+def test_handle_given_then_when_waited_twice_expect_it_runs_once_and_result_returned():
+    calls = []
+    h = Handle((), lambda: calls.append(1) or "decoded")
+    assert h.is_completed()
+    assert h.wait() is True and h.wait() is True
+    assert calls == [1] and h.result() == "decoded"
+
+
+def test_handle_given_nested_handles_expect_inner_then_before_outer():
+    order = []
+    inner = Handle((), lambda: order.append("inner"))
+    outer = Handle([inner], lambda: order.append("outer"))
+    assert outer.is_completed()
+    outer.wait()
+    assert order == ["inner", "outer"]
+
+
+def test_for_group_given_no_process_group_expect_typed_error():
+    assert not dist.is_initialized()
+    with pytest.raises(TransportError, match="init_process_group"):
+        for_group(None)
+    with pytest.raises(TransportError, match="init_process_group"):
+        ccoll.all_reduce(torch.ones(4), codec="bf16")
+
+
+def test_is_mpi_comm_given_torch_objects_expect_false_without_importing_mpi4py():
+    import sys
+
+    assert not is_mpi_comm(None) and not is_mpi_comm(torch.ones(1))
+    assert "mpi4py" not in sys.modules
+
+
+def test_error_feedback_given_repeated_encodes_expect_sum_of_decodes_tracks_sum_of_inputs():
+    """Telescoping: sum_t decode_t = sum_t x_t - residual_T, so the accumulated error stays one
+    step's error however many steps run (without feedback it grows linearly)."""
+    codec = ccoll.get_codec("bf16")
+    ef = ccoll.ErrorFeedback()
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    steps = 50
+    with_ef = torch.zeros(4096, dtype=torch.float64)
+    without = torch.zeros(4096, dtype=torch.float64)
+    for _ in range(steps):
+        with_ef += codec.decode(ef.encode("w", x, codec), x.numel(), x.dtype).double()
+        without += codec.decode(codec.encode(x), x.numel(), x.dtype).double()
+    exact = x.double() * steps
+    one_step = float(x.abs().max()) * 2.0**-8
+    assert float((with_ef - exact).abs().max()) <= one_step
+    assert torch.allclose(with_ef - exact, -ef.residual("w").double(), atol=1e-4)
+    assert float((without - exact).abs().max()) > 5 * one_step
+
+
+def test_error_feedback_given_changed_shape_or_codec_expect_residual_restarts():
+    bf16, fp16 = ccoll.get_codec("bf16"), ccoll.get_codec("fp16")
+    ef = ccoll.ErrorFeedback()
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    ef.encode("w", x, bf16)
+    first = ef.residual("w").clone()
+    # another codec: the old residual would be the wrong correction; it restarts from zero
+    payload = ef.encode("w", x, fp16)
+    assert torch.equal(payload, fp16.encode(x))
+    assert not torch.equal(ef.residual("w"), first)
+    # another numel under the same key
+    ef.encode("w", x[:10], bf16)
+    assert ef.residual("w").numel() == 10
+
+
+def test_error_feedback_given_non_finite_input_expect_residual_stays_finite():
+    codec = ccoll.get_codec("bf16")
+    ef = ccoll.ErrorFeedback()
+    x = torch.randn(256)
+    x[3] = float("inf")
+    ef.encode("g", x, codec)
+    assert torch.isfinite(ef.residual("g")).all()
+    y = torch.randn(256)
+    payload = ef.encode("g", y, codec)
+    assert torch.isfinite(codec.decode(payload, 256, torch.float32)).all()
+
+
+def test_error_feedback_given_exact_codec_expect_zero_residual_and_unmodified_payload():
+    codec = ccoll.get_codec("none")
+    ef = ccoll.ErrorFeedback()
+    x = torch.randn(333)
+    payload = ef.encode("k", x, codec)
+    assert torch.equal(payload, codec.encode(x)) and not ef.residual("k").any()
+
+
+def test_error_feedback_given_reset_of_logical_key_expect_all_derived_keys_dropped():
+    codec = ccoll.get_codec("bf16")
+    ef = ccoll.ErrorFeedback()
+    for k in [("w", "rs", 0), ("w", "rs", 1), ("w", "ag"), ("b", "ag")]:
+        ef.encode(k, torch.randn(8), codec)
+    ef.reset("w")
+    assert ef.keys() == [("b", "ag")]
+    ef.reset()
+    assert len(ef) == 0
