@@ -43,6 +43,8 @@ def load_corpus(path: str | None = None, max_nbytes: int = 8 << 20) -> torch.Ten
             if total >= max_nbytes:
                 break
         raw = b"".join(chunks)[:max_nbytes]
+        if not raw:
+            raise CcollError(f"no Python sources found in {sysconfig.get_paths()['stdlib']!r}; pass --data FILE")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
 
 
