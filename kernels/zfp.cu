@@ -27,9 +27,7 @@
 // exchange of bit counts), costs one cheap memset of the (small) output, and at most two atomics per
 // block, which resolve in L2 on the GPU and are uncontended cache-line operations on the host.
 
-#ifndef __CUDACC_RTC__
-#include <stdint.h>
-#endif
+// No #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 
 typedef unsigned long long ccoll_u64;
 typedef long long ccoll_i64;
@@ -211,12 +209,46 @@ template <class Scalar> CCOLL_HD void pad_run(Scalar* p, int n, int s) {
   }
 }
 
+#ifdef __CUDA_ARCH__
+// own 16-byte vector types (alignas, no CUDA headers needed under NVRTC); ptxas emits v4/v2 accesses
+struct alignas(16) ccoll_v4f { float x, y, z, w; };
+struct alignas(16) ccoll_v2d { double x, y; };
+__device__ __forceinline__ void load16(const float* p, float* v) {
+  ccoll_v4f f = *reinterpret_cast<const ccoll_v4f*>(p);
+  v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+}
+__device__ __forceinline__ void load16(const double* p, double* v) {
+  ccoll_v2d d = *reinterpret_cast<const ccoll_v2d*>(p);
+  v[0] = d.x; v[1] = d.y;
+}
+__device__ __forceinline__ void store16(float* p, const float* v) {
+  ccoll_v4f f;
+  f.x = v[0]; f.y = v[1]; f.z = v[2]; f.w = v[3];
+  *reinterpret_cast<ccoll_v4f*>(p) = f;
+}
+__device__ __forceinline__ void store16(double* p, const double* v) {
+  ccoll_v2d d;
+  d.x = v[0]; d.y = v[1];
+  *reinterpret_cast<ccoll_v2d*>(p) = d;
+}
+#endif
+
 // Gathers block b (values [S*b, S*b + S) of the flat array; see the file comment) into v, padded.
 template <class Scalar, int D> CCOLL_HD void gather(const Scalar* in, ccoll_u64 n, ccoll_u64 b, Scalar* v) {
   const int S = Dims<D>::S;
   ccoll_u64 start = b * S;
   ccoll_u64 left = n - start;
   if (left >= (ccoll_u64)S) {
+#ifdef __CUDA_ARCH__
+    // a block is 16, 32, 64 or 128 contiguous bytes: 16-byte vector loads when the tensor allows
+    // (the test is uniform across the grid: S * sizeof(Scalar) is a multiple of 16)
+    if ((((unsigned long long)in) & 15) == 0) {
+      const int PER = 16 / (int)sizeof(Scalar);
+#pragma unroll
+      for (int c = 0; c < S / PER; c++) load16(in + start + c * PER, v + c * PER);
+      return;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < S; i++) v[i] = in[start + i];
     return;
@@ -224,13 +256,18 @@ template <class Scalar, int D> CCOLL_HD void gather(const Scalar* in, ccoll_u64 
   int m = (int)left;
 #pragma unroll
   for (int i = 0; i < S; i++) v[i] = i < m ? in[start + i] : Scalar(0);
+  // loops are unrolled with constant offsets so that v stays in registers on the GPU
   if (D == 1) {
     pad_run(v, m, 1);
   } else {
-    int rows = (m + 3) / 4;
-    for (int j = 0; j < rows; j++) pad_run(v + 4 * j, j < m / 4 ? 4 : m % 4, 1);
 #pragma unroll
-    for (int i = 0; i < 4; i++) pad_run(v + i, rows, 4);
+    for (int j = 0; j < 4; j++) {  // each present row along x (absent rows are rebuilt below)
+      int len = m - 4 * j;
+      pad_run(v + 4 * j, len < 0 ? 0 : (len > 4 ? 4 : len), 1);
+    }
+    int rows = (m + 3) / 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) pad_run(v + i, rows, 4);  // then every column along y
   }
 }
 
@@ -239,12 +276,17 @@ template <class Scalar, int D> CCOLL_HD void scatter(const Scalar* v, ccoll_u64 
   ccoll_u64 start = b * S;
   ccoll_u64 left = n - start;
   int m = left >= (ccoll_u64)S ? S : (int)left;
-  if (m == S) {
+#ifdef __CUDA_ARCH__
+  if (m == S && (((unsigned long long)out) & 15) == 0) {  // 16-byte vector stores, as in gather
+    const int PER = 16 / (int)sizeof(Scalar);
 #pragma unroll
-    for (int i = 0; i < S; i++) out[start + i] = v[i];
-  } else {
-    for (int i = 0; i < m; i++) out[start + i] = v[i];
+    for (int c = 0; c < S / PER; c++) store16(out + start + c * PER, v + c * PER);
+    return;
   }
+#endif
+#pragma unroll
+  for (int i = 0; i < S; i++)
+    if (i < m) out[start + i] = v[i];
 }
 
 // ---- decorrelating transform (wrapping arithmetic through the unsigned type) ---------------------------

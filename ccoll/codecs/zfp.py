@@ -18,13 +18,19 @@ Values libzfp does not define (shared/ZFP_FIXED_RATE.md section 5) get one defin
   libzfp never emits) and zeros; it decodes to NaN for the whole block (the project rule, see base.py);
 - a block whose largest magnitude is below 2^-98 (float) or 2^-962 (double), where libzfp's scale
   factor overflows and its output is garbage, is written as an all-zero block and decodes to +0.
-Every other block is exactly libzfp's.
+Every other block is exactly libzfp's, including two libzfp behaviours worth knowing: -0.0 decodes as
++0.0 when its whole block is zero, and values within zfp's rounding error of the largest finite value
+(e.g. |v| > ~3.3e38 for float32 at rate 8) can decode to +-Inf.
 
 Rates: ``maxbits = floor(4^dims * rate + 0.5)`` bits per block. Rates with ``maxbits < 1 + EBITS``
 (float32: rate < 2.125 for dims=1, < 0.53125 for dims=2; float64: < 2.875, < 0.71875) make libzfp's
-coefficient budget underflow and write past its buffer; they are refused (PolicyError at construction for float32, CodecError
-when a float64 tensor needs the higher minimum). Rates above 64 bits/value (twice float32's raw size,
-beyond lossless for either type) are refused as absurd.
+coefficient budget underflow and write past its buffer; they are refused (PolicyError at construction
+for float32, CodecError when a float64 tensor needs the higher minimum). Rates above 64 bits per value
+(more than even float64's raw size) are refused as absurd.
+
+Backends: "torch" runs libzfp through zfpy (single-threaded: zfpy holds the GIL) with vectorised
+pre/post-processing; "emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU
+kernel's own per-block code); "cupy" runs the same kernels on the caller's torch stream.
 """
 from __future__ import annotations
 
