@@ -436,7 +436,9 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar
   }
   int biased = (int)r.read_bits(T::EBITS);
   if (biased == 0) {  // our non-finite marker
-    Scalar nan = T::from_bits(~(UInt)0 >> 1);  // positive quiet NaN with all payload bits set
+    // the canonical quiet NaN (as torch's float('nan') and numpy's nan), so every backend decodes the
+    // same bits
+    Scalar nan = T::from_bits((((UInt)1 << (T::EBITS + 1)) - 1) << (T::MANT - 1));
 #pragma unroll
     for (int i = 0; i < S; i++) v[i] = nan;
     return;
@@ -486,7 +488,7 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar
 // fp32 -> bf16 -> fp32, round to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN
 CCOLL_HD float round_bf16(float f) {
   ccoll_u32 u = Traits<float>::bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return Traits<float>::from_bits(u | 0x00400000u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return Traits<float>::from_bits((u | 0x00400000u) & 0xffff0000u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return Traits<float>::from_bits(u & 0xffff0000u);
 }

@@ -125,31 +125,33 @@ def test_given_tiny_float64_blocks_when_encoded_then_threshold_is_two_to_minus_9
         assert torch.equal(codec.decode(payload, 8, torch.float64)[4:], torch.zeros(4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
 @pytest.mark.parametrize("dims", [1, 2])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_given_non_finite_values_when_round_tripped_then_whole_block_is_nan_and_others_exact(bad, dims):
+def test_given_non_finite_values_when_round_tripped_then_whole_block_is_nan_and_others_exact(bad, dims, dtype):
     S = 4**dims
     n = 5 * S + (3 if dims == 1 else 8)  # partial last block; numel % 4 == 0 for dims=2 (zfpy reference)
-    x = sample(n, torch.float32, seed=3)
+    x = sample(n, dtype, seed=3)
     x[S + 2] = bad  # second block
     x[n - 1] = bad  # partial last block
     zeroed = x.clone()
     zeroed[S : 2 * S] = 0
     zeroed[5 * S :] = 0
-    payloads = {}
+    payloads, decodes = {}, {}
     for backend, codec in codecs(9.25, dims).items():
         payload = codec.encode(x)
         payloads[backend] = payload
-        decoded = codec.decode(payload, n, torch.float32)
+        decoded = decodes[backend] = codec.decode(payload, n, dtype)
         nan = torch.isnan(decoded)
         assert nan[S : 2 * S].all() and nan[5 * S :].all()
         assert not nan[:S].any() and not nan[2 * S : 5 * S].any()
-        clean = codec.decode(codec.encode(zeroed), n, torch.float32)
+        clean = codec.decode(codec.encode(zeroed), n, dtype)
         keep = torch.ones(n, dtype=torch.bool)
         keep[S : 2 * S] = False
         keep[5 * S :] = False
         assert torch.equal(decoded[keep], clean[keep])
     assert torch.equal(payloads["torch"], payloads["emulated"])
+    assert same_bits(decodes["torch"], decodes["emulated"])  # the same NaN bits too
     # the marker is the header flag of an otherwise all-zero block: clearing it gives zfpy's bytes of
     # the input with those blocks zeroed
     marked = payloads["torch"].numpy().copy()
@@ -158,7 +160,7 @@ def test_given_non_finite_values_when_round_tripped_then_whole_block_is_nan_and_
         bit = block * maxbits
         assert (marked[bit >> 3] >> (bit & 7)) & 1 == 1
         marked[bit >> 3] &= ~np.uint8(1 << (bit & 7))
-    assert np.array_equal(marked, zfpy_bytes(zeroed, 9.25, dims))
+    assert np.array_equal(marked, zfpy_bytes(zeroed.float() if dtype == torch.bfloat16 else zeroed, 9.25, dims))
 
 
 @pytest.mark.parametrize("dims", [1, 2])
