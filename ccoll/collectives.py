@@ -32,6 +32,7 @@ payload). Native calls record wire = raw. Async calls record when ``wait()`` com
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, Callable, Hashable
@@ -65,6 +66,31 @@ def _as_codec(codec: Any) -> Codec | None:
         with _codecs_lock:
             _codecs[codec] = c
     return c
+
+
+_calls = itertools.count()
+
+
+def _mix32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _sender(c: Codec, tr: Transport) -> Codec:
+    """The codec instance this rank encodes with for this call. A stochastic-rounding codec with one
+    fixed seed would draw the same random numbers on every rank and every call (errors would correlate
+    instead of cancelling in the sum, and repeat instead of averaging out over steps), so each call gets
+    a seed mixed from the spec's seed, this rank's global rank and a per-process call counter. The seed
+    never travels: decoding does not use it, so ranks need not agree on it, and results stay
+    bit-identical across ranks (everyone decodes the same bytes) and reproducible run to run."""
+    if c.params.get("round") != "stochastic" or not hasattr(c, "with_seed"):
+        return c
+    seed = _mix32(_mix32(int(c.params.get("seed", 0)) ^ _mix32(tr.global_rank(tr.rank) + 0x9E3779B9)) + next(_calls))
+    return c.with_seed(seed)
 
 
 def _check_tensor(t: Any, what: str) -> None:
@@ -123,7 +149,7 @@ def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 def _encode_chunks(
-    c: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable
+    c: Codec, sender: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable
 ) -> tuple[torch.Tensor, int]:
     """Encode ``flat`` (p * chunk_numel elements) as p equal payloads in one [p * nbytes] buffer."""
     nbytes = c.encoded_nbytes(chunk_numel, flat.dtype)
@@ -131,7 +157,7 @@ def _encode_chunks(
     rows = send.view(p, nbytes)
     for i in range(p):
         piece = flat[i * chunk_numel:(i + 1) * chunk_numel]
-        rows[i].copy_(ef.encode((key, "rs", i), piece, c) if ef is not None else c.encode(piece))
+        rows[i].copy_(ef.encode((key, "rs", i), piece, c, sender=sender) if ef is not None else sender.encode(piece))
     return send, nbytes
 
 
@@ -198,14 +224,18 @@ def all_reduce(
         padded = torch.zeros(chunk * p, dtype=dtype, device=t.device)
         padded[:n] = flat
         flat = padded
-    send, nbytes = _encode_chunks(c, _contig(flat), chunk, p, error_feedback, key)
+    sender = _sender(c, tr)
+    send, nbytes = _encode_chunks(c, sender, _contig(flat), chunk, p, error_feedback, key)
     recv = torch.empty_like(send)
     tr.all_to_all(recv, send)
     reduced = c.decode_sum(recv.view(p, nbytes), chunk, dtype)
     if opn == "avg":
         reduced /= p
     reduced = reduced.to(dtype)
-    mine = error_feedback.encode((key, "ag"), reduced, c) if error_feedback is not None else c.encode(reduced)
+    if error_feedback is not None:
+        mine = error_feedback.encode((key, "ag"), reduced, c, sender=sender)
+    else:
+        mine = sender.encode(reduced)
     gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=t.device)
     inner = tr.all_gather(gathered, _contig(mine), async_op)
 
@@ -264,7 +294,7 @@ def reduce_scatter_tensor(
         raise PolicyError("reduce_scatter_tensor: error_feedback needs key= naming the logical tensor")
 
     m, dtype = out.numel(), out.dtype
-    send, nbytes = _encode_chunks(c, _contig(inp.reshape(-1)), m, p, error_feedback, key)
+    send, nbytes = _encode_chunks(c, _sender(c, tr), _contig(inp.reshape(-1)), m, p, error_feedback, key)
     recv = torch.empty_like(send)
     inner = tr.all_to_all(recv, send, async_op)
 
@@ -317,7 +347,7 @@ def all_gather_into_tensor(
         return _finish(async_op, inner, then_native)
 
     m = inp.numel()
-    payload = _contig(c.encode(inp))
+    payload = _contig(_sender(c, tr).encode(inp))
     nbytes = payload.numel()
     gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=inp.device)
     inner = tr.all_gather(gathered, payload, async_op)
@@ -365,7 +395,7 @@ def broadcast(
 
     nbytes = c.encoded_nbytes(t.numel(), t.dtype)
     if tr.rank == root:
-        payload = _contig(c.encode(t))
+        payload = _contig(_sender(c, tr).encode(t))
     else:
         payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
     inner = tr.broadcast(payload, root, async_op)
@@ -421,7 +451,7 @@ def all_to_all_single(
         return _finish(async_op, inner, then_native)
 
     m = inp.numel() // p
-    send, nbytes = _encode_chunks(c, _contig(inp.reshape(-1)), m, p, None, None)
+    send, nbytes = _encode_chunks(c, _sender(c, tr), _contig(inp.reshape(-1)), m, p, None, None)
     recv = torch.empty_like(send)
     inner = tr.all_to_all(recv, send, async_op)
 
@@ -458,7 +488,7 @@ def isend(
     if c is None:
         buf = _contig(t)
         return Handle([tr.native_isend(buf, peer, tag)], lambda: (buf, _recorder("send", "native", raw, raw, t0)())[1])
-    payload = _contig(c.encode(t))
+    payload = _contig(_sender(c, tr).encode(t))
     return Handle([tr.isend(payload, peer, tag)], lambda: (payload, _recorder("send", c.spec, raw, payload.numel(), t0)())[1])
 
 

@@ -30,19 +30,22 @@ class ErrorFeedback:
         self._residuals: dict[Hashable, tuple[tuple, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
-    def encode(self, key: Hashable, x: torch.Tensor, codec: Codec) -> torch.Tensor:
+    def encode(self, key: Hashable, x: torch.Tensor, codec: Codec, *, sender: Codec | None = None) -> torch.Tensor:
         """``payload = codec.encode(x + residual[key])``; ``residual[key] = (x + residual) - decode(payload)``.
 
         The payload has the size and dtype layout of a plain ``codec.encode(x)``, so receivers need
-        not know whether the sender compensates."""
+        not know whether the sender compensates. ``sender``: the instance that actually encodes when it
+        differs from ``codec`` only in ways decoding ignores (the collectives pass ``codec`` with a
+        per-call stochastic-rounding seed); the residual stays keyed to ``codec``."""
         signature = (x.numel(), x.dtype, x.device, codec.spec)
+        enc = codec if sender is None else sender
         with self._lock:
             entry = self._residuals.get(key)
         compensated = x.reshape(-1).to(torch.float32, copy=True)
         if entry is not None and entry[0] == signature:
             compensated += entry[1]
         sent = compensated if x.dtype == torch.float32 else compensated.to(x.dtype)
-        payload = codec.encode(sent)
+        payload = enc.encode(sent)
         # not in place: for exact codecs the payload may alias ``compensated``
         residual = compensated - codec.decode(payload, x.numel(), x.dtype).to(torch.float32)
         residual = torch.where(torch.isfinite(residual), residual, torch.zeros((), device=residual.device))
