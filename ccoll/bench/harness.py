@@ -155,6 +155,10 @@ class World:
     rank: int
     size: int
     group: Any  # what ccoll's collectives take as group=
+    device = torch.device("cpu")  # where the benchmarked tensors live
+
+    def sync(self) -> None:
+        """Wait for queued device work (CUDA kernels, NCCL) so that timers measure it."""
 
     def barrier(self) -> None: ...
     def reduce_max(self, values: list[float]) -> list[float]: ...
@@ -166,26 +170,40 @@ class World:
     def close(self) -> None: ...
 
 
-class GlooWorld(World):
-    backend = "gloo"
+class TorchWorld(World):
+    """torch.distributed, env:// rendezvous. gloo: CPU tensors; nccl: one CUDA device per rank
+    (LOCAL_RANK), tensors on it, device synchronised around every timed call."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, backend: str = "gloo"):
         import torch.distributed as dist
 
-        self.dist = dist
+        self.dist, self.backend = dist, backend
+        if backend == "nccl":
+            if not torch.cuda.is_available():
+                raise BenchError("--backend nccl needs CUDA devices")
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
         # an existing default group (a launcher that initialised it, a test) is used as is and left open
         self.owned = not dist.is_initialized()
         if self.owned:
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.size, self.group = dist.get_rank(), dist.get_world_size(), None
 
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def barrier(self) -> None:
-        self.dist.barrier()
+        self.sync()
+        if self.device.type == "cuda":
+            self.dist.barrier(device_ids=[self.device.index])
+        else:
+            self.dist.barrier()
 
     def _reduce(self, values: list[float], op) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         self.dist.all_reduce(t, op=op)
-        return t.tolist()
+        return t.cpu().tolist()
 
     def reduce_max(self, values):
         return self._reduce(values, self.dist.ReduceOp.MAX)
@@ -217,6 +235,9 @@ class GlooWorld(World):
         }[op]
 
     def versions(self) -> str:
+        if self.backend == "nccl":
+            v = ".".join(map(str, torch.cuda.nccl.version()))
+            return f"nccl {v} (torch.distributed), {torch.cuda.get_device_name(self.device)}"
         return "gloo (torch.distributed)"
 
     def close(self) -> None:
@@ -482,7 +503,7 @@ def _fmt_row(cells) -> str:
 
 def _check(w: World, coll: Collective, case: Case, codec, count_out: int) -> tuple[float, int]:
     """(rel_err max over ranks, #wrong summed over ranks) of the output now in ``case.out``."""
-    out = case.out
+    out = case.out.cpu()
     wrong = 0
     sq_err = sq_ref = 0.0
     if case.ref is not None:
@@ -507,8 +528,9 @@ def _check(w: World, coll: Collective, case: Case, codec, count_out: int) -> tup
         digest = hashlib.blake2b(out.contiguous().view(torch.uint8).numpy().tobytes(), digest_size=16).digest()
         digests = w.all_gather_bytes(digest)
         if len(set(digests)) > 1:
-            root = out.clone()
+            root = case.out.clone()
             w.broadcast_bytes_(root)
+            root = root.cpu()
             itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
             wrong += int((out.view(itype) != root.view(itype)).sum())
     rel_max, = w.reduce_max([rel_err])
@@ -545,6 +567,7 @@ def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: i
         w.barrier()
         t0 = time.perf_counter()
         coll.run(w, case, codec, min_bytes)
+        w.sync()
         t1 = time.perf_counter()
         if it >= warmup:
             times.append(t1 - t0)
@@ -611,7 +634,7 @@ def run_rank(args) -> int:
     if not os.environ.get("OMP_NUM_THREADS"):
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
-    w: World = MPIWorld() if args.backend == "mpi" else GlooWorld(args.timeout)
+    w: World = MPIWorld() if args.backend == "mpi" else TorchWorld(args.timeout, args.backend)
     try:
         if args.np is not None and args.np != w.size:
             raise BenchError(f"--np {args.np} but the launcher started {w.size} ranks")
@@ -637,7 +660,8 @@ def run_rank(args) -> int:
                 if count in seen:
                     continue
                 seen.add(count)
-                case = coll.build(w, count, dtype, args.seed)
+                case = coll.build(w, count, dtype, args.seed)  # on the CPU: the reference stays there
+                case.inp, case.out = case.inp.to(w.device), case.out.to(w.device)
                 native_time = None
                 for label, codec in codecs:
                     m = measure(w, coll, case, codec, args.iters, args.warmup, args.min_bytes)
@@ -802,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", action="append", default=None,
                    help="comma list of codec specs to compare in one run; 'native' is the backend's own "
                         "uncompressed collective (default: native)")
-    p.add_argument("--backend", choices=["gloo", "mpi"], default="gloo")
+    p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default="gloo",
+                   help="gloo: CPU tensors; nccl: CUDA tensors, one GPU per rank; mpi: mpi4py (CPU tensors)")
     p.add_argument("--dtype", default="float32", type=lambda s: _DTYPE_ALIASES.get(s, s), choices=list(DTYPES))
     p.add_argument("--np", type=int, default=None,
                    help="launch this many local ranks (gloo: subprocesses, mpi: mpiexec); not needed when "
