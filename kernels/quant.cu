@@ -6,6 +6,8 @@ Algorithm (written once, templated on BITS in {8, 4} and on the input type f32 /
   - round = nearest: rintf, i.e. round half to EVEN (IEEE default; the same as torch.round).
   - round = stochastic: q = floor(x / scale + u), u in [0, 1) from a counter-based hash of
     (seed, global element index) -- see cq_uniform; identical to the torch backend's int64 emulation.
+  - a scale with qmax * scale > FLT_MAX (absmax within ~1 ulp of FLT_MAX) is replaced by the next smaller
+    float, so finite input never decodes to Inf.
   - scale == 0 (all-zero block, or absmax so small that absmax/qmax underflows): the divisor becomes
     +inf, so every q is exactly 0 and the block decodes to exact zeros.
   - a block holding NaN or +-Inf stores NaN as its scale and q = 0: it decodes to NaN for the whole block
@@ -204,6 +206,9 @@ CQ_HD CqBlock cq_block_params(float absmax) {
         b.divisor = cq_u2f(CQ_INF_BITS);
     } else {
         b.scale = absmax / (float)CqBits<BITS>::QMAX;
+        // absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; take the next smaller scale
+        // (the clamp then maps absmax to qmax)
+        if (!(cq_mul(b.scale, (float)CqBits<BITS>::QMAX) <= CQ_FLT_MAX)) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
         b.divisor = b.scale > 0.0f ? b.scale : cq_u2f(CQ_INF_BITS);
     }
     return b;

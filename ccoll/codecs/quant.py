@@ -24,6 +24,8 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
   travel, so receivers do not need it.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
 - Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
+- Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
+  smaller float, so finite input never decodes to Inf.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ MAX_BLOCK = 1 << 20
 _FLT_MIN_NORMAL = 2.0**-126
 _U32 = 0xFFFFFFFF
 #: elements per torch-backend chunk: temporaries stay cache-resident and no large scratch is allocated
-_CHUNK_NUMEL = 1 << 18
+_CHUNK_NUMEL = 1 << 20
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through int16 views
     raise ImportError("ccoll.codecs.quant needs a little-endian host")
@@ -63,37 +65,41 @@ def _stream_key(seed: int, index_hi: int) -> int:
     return _mix32(seed ^ _mix32(index_hi + 0x9E3779B9))
 
 
+def _i32(u: int) -> int:
+    """The int32 with the bit pattern of uint32 u."""
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
 def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> None:
-    """cq_mix32 in place on an int64 tensor holding values in [0, 2^32): products wrap mod 2^64 and the
-    mask keeps the low 32 bits, which is exactly uint32 arithmetic."""
-    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B)):
-        torch.bitwise_right_shift(x, shift, out=tmp)
-        x.bitwise_xor_(tmp)
-        x.mul_(mult).bitwise_and_(_U32)
-    torch.bitwise_right_shift(x, 16, out=tmp)
+    """cq_mix32 in place on an int32 tensor holding uint32 bit patterns: int32 multiplication wraps
+    mod 2^32 like uint32, and the masks turn torch's arithmetic right shifts into logical ones."""
+    for shift, mask, mult in ((16, 0xFFFF, 0x7FEB352D), (15, 0x1FFFF, 0x846CA68B)):
+        torch.bitwise_right_shift(x, shift, out=tmp).bitwise_and_(mask)
+        x.bitwise_xor_(tmp).mul_(_i32(mult))
+    torch.bitwise_right_shift(x, 16, out=tmp).bitwise_and_(0xFFFF)
     x.bitwise_xor_(tmp)
 
 
 def _uniform(seed: int, index0: int, numel: int) -> torch.Tensor:
     """u in [0, 1) for global element indices index0 .. index0+numel-1 (cq_uniform, vectorised)."""
-    idx = torch.arange(index0, index0 + numel, dtype=torch.int64)
-    hi_first, hi_last = index0 >> 32, (index0 + numel - 1) >> 32
-    tmp = torch.empty_like(idx)
-    if hi_first == hi_last:
-        key: int | torch.Tensor = _stream_key(seed, hi_first)
-        idx.bitwise_and_(_U32).bitwise_xor_(key)
-    else:  # the range crosses a 2^32-element segment: one key per element
-        key_t = torch.bitwise_right_shift(idx, 32).add_(0x9E3779B9).bitwise_and_(_U32)
-        _mix32_(key_t, tmp)
-        key_t.bitwise_xor_(seed)
-        _mix32_(key_t, tmp)
-        key = key_t
-        idx.bitwise_and_(_U32).bitwise_xor_(key_t)
-    _mix32_(idx, tmp)
-    idx.add_(key).bitwise_and_(_U32)
-    _mix32_(idx, tmp)
-    idx.bitwise_right_shift_(8)
-    return idx.to(torch.float32).mul_(2.0**-24)
+    segment_end = (index0 >> 32) + 1 << 32
+    if index0 + numel > segment_end:  # one key per 2^32-element segment: split at the boundary
+        head = segment_end - index0
+        return torch.cat([_uniform(seed, index0, head), _uniform(seed, segment_end, numel - head)])
+    key = _stream_key(seed, index0 >> 32)
+    low = index0 & _U32
+    if low + numel <= 1 << 31:
+        x = torch.arange(low, low + numel, dtype=torch.int32)
+    else:  # indices past 2^31 as int32 bit patterns
+        x = torch.arange(low, low + numel, dtype=torch.int64)
+        x = torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
+    tmp = torch.empty_like(x)
+    x.bitwise_xor_(_i32(key))
+    _mix32_(x, tmp)
+    x.add_(_i32(key))
+    _mix32_(x, tmp)
+    x.bitwise_right_shift_(8).bitwise_and_(0xFFFFFF)
+    return x.to(torch.float32).mul_(2.0**-24)
 
 
 class BlockQuantCodec(Codec):
@@ -166,6 +172,7 @@ class BlockQuantCodec(Codec):
         else:
             qsec[(numel + 1) // 2 :].zero_()
             qbuf = torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+            pack_tmp = torch.empty((min(chunk, numel) + 1) // 2, dtype=torch.int16)
         for start in range(0, numel, chunk):
             stop = min(numel, start + chunk)
             n = stop - start
@@ -175,10 +182,12 @@ class BlockQuantCodec(Codec):
             if self.bits == 4:
                 if n % 2:
                     qbuf[n] = 0
-                words = qbuf[: n + n % 2].view(torch.int16)  # little-endian: low byte = even element
-                packed = torch.bitwise_and(words, 0x0F)
-                packed.bitwise_or_(torch.bitwise_right_shift(words, 4).bitwise_and_(0xF0))
-                qsec[start // 2 : start // 2 + packed.numel()].copy_(packed)
+                # pack through int16 words (little-endian: low byte = even element):
+                # byte = (low byte & 0x0F) | (high byte << 4), i.e. (word & 0x0F) | ((word >> 4) & 0xF0)
+                words = qbuf[: n + n % 2].view(torch.int16)
+                high = torch.bitwise_right_shift(words, 4, out=pack_tmp[: words.numel()]).bitwise_and_(0xF0)
+                words.bitwise_and_(0x0F).bitwise_or_(high)
+                qsec[start // 2 : start // 2 + words.numel()].copy_(words)
         return payload
 
     def _rows(self, t: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
@@ -202,6 +211,11 @@ class BlockQuantCodec(Codec):
             torch.amax(rows, dim=1, out=absmax[sl])  # NaN propagates, Inf stays Inf
         finite = torch.isfinite(absmax)
         torch.div(absmax, qmax, out=scales)
+        # absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; use the next smaller scale
+        overflow = torch.isinf(scales * qmax) & finite
+        must_clamp = bool(overflow.any())
+        if must_clamp:
+            scales[overflow] = torch.nextafter(scales[overflow], torch.zeros(()))
         divisor = torch.where(scales > 0, scales, math.inf)  # 0 and NaN -> inf: q becomes exactly 0
         all_finite = bool(finite.all())
         if not all_finite:
@@ -218,7 +232,7 @@ class BlockQuantCodec(Codec):
             v.round_()  # half to even, as rintf
             # |x| / fl(absmax/qmax) <= qmax (1 + 2^-23) when the scale is normal, so rounding cannot leave
             # [-qmax, qmax]; only a subnormal scale (absmax < 2^-119) can overshoot
-            if bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any()):
+            if must_clamp or bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any()):
                 v.clamp_(-qmax, qmax)
         q.copy_(v)
 
@@ -227,7 +241,7 @@ class BlockQuantCodec(Codec):
         payload = _aligned(payload)
         chunk = self._chunk_numel()
         work = None if dtype == torch.float32 else torch.empty(min(chunk, numel), dtype=torch.float32)
-        qwork = None if self.bits == 8 else torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+        qwork = self._unpack_scratch(min(chunk, numel))
         for start in range(0, numel, chunk):
             stop = min(numel, start + chunk)
             v = out[start:stop] if work is None else work[: stop - start]
@@ -239,7 +253,7 @@ class BlockQuantCodec(Codec):
     def _dequantize_chunk(
         self, payload: torch.Tensor, numel: int, start: int, stop: int, v: torch.Tensor, qwork: torch.Tensor | None
     ) -> None:
-        """fp32 decode of elements [start, stop) of one payload into v."""
+        """fp32 decode of elements [start, stop) of one payload into v (qwork: int4 scratch, _unpack_scratch)."""
         nblocks, scale_nbytes, _ = self._layout(numel)
         scales = payload[: 4 * nblocks].view(torch.float32)[start // self.block : -(-stop // self.block)]
         qsec = payload[scale_nbytes:]
@@ -247,13 +261,20 @@ class BlockQuantCodec(Codec):
         if self.bits == 8:
             v.copy_(qsec[start:stop].view(torch.int8))
         else:
+            # unpack through int16 words (contiguous ops; little-endian: low byte = even element):
+            # word = (sext(high nibble) << 8) | (sext(low nibble) & 0xFF)
             packed = qsec[start // 2 : (stop + 1) // 2].view(torch.int8)
-            pairs = qwork[: 2 * packed.numel()].view(-1, 2)
-            torch.bitwise_left_shift(packed, 4, out=pairs[:, 0]).bitwise_right_shift_(4)  # sign-extended low nibble
-            torch.bitwise_right_shift(packed, 4, out=pairs[:, 1])  # arithmetic shift: high nibble
-            v.copy_(qwork[:n])
+            low = qwork[1][: packed.numel()].copy_(packed)  # the byte, sign-extended to int16
+            words = torch.bitwise_right_shift(low, 4, out=qwork[0][: packed.numel()])
+            words.bitwise_left_shift_(8)
+            low.bitwise_left_shift_(12).bitwise_right_shift_(12).bitwise_and_(0xFF)
+            words.bitwise_or_(low)
+            v.copy_(words.view(torch.int8)[:n])
         for rows, sl in self._rows(v):
             rows.mul_(scales[sl, None])
+
+    def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
+        return None if self.bits == 8 else torch.empty(2, (numel + 1) // 2, dtype=torch.int16)
 
     def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them),
@@ -262,7 +283,7 @@ class BlockQuantCodec(Codec):
         acc = torch.zeros(numel, dtype=torch.float32)
         chunk = self._chunk_numel()
         work = torch.empty(min(chunk, numel), dtype=torch.float32)
-        qwork = None if self.bits == 8 else torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
+        qwork = self._unpack_scratch(min(chunk, numel))
         for start in range(0, numel, chunk):
             stop = min(numel, start + chunk)
             v = work[: stop - start]
@@ -295,7 +316,8 @@ class BlockQuantCodec(Codec):
 
     def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         out = torch.empty(numel, dtype=dtype)
-        self._host_fn("decode", dtype)(_aligned(payload).data_ptr(), numel, self.block, out.data_ptr())
+        payload = _aligned(payload)  # keep the (possibly copied) payload alive during the call
+        self._host_fn("decode", dtype)(payload.data_ptr(), numel, self.block, out.data_ptr())
         return out
 
     def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -345,8 +367,9 @@ class BlockQuantCodec(Codec):
     def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         out = torch.empty(numel, dtype=dtype, device=payload.device)
         nwords = -(-numel * self.bits // 32)
+        payload = _aligned(payload)  # kept alive (the caching allocator reuses freed blocks on the stream)
         self._launch("decode", dtype, payload.device, nwords,
-                     (_Ptr(_aligned(payload).data_ptr()), numel, self.block, _Ptr(out.data_ptr())))
+                     (_Ptr(payload.data_ptr()), numel, self.block, _Ptr(out.data_ptr())))
         return out
 
     def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
