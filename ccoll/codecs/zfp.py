@@ -51,28 +51,23 @@ MAX_RATE = 64.0
 class _Scalar:
     """Per zfp scalar type: the constants the Python side needs (the kernel has the full traits)."""
 
-    def __init__(self, dtype, np_dtype, zfpy_type_name, int_dtype, ebits, mant_bits, precision, suffix):
+    def __init__(self, dtype, zfpy_type_name, ebits, precision, suffix):
         self.dtype = dtype
-        self.np_dtype = np_dtype
         self.zfpy_type_name = zfpy_type_name
-        self.int_dtype = int_dtype
         self.ebits = ebits
-        self.mant_bits = mant_bits
         self.precision = precision
         self.suffix = suffix
-        # |v| bit patterns at or above this are Inf/NaN
-        self.nonfinite_bits = ((1 << ebits) - 1) << mant_bits
-        # blocks whose max |v| bit pattern is below this are "tiny" (biased exponent <= P - 4)
-        self.tiny_bits = (precision - 3) << mant_bits
-        self.magnitude_mask = (1 << (precision - 1)) - 1
+        # blocks whose largest |v| is below this are "tiny": libzfp's scale 2^(P-2-emax) overflows for
+        # them (their biased exponent is <= P - 4)
+        self.tiny = 2.0 ** (precision - 3 - (2 ** (ebits - 1) - 1))
 
     def min_rate(self, dims: int) -> float:
         # smallest rate with maxbits = floor(4^dims * rate + 0.5) >= 1 + EBITS (the header alone)
         return (self.ebits + 0.5) / 4**dims
 
 
-_FLOAT = _Scalar(torch.float32, np.float32, "type_float", torch.int32, 8, 23, 32, "f32")
-_DOUBLE = _Scalar(torch.float64, np.float64, "type_double", torch.int64, 11, 52, 64, "f64")
+_FLOAT = _Scalar(torch.float32, "type_float", 8, 32, "f32")
+_DOUBLE = _Scalar(torch.float64, "type_double", 11, 64, "f64")
 
 
 def _scalar(dtype: torch.dtype) -> _Scalar:
@@ -133,15 +128,13 @@ class ZfpCodec(Codec):
         return 8 * (-(-self.num_blocks(numel) * self.maxbits(dtype) // 64))
 
     # --- torch backend: libzfp through zfpy ---------------------------------------------------------
-    def _block_max_bits(self, x: torch.Tensor, sc: _Scalar) -> torch.Tensor:
-        """Per block, the largest |value| as its IEEE bit pattern (integers order like magnitudes; NaN
-        and Inf sort above every finite value)."""
+    def _block_abs_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Per block, the largest |value| (NaN if the block holds a NaN: torch's amax propagates it)."""
         S = self.block_size
-        mag = x.view(sc.int_dtype) & sc.magnitude_mask
         full = (x.numel() // S) * S
-        maxima = mag[:full].view(-1, S).amax(dim=1)
+        maxima = x[:full].view(-1, S).abs().amax(dim=1)
         if full < x.numel():
-            maxima = torch.cat([maxima, mag[full:].amax().reshape(1)])
+            maxima = torch.cat([maxima, x[full:].abs().amax().reshape(1)])
         return maxima
 
     def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
@@ -151,9 +144,9 @@ class ZfpCodec(Codec):
         maxbits = self.maxbits(flat.dtype)
         x = flat.to(sc.dtype)
         n, S = x.numel(), self.block_size
-        bmax = self._block_max_bits(x, sc)
-        nonfinite = bmax >= sc.nonfinite_bits
-        clear = nonfinite | ((bmax < sc.tiny_bits) & (bmax != 0))
+        bmax = self._block_abs_max(x)
+        nonfinite = ~torch.isfinite(bmax)
+        clear = nonfinite | ((bmax < sc.tiny) & (bmax != 0))
         if bool(clear.any()):
             # never modify the caller's tensor; libzfp then codes these blocks as all-zero blocks
             x = x.clone() if x.data_ptr() == flat.data_ptr() else x
@@ -286,14 +279,23 @@ def _rows_of_four(arr: np.ndarray) -> np.ndarray:
 
 
 def _marker_blocks(buf: np.ndarray, nblocks: int, maxbits: int, ebits: int) -> np.ndarray:
-    """Blocks whose header is flag 1 + biased exponent 0 (our non-finite marker), vectorised."""
-    start = np.arange(nblocks, dtype=np.int64) * maxbits
-    first = start >> 3
-    window = np.zeros(buf.size + 3, dtype=np.uint32)  # header (<= 12 bits) + offset (<= 7) fits in 3 bytes
-    window[: buf.size] = buf
-    word = window[first] | (window[first + 1] << 8) | (window[first + 2] << 16)
-    header = (word >> (start & 7).astype(np.uint32)) & ((1 << (1 + ebits)) - 1)
-    return header == 1
+    """Blocks whose header is flag 1 + biased exponent 0 (our non-finite marker), vectorised.
+
+    Block b starts at bit b * maxbits; blocks b and b + 8 start exactly maxbits bytes apart at the same
+    bit offset, so each of the 8 phases is a strided byte view (no index arrays)."""
+    mask = (1 << (1 + ebits)) - 1
+    padded = np.zeros(buf.size + 3, dtype=np.uint8)  # a header (<= 12 bits at offset <= 7) spans <= 3 bytes
+    padded[: buf.size] = buf
+    marked = np.zeros(nblocks, dtype=bool)
+    for phase in range(min(8, nblocks)):
+        count = len(range(phase, nblocks, 8))
+        first, shift = (phase * maxbits) >> 3, (phase * maxbits) & 7
+        window = np.zeros(count, dtype=np.uint32)
+        for byte in range(3):
+            start = first + byte
+            window |= padded[start : start + (count - 1) * maxbits + 1 : maxbits].astype(np.uint32) << (8 * byte)
+        marked[phase::8] = ((window >> shift) & mask) == 1
+    return marked
 
 
 def _aligned(payload: torch.Tensor) -> torch.Tensor:

@@ -309,3 +309,23 @@ def test_given_codec_when_spec_printed_then_round_trips():
     codec = get_codec("zfp:rate=8.5,dims=2")
     assert get_codec(codec.spec) == codec
     assert get_codec("zfp:rate=8").spec == "zfp:rate=8,dims=1"
+
+
+@pytest.mark.parametrize("rate,dims", [(2.125, 1), (3.3, 1), (8, 1), (0.6, 2), (5.1, 2)])
+def test_given_non_finite_values_in_random_blocks_when_round_tripped_then_exactly_those_blocks_are_nan(rate, dims):
+    S = 4**dims
+    nblocks = 1001
+    g = np.random.default_rng(int(rate * 100))
+    x = sample(nblocks * S - 1, torch.float32, seed=9)
+    bad_blocks = np.sort(g.choice(nblocks, size=300, replace=False))
+    x[torch.from_numpy(bad_blocks * S + g.integers(0, S - 1, size=300))] = float("nan")
+    expected = torch.zeros(nblocks, dtype=torch.bool)
+    expected[torch.from_numpy(bad_blocks)] = True
+    results = []
+    for codec in codecs(rate, dims).values():
+        payload = codec.encode(x)
+        decoded = codec.decode(payload, x.numel(), torch.float32)
+        nan_blocks = torch.cat([decoded, decoded[-1:]]).view(-1, S).isnan()
+        assert torch.equal(nan_blocks.all(dim=1), expected) and torch.equal(nan_blocks.any(dim=1), expected)
+        results.append((payload, decoded))
+    assert torch.equal(results[0][0], results[1][0]) and same_bits(results[0][1], results[1][1])
