@@ -125,27 +125,38 @@ def _smooth(xs: list[float], window: int) -> list[float]:
 
 
 def plot_losses(results: list[RunResult], path: str, title: str) -> None:
+    """Left: whole run (raw steps faint, moving mean bold). Right: the second half zoomed in, where
+    policies that differ by a percent become visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    window = max(1, len(results[0].losses) // 50)
+    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 5), dpi=110, gridspec_kw={"width_ratios": [3, 2]})
+    nsteps = max(len(r.losses) for r in results)
+    window = max(1, nsteps // 50)
+    half = nsteps // 2
+    zlo, zhi = float("inf"), float("-inf")
     for i, r in enumerate(results):
         color = f"C{i}"
-        steps = range(1, len(r.losses) + 1)
-        ax.plot(steps, r.losses, color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(steps, _smooth(r.losses, window), color=color, linewidth=1.8,
-                label=f"{r.name} (final {final_loss(r.losses):.3f})")
+        steps = list(range(1, len(r.losses) + 1))
+        smooth = _smooth(r.losses, window)
+        ax.plot(steps, r.losses, color=color, alpha=0.2, linewidth=0.8)
+        ax.plot(steps, smooth, color=color, linewidth=1.8, label=f"{r.name} (final {final_loss(r.losses):.3f})")
+        zoom.plot(steps[half:], smooth[half:], color=color, linewidth=1.8)
+        if smooth[half:]:
+            zlo, zhi = min(zlo, min(smooth[half:])), max(zhi, max(smooth[half:]))
     ax.set_xlabel("training step")
     ax.set_ylabel("training loss (cross-entropy, nats/byte)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(title=f"policy (line: {window}-step mean)" if window > 1 else "policy")
-    lo = min(min(r.losses) for r in results)
-    hi = max(max(r.losses[min(len(r.losses) - 1, len(r.losses) // 20):]) for r in results)
-    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    ax.legend(title=f"policy (bold: {window}-step mean)" if window > 1 else "policy")
+    zoom.set_xlabel("training step")
+    zoom.set_title(f"second half, zoomed ({window}-step mean)")
+    zoom.grid(True, alpha=0.3)
+    if zhi > zlo:
+        pad = 0.05 * (zhi - zlo)
+        zoom.set_ylim(zlo - pad, zhi + pad)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
