@@ -76,12 +76,16 @@ class MPITransport(Transport):
     def __init__(self, comm: Any):
         from mpi4py import MPI
 
-        if not isinstance(comm, MPI.Intracomm):
-            raise TransportError(f"MPI transport needs an intra-communicator, got {type(comm).__name__}")
         self.MPI = MPI
         self.comm = comm
-        self.rank = comm.Get_rank()
-        self.world_size = comm.Get_size()
+        if comm == MPI.COMM_NULL:
+            # what Split/Create give ranks outside the new group: like torch's non-member, nothing to do
+            self.rank, self.world_size = -1, 0
+        elif not isinstance(comm, MPI.Intracomm):
+            raise TransportError(f"MPI transport needs an intra-communicator, got {type(comm).__name__}")
+        else:
+            self.rank = comm.Get_rank()
+            self.world_size = comm.Get_size()
         self.cuda_aware = cuda_aware()
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}
         self._to_world: list[int] | None = None

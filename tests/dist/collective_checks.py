@@ -460,10 +460,11 @@ def check_subgroup(env: Env) -> None:
     spec = lossiest_spec()
     c = ccoll.get_codec(spec)
     if r not in members:
-        if env.kind == "gloo":  # a non-member's call does nothing and returns None, as in torch
-            t = torch.ones(5000)
-            assert ccoll.all_reduce(t, group=sub, codec=spec, min_bytes=0) is None
-            expect_equal(env, "non-member untouched", t, torch.ones(5000))
+        # a non-member's call (torch: the non-member sentinel; MPI: COMM_NULL) does nothing, returns None
+        t = torch.ones(5000)
+        assert ccoll.all_reduce(t, group=sub, codec=spec, min_bytes=0) is None
+        assert ccoll.broadcast(t, members[0], group=sub, codec=spec, min_bytes=0) is None
+        expect_equal(env, "non-member untouched", t, torch.ones(5000))
         return
     root = members[-1]
     x = data(50, root, 3000)
