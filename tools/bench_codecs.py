@@ -1,0 +1,187 @@
+"""Codec benchmark (used by `make bench`; a measurement, not a test).
+
+(a) Rate-distortion on the same data for every codec family: bits/value, relative L2 error, max abs error
+    (absolute and relative to max|x|), on Gaussian, heavy-tailed (Student-t, df=2) and log-normal-scaled
+    data (gradient-like: magnitudes spread over decades), 2^22 values each, fp32.
+(b) CPU throughput: GB/s of fp32 input, 64 MiB, encode and decode, per backend ("torch", "emulated"), with
+    1 and 2 threads. "wall" is elapsed time (best of --repeat); "cpu" is input bytes per CPU-second of this
+    process (user + sys, so page faults count) -- on a loaded machine that is the per-core figure.
+
+Only the generic API is used (ccoll.get_codec(spec, backend=...)); specs whose codec is not registered
+are skipped with a note. Fresh-page faults dominate decode on machines where they are expensive (VMs):
+run with THP_MEM_ALLOC_ENABLE=1 (torch then asks for transparent huge pages) to see the codec itself.
+
+    python tools/bench_codecs.py [--quick] [--json results/bench_codecs.json]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import ccoll  # noqa: E402
+from ccoll.codecs import CODECS, parse_spec  # noqa: E402
+from ccoll.errors import CcollError  # noqa: E402
+
+RD_SPECS = [
+    *(f"zfp:rate={r},dims=1" for r in (4, 8, 12, 16)),
+    *(f"zfp:rate={r},dims=2" for r in (2, 4, 8, 12, 16)),
+    *(f"int8:block={b}" for b in (32, 256, 4096)),
+    *(f"int4:block={b}" for b in (32, 64, 256)),
+    "int4:block=64,round=stochastic",
+    "bf16",
+    "fp16",
+]
+TP_SPECS = [
+    "zfp:rate=8,dims=1",
+    "zfp:rate=8,dims=2",
+    "int8:block=256",
+    "int4:block=64",
+    "int4:block=64,round=stochastic",
+    "bf16",
+    "fp16",
+    "none",
+]
+
+
+def datasets(numel: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    gauss = torch.randn(numel, generator=g)
+    # Student-t with df=2: z / sqrt(chi2_2 / 2), chi2_2 = -2 log U
+    u = torch.rand(numel, generator=g).clamp_min_(1e-12)
+    student = torch.randn(numel, generator=g) / torch.sqrt(-torch.log(u))
+    lognormal = torch.randn(numel, generator=g) * torch.exp(2.0 * torch.randn(numel, generator=g))
+    return {"gaussian": gauss, "student_t_df2": student, "lognormal_scaled": lognormal}
+
+
+def available(spec: str) -> bool:
+    name, _ = parse_spec(spec)
+    if name not in CODECS:
+        print(f"# note: codec {name!r} is not registered yet; skipping {spec}")
+        return False
+    return True
+
+
+def rate_distortion(numel: int) -> list[dict]:
+    rows = []
+    specs = [s for s in RD_SPECS if available(s)]
+    for data_name, x in datasets(numel).items():
+        xd = x.double()
+        norm, xmax = float(xd.norm()), float(xd.abs().max())
+        print(f"\n### rate-distortion: {data_name}, {numel} fp32 values (max|x| = {xmax:.3g})\n")
+        print("| codec | bits/value | rel L2 error | max abs error | max abs error / max abs x |")
+        print("|---|---:|---:|---:|---:|")
+        for spec in specs:
+            codec = ccoll.get_codec(spec, backend="torch")
+            try:
+                payload = codec.encode(x)
+            except CcollError as e:
+                print(f"| {spec} | - | skipped: {e} | | |")
+                continue
+            y = codec.decode(payload, numel, torch.float32).double()
+            err = (y - xd).abs()
+            row = {
+                "data": data_name, "spec": spec, "bits_per_value": 8 * payload.numel() / numel,
+                "rel_l2": float((y - xd).norm()) / norm, "max_abs": float(err.max()),
+                "max_abs_rel": float(err.max()) / xmax,
+            }
+            rows.append(row)
+            print(f"| {spec} | {row['bits_per_value']:.3f} | {row['rel_l2']:.3e} | {row['max_abs']:.3e} | "
+                  f"{row['max_abs_rel']:.3e} |")
+    return rows
+
+
+def _set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    try:  # the emulated backend's OpenMP runtime (the system libgomp its .so links against)
+        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)
+    except OSError:
+        pass
+
+
+def _time(fn, repeat: int) -> tuple[float, float]:
+    """(best wall seconds, CPU seconds of that same run)."""
+    fn()  # warm-up: builds / loads kernels, faults in code paths
+    best = (float("inf"), float("inf"))
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        w, c = time.perf_counter() - w0, time.process_time() - c0
+        if w < best[0]:
+            best = (w, c)
+    return best
+
+
+def throughput(numel: int, threads: list[int], backends: list[str], repeat: int) -> list[dict]:
+    rows = []
+    x = torch.randn(numel)
+    nbytes = x.numel() * x.element_size()
+    print(f"\n### CPU throughput: GB/s of fp32 input, {nbytes >> 20} MiB, best of {repeat} "
+          f"(wall = elapsed; cpu = per CPU-second of this process)\n")
+    print("| codec | backend | threads | encode wall | encode cpu | decode wall | decode cpu |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    specs = [s for s in TP_SPECS if available(s)]
+    for nthreads in threads:
+        _set_threads(nthreads)
+        for spec in specs:
+            for backend in backends:
+                try:
+                    codec = ccoll.get_codec(spec, backend=backend)
+                    payload = codec.encode(x)
+                except CcollError as e:
+                    print(f"| {spec} | {backend} | {nthreads} | skipped: {e} | | | |")
+                    continue
+                enc = _time(lambda: codec.encode(x), repeat)
+                dec = _time(lambda: codec.decode(payload, numel, torch.float32), repeat)
+                row = {
+                    "spec": spec, "backend": backend, "threads": nthreads,
+                    "encode_wall_gbs": nbytes / enc[0] / 1e9, "encode_cpu_gbs": nbytes / max(enc[1], 1e-9) / 1e9,
+                    "decode_wall_gbs": nbytes / dec[0] / 1e9, "decode_cpu_gbs": nbytes / max(dec[1], 1e-9) / 1e9,
+                }
+                rows.append(row)
+                print(f"| {spec} | {backend} | {nthreads} | {row['encode_wall_gbs']:.2f} | {row['encode_cpu_gbs']:.2f} | "
+                      f"{row['decode_wall_gbs']:.2f} | {row['decode_cpu_gbs']:.2f} |", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rd-numel", type=int, default=1 << 22, help="values per rate-distortion data set")
+    ap.add_argument("--tp-numel", type=int, default=1 << 24, help="fp32 values for throughput (2^24 = 64 MiB)")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--backends", default="torch,emulated")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-rd", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rd_numel, args.tp_numel, args.repeat = 1 << 16, 1 << 18, 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"# ccoll codec benchmark: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, load average {load:.1f}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}")
+    result: dict = {"load_average": load, "thp": os.environ.get("THP_MEM_ALLOC_ENABLE", "0")}
+    if not args.skip_rd:
+        result["rate_distortion"] = rate_distortion(args.rd_numel)
+    if not args.skip_throughput:
+        threads = [int(t) for t in args.threads.split(",") if t]
+        result["throughput"] = throughput(args.tp_numel, threads, args.backends.split(","), args.repeat)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"\n# wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
