@@ -52,7 +52,7 @@ import torch.distributed as dist
 from .errors import PolicyError
 from .log import logger, warn_once
 from .policy import Policy, load as _load_policy
-from .stats import dimension, record
+from .stats import add_flusher, dimension, record
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
            "steps", "WRAPPED"]
@@ -62,7 +62,8 @@ _AVG = dist.ReduceOp.AVG
 
 
 class _Local(threading.local):
-    busy = False
+    busy = False  # this thread is inside a call ccoll handles: torch.distributed calls go to torch
+    native: dict | None = None  # this thread's pass-through counters, see _native()
 
 
 _local = _Local()
@@ -124,6 +125,8 @@ WRAPPED = {
 
 # --- per-call helpers ---------------------------------------------------------------------------------
 def _reduce_name(op: Any) -> str | None:
+    if op is _SUM:  # the common case first: identity is ~20x cheaper than ReduceOp.__eq__
+        return "sum"
     if op == _SUM:
         return "sum"
     if op == _AVG:
@@ -131,11 +134,45 @@ def _reduce_name(op: Any) -> str | None:
     return None
 
 
+# Pass-through calls on a resolved dimension are counted per thread without a lock, as
+# {(dim, op, nbytes): [calls, seconds, calls_flushed, seconds_flushed]}; ccoll.stats() flushes the
+# difference into the shared table before it reads it. Only the owning thread writes the first two
+# fields and only the (serialised) flusher the last two, so no count is lost or counted twice. This
+# keeps the per-call cost of counting at a few dict/list operations instead of a locked table update.
+_native_tables: list[dict] = []
+_native_lock = threading.Lock()
+
+
 def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
     t0 = time.perf_counter()
     result = fn(*args)
-    record(op, "native", nbytes, nbytes, time.perf_counter() - t0, dim=dim)
+    dt = time.perf_counter() - t0
+    table = _local.native
+    if table is None:
+        table = _local.native = {}
+        with _native_lock:
+            _native_tables.append(table)
+    key = (dim, op, nbytes)
+    entry = table.get(key)
+    if entry is None:
+        entry = table[key] = [0, 0.0, 0, 0.0]
+    entry[0] += 1
+    entry[1] += dt
     return result
+
+
+def _flush_native() -> None:
+    with _native_lock:
+        for table in _native_tables:
+            for (dim, op, nbytes), entry in list(table.items()):
+                calls, seconds = entry[0], entry[1]
+                n = calls - entry[2]
+                if n:
+                    record(op, "native", nbytes * n, nbytes * n, seconds - entry[3], dim=dim, calls=n)
+                    entry[2], entry[3] = calls, seconds
+
+
+add_flusher(_flush_native)
 
 
 class _DimHandle:
@@ -179,7 +216,8 @@ def _make_all_reduce(orig: Callable) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(tensor, op, group, async_op)
-        dim = st.dim_of(group, "all_reduce")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "all_reduce")
         if dim is None:
             return orig(tensor, op, group, async_op)
         red = _reduce_name(op)
@@ -207,7 +245,8 @@ def _make_all_gather(orig: Callable) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(output_tensor, input_tensor, group, async_op)
-        dim = st.dim_of(group, "all_gather")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "all_gather")
         if dim is None:
             return orig(output_tensor, input_tensor, group, async_op)
         codec = st.policy.resolve(dim, "all_gather", input_tensor, step=st.steps)
@@ -232,7 +271,8 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(output, input, op, group, async_op)
-        dim = st.dim_of(group, "reduce_scatter")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "reduce_scatter")
         if dim is None:
             return orig(output, input, op, group, async_op)
         red = _reduce_name(op)
@@ -261,7 +301,8 @@ def _make_broadcast(orig: Callable) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(tensor, src, group, async_op, group_src)
-        dim = st.dim_of(group, "broadcast")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "broadcast")
         if dim is None:
             return orig(tensor, src, group, async_op, group_src)
         codec = st.policy.resolve(dim, "broadcast", tensor, step=st.steps)
@@ -288,7 +329,8 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
-        dim = st.dim_of(group, "all_to_all")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "all_to_all")
         if dim is None:
             return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
         even = output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
@@ -324,7 +366,8 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         st = _STATE
         if st is None or _local.busy:
             return orig(tensor, peer, group, tag, group_peer)
-        dim = st.dim_of(group, "send_recv")
+        r = st.resolver
+        dim = "default" if r is None else r(group, "send_recv")
         if dim is None:
             return orig(tensor, peer, group, tag, group_peer)
         # an any-source recv cannot be decoded: the sender's decision is known, its rank is not

@@ -156,12 +156,19 @@ class Policy:
         ``(numel_or_shape, dtype)`` pair. ``step``: optimizer steps done so far (None: warm-up is over).
         The answer depends on (dim, op, shape, dtype, step) only, so both sides of a send/recv agree.
         """
-        rule = self.rule(dim, op)
+        try:
+            rule = self._rules[(dim, op)]
+        except KeyError:
+            rule = self.rule(dim, op)  # raises the PolicyError
         codec = rule.codec_obj
         if codec is None:
             return None
+        # cheapest tests first: this runs on every call the patch sees, most of them tiny
         if isinstance(tensor, torch.Tensor):
-            numel, ndim, dtype = tensor.numel(), tensor.dim(), tensor.dtype
+            numel, dtype = tensor.numel(), tensor.dtype
+            if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
+                return None
+            ndim = tensor.dim()
         else:
             shape, dtype = tensor
             if isinstance(shape, int):
@@ -170,9 +177,9 @@ class Policy:
                 numel, ndim = 1, len(shape)
                 for s in shape:
                     numel *= int(s)
+            if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
+                return None
         if dtype not in codec.dtypes or not dtype.is_floating_point:
-            return None
-        if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
             return None
         if step is not None and step < rule.warmup_steps:
             return None

@@ -15,6 +15,7 @@ Nothing here imports deepspeed: resolvers take the topology or mpu object the ca
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
@@ -52,13 +53,12 @@ class RankSetResolver:
         self._lock = threading.Lock()
 
     def __call__(self, group: Any, op: str) -> str | None:
-        try:
-            dim = self._cache[group]
-        except (KeyError, TypeError):
-            dim = self._lookup(group)
-        if op == "send_recv" and _is_world(group):
+        if op == "send_recv" and (group is None or group is _world()):
             return self.p2p_on_world
-        return dim
+        try:
+            return self._cache[group]
+        except (KeyError, TypeError):
+            return self._lookup(group)
 
     def _lookup(self, group: Any) -> str | None:
         import torch.distributed as dist
@@ -85,12 +85,17 @@ class RankSetResolver:
         return {d: sorted(v) for d, v in out.items()}
 
 
-def _is_world(group: Any) -> bool:
-    if group is None:
-        return True
+def _world() -> Any:
+    """The WORLD group object (None before init). Looked up per call: it changes when the default
+    group is destroyed and re-created."""
+    return _dist().group.WORLD
+
+
+@functools.lru_cache(maxsize=None)
+def _dist():
     import torch.distributed as dist
 
-    return group is dist.group.WORLD
+    return dist
 
 
 class TopologyResolver(RankSetResolver):

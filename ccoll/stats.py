@@ -32,14 +32,39 @@ def current_dimension() -> str:
     return _dim.get()
 
 
+_bucket_cache: dict[int, str] = {}
+
+
 def _bucket(nbytes: int) -> str:
-    """Power-of-two upper bound of the message size, as a string key (JSON-friendly)."""
-    return str(1 << max(0, int(nbytes) - 1).bit_length())
+    """Power-of-two upper bound of the message size, as a string key (JSON-friendly). Cached: record()
+    runs for every call the patch passes through, and a training run has few distinct sizes."""
+    b = _bucket_cache.get(nbytes)
+    if b is None:
+        b = str(1 << max(0, int(nbytes) - 1).bit_length())
+        if len(_bucket_cache) < 4096:
+            _bucket_cache[nbytes] = b
+    return b
 
 
-def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds: float, dim: str | None = None) -> None:
-    """Count one call. ``raw_bytes``: the uncompressed tensor this rank contributed; ``wire_bytes``:
-    the payload bytes this rank sent for it."""
+_flushers: list = []
+
+
+def add_flusher(fn) -> None:
+    """Register ``fn()`` to run before the table is read or reset: sources that batch their counts off
+    the hot path (ccoll.patch's pass-through calls) hand them over there."""
+    _flushers.append(fn)
+
+
+def _flush() -> None:
+    for fn in list(_flushers):
+        fn()
+
+
+def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds: float, dim: str | None = None,
+           calls: int = 1) -> None:
+    """Count ``calls`` calls (one, unless a batching source hands over several of the same size).
+    ``raw_bytes``: the uncompressed bytes this rank contributed; ``wire_bytes``: the payload bytes this
+    rank sent for them (both totals over the calls)."""
     key = (dim or _dim.get(), op, codec)
     with _lock:
         row = _table.get(key)
@@ -48,21 +73,23 @@ def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds: float,
                 "dim": key[0], "op": op, "codec": codec, "calls": 0, "raw_bytes": 0, "wire_bytes": 0,
                 "seconds": 0.0, "histogram": {},
             }
-        row["calls"] += 1
+        row["calls"] += calls
         row["raw_bytes"] += int(raw_bytes)
         row["wire_bytes"] += int(wire_bytes)
         row["seconds"] += float(seconds)
-        b = _bucket(raw_bytes)
-        row["histogram"][b] = row["histogram"].get(b, 0) + 1
+        b = _bucket(int(raw_bytes) // calls)
+        row["histogram"][b] = row["histogram"].get(b, 0) + calls
 
 
 def stats() -> list[dict]:
     """One dict per (dim, op, codec): calls, raw_bytes, wire_bytes, seconds, histogram {size<=: calls}."""
+    _flush()
     with _lock:
         return [dict(r, histogram=dict(r["histogram"])) for r in sorted(_table.values(), key=lambda r: (r["dim"], r["op"], r["codec"]))]
 
 
 def reset_stats() -> None:
+    _flush()  # pending counts belong to the period being discarded
     with _lock:
         _table.clear()
 

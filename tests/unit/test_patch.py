@@ -145,3 +145,41 @@ def test_given_bad_arguments_when_installing_expect_typed_errors():
         patch.set_resolver(lambda g, op: None)
     with pytest.raises(PolicyError, match="not installed"):
         patch.step()
+
+
+def test_given_threads_passing_calls_through_while_stats_read_when_done_expect_every_call_counted_once():
+    """Pass-through calls are counted per thread without a lock and flushed when stats are read; a reader
+    running concurrently must neither lose nor double-count a call. (The wrapper is built around a no-op
+    stand-in for torch's all_reduce: no process group here.)"""
+    import ccoll
+
+    patch.install(Policy.from_dict({"version": 1, "dp": {"codec": "bf16", "min_bytes": 4096}}),
+                  resolver=lambda group, op: "dp")
+    wrapped = patch._make_all_reduce(lambda tensor, op=None, group=None, async_op=False: None)
+    ccoll.reset_stats()
+    small, scalar = torch.ones(16), torch.ones(1)
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            ccoll.stats()
+
+    def caller():
+        for i in range(2000):
+            wrapped(small if i % 2 else scalar)
+
+    r = threading.Thread(target=reader)
+    r.start()
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    stop.set()
+    r.join()
+    (row,) = ccoll.stats()
+    assert (row["dim"], row["op"], row["codec"], row["calls"]) == ("dp", "all_reduce", "native", 8000)
+    assert row["raw_bytes"] == row["wire_bytes"] == 4000 * 64 + 4000 * 4
+    assert row["histogram"] == {"64": 4000, "4": 4000}
+    ccoll.reset_stats()
+    assert ccoll.stats() == []
