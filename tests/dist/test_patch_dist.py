@@ -112,8 +112,6 @@ def _job_passthrough_and_compression(rank: int, world: int):
     return True
 
 
-def test_given_two_gloo_ranks_when_patched_expect_passthrough_bit_identical_and_compressed_calls_agree():
-    assert run_gloo(2, _job_passthrough_and_compression, timeout_s=120) == [True, True]
 
 
 def _job_reentrancy(rank: int, world: int):
@@ -189,14 +187,52 @@ def _job_fingerprints(rank: int, world: int, tmpdir: str):
     return messages
 
 
-def test_given_reentrant_call_inside_codec_when_patched_expect_it_reaches_torch_directly():
-    assert run_gloo(2, _job_reentrancy, timeout_s=90) == [True, True]
+def _job_resolvers(rank: int, world: int):
+    """Rank-set matching on real groups: any group object over the listed ranks, WORLD p2p, unknown sets."""
+    import torch.distributed as dist
+
+    from ccoll.resolvers import RankSetResolver
+
+    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])  # two objects, one rank set (as DeepSpeed + mpu do)
+    r = RankSetResolver({"tp": [[0, 1]]}, p2p_on_world="pp")
+    none = RankSetResolver({"dp": [[0, 2]]})
+    return {
+        "a": r(a, "all_reduce"), "b": r(b, "all_gather"), "world": r(None, "all_reduce"),
+        "world_obj": r(dist.group.WORLD, "broadcast"), "p2p_world": r(None, "send_recv"),
+        "p2p_group": r(a, "send_recv"), "unlisted": none(a, "all_reduce"), "no_p2p": none(None, "send_recv"),
+    }
 
 
-def test_given_ranks_with_different_policies_when_installing_before_or_after_init_expect_error_naming_ranks(tmp_path):
-    results = run_gloo(2, _job_fingerprints, str(tmp_path), timeout_s=90)
-    for rank, messages in enumerate(results):
+def _job(rank: int, world: int, tmpdir: str):
+    """One group for all checks (starting ranks costs more than the checks); fingerprints last, as they
+    re-create the process group."""
+    return {"passthrough": _job_passthrough_and_compression(rank, world), "reentrancy": _job_reentrancy(rank, world),
+            "resolvers": _job_resolvers(rank, world),
+            "fingerprints": _job_fingerprints(rank, world, tmpdir)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_gloo(2, _job, str(tmp_path_factory.mktemp("pg")), timeout_s=150)
+
+
+def test_given_two_gloo_ranks_when_patched_expect_passthrough_bit_identical_and_compressed_calls_agree(results):
+    assert [r["passthrough"] for r in results] == [True, True]
+
+
+def test_given_reentrant_call_inside_codec_when_patched_expect_it_reaches_torch_directly(results):
+    assert [r["reentrancy"] for r in results] == [True, True]
+
+
+def test_given_ranks_with_different_policies_when_installing_before_or_after_init_expect_error_naming_ranks(results):
+    for rank, messages in enumerate(r["fingerprints"] for r in results):
         assert len(messages) == 2, messages
         for m in messages:
             assert "mismatch" in m and "ranks [0]" in m and "ranks [1]" in m, m
             assert "rank0.yaml" in m and "rank1.yaml" in m, m
+
+
+def test_given_rank_set_resolver_when_groups_share_ranks_expect_same_dimension_and_world_p2p_mapped(results):
+    for r in results:
+        assert r["resolvers"] == {"a": "tp", "b": "tp", "world": "tp", "world_obj": "tp", "p2p_world": "pp",
+                                  "p2p_group": "tp", "unlisted": None, "no_p2p": None}
