@@ -84,10 +84,6 @@ class _State:
 
         self.feedback = ErrorFeedback()
 
-    def dim_of(self, group: Any, op: str) -> str | None:
-        r = self.resolver
-        return "default" if r is None else r(group, op)
-
     def ef_key(self, dim: str, op: str, group: Any) -> tuple:
         k = (dim, op, id(group))
         with self.lock:
@@ -491,7 +487,8 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
     """Route torch.distributed calls through ccoll by ``policy`` (a Policy or a YAML path).
 
     ``resolver(group, op) -> dim | None`` (see ccoll.resolvers); None: every call belongs to the
-    "default" dimension. Installing again replaces policy and resolver (wrappers are not stacked).
+    "default" dimension. Installing again replaces policy and resolver (wrappers are not stacked) and
+    compares fingerprints again, so every rank must install the same sequence of policies.
     Returns the loaded Policy."""
     global _STATE, _hook_handle
     if step_counter not in ("optimizer", "manual"):
