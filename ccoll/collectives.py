@@ -28,7 +28,12 @@ all-gather overlaps with the caller's work.
 Stats: every call records ``(op, codec spec or "native", raw_bytes, wire_bytes, seconds)``; raw is this
 rank's uncompressed contribution, wire the encoded bytes that stand for it (all_reduce / all_to_all /
 reduce_scatter: the p encoded chunks of its input; all_gather / broadcast / send / recv: the one
-payload). Native calls record wire = raw. Async calls record when ``wait()`` completes.
+payload). Native calls record wire = raw. Async calls record when ``wait()`` completes, under the
+stats dimension (``ccoll.stats.dimension``) that was in effect at the call.
+
+Error feedback (all_reduce, reduce_scatter_tensor): see :class:`~ccoll.feedback.ErrorFeedback` and
+:func:`all_reduce`. Stochastic rounding: each call encodes with a per-call, per-rank seed (see
+:func:`_sender`); the seed never travels, so this changes no invariant above.
 """
 from __future__ import annotations
 
@@ -39,11 +44,11 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from .stats import current_dimension, record as _record_stats
 from .codecs import Codec, get_codec
 from .errors import PolicyError, TransportError
 from .feedback import ErrorFeedback
 from .log import warn_once
+from .stats import current_dimension, record as _record_stats
 from .transports import Handle, Transport, for_group, op_name
 
 #: tensors with fewer bytes than this go native unless the caller passes ``min_bytes``; below it the
