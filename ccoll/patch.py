@@ -79,7 +79,12 @@ class _State:
         self.steps = 0
         self.checked = False  # fingerprint compared across ranks
         self.lock = threading.Lock()
-        self.ordinals: dict[tuple, int] = {}  # (dim, op, group id) -> error-feedback calls this step
+        # error-feedback keys: the n-th call of a (dim, op, group) in a step is one logical tensor
+        self.ordinals: dict[tuple, int] = {}  # (dim, op, group id) -> error-feedback calls since last step
+        # calls per step, learned at the first step: a step the optimizer skips (fp16 overflow) does not
+        # reset the ordinals, so the next step's calls are numbered on; modulo the period they map back
+        # to the same residuals instead of leaking a new set per skipped step
+        self.periods: dict[tuple, int] = {}
         from .feedback import ErrorFeedback
 
         self.feedback = ErrorFeedback()
@@ -89,14 +94,20 @@ class _State:
         with self.lock:
             n = self.ordinals.get(k, 0)
             self.ordinals[k] = n + 1
-        if n == 100_000:
-            warn_once("ccoll-ef-no-steps", "ccoll: 100000 error-feedback calls on %s/%s without an optimizer step; "
-                      "with step_counter='manual', call ccoll.patch.step() once per step", dim, op)
+            period = self.periods.get(k)
+        if period:
+            n %= period
+        elif n == 10_000:
+            warn_once("ccoll-ef-no-steps", "ccoll: 10000 error-feedback calls on %s/%s without an optimizer step "
+                      "(one residual each); with step_counter='manual', call ccoll.patch.step() once per step",
+                      dim, op)
         return (dim, op, id(group), n)
 
     def advance(self) -> None:
         with self.lock:
             self.steps += 1
+            for k, n in self.ordinals.items():
+                self.periods.setdefault(k, n)
             self.ordinals.clear()
 
 

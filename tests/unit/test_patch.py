@@ -183,3 +183,18 @@ def test_given_threads_passing_calls_through_while_stats_read_when_done_expect_e
     assert row["histogram"] == {"64": 4000, "4": 4000}
     ccoll.reset_stats()
     assert ccoll.stats() == []
+
+
+def test_given_skipped_optimizer_step_when_keying_error_feedback_expect_same_keys_not_new_ones():
+    """fp16 overflow: the optimizer skips its step, the ordinals are not reset; the next step's calls must
+    still reuse the residuals of the same logical tensors (no unbounded growth)."""
+    patch.install(Policy.from_dict(BF16), step_counter="manual")
+    st = patch._STATE
+    step1 = [st.ef_key("dp", "all_reduce", None) for _ in range(3)]
+    patch.step()
+    skipped = [st.ef_key("dp", "all_reduce", None) for _ in range(3)]  # overflow: no step counted
+    after = [st.ef_key("dp", "all_reduce", None) for _ in range(3)]
+    patch.step()
+    normal = [st.ef_key("dp", "all_reduce", None) for _ in range(3)]
+    assert step1 == skipped == after == normal
+    assert len(set(step1)) == 3
