@@ -348,14 +348,32 @@ CQ_HD void cq_zero_padding(cq_u8* payload, cq_i64 numel, cq_i64 block) {
     for (cq_i64 i = (numel + G - 1) / G; i < cq_q_nbytes<BITS>(numel) / 4; ++i) qwords[i] = 0;
 }
 
-// decode of one q word of one payload row, rounded to the codec's dtype and widened back (what
-// decode_sum adds: the decoded tensor's values)
+// block index of q word w without a 64-bit division per word: a shift when the block's word count is a
+// power of two (log2_words >= 0), else a 32-bit division while the indices fit (always, below 2^32 words)
+struct CqWordToBlock {
+    cq_i64 words;   // q words per block (block / G)
+    int log2_words; // -1 if words is not a power of two
+    CQ_HD CqWordToBlock(cq_i64 block, int G) : words(block / G), log2_words(-1) {
+        if ((words & (words - 1)) == 0) {
+            log2_words = 0;
+            while (((cq_i64)1 << log2_words) < words) ++log2_words;
+        }
+    }
+    CQ_HD cq_i64 operator()(cq_i64 w) const {
+        if (log2_words >= 0) return w >> log2_words;
+        if (w <= 0xffffffffll) return (cq_i64)((cq_u32)w / (cq_u32)words);
+        return w / words;
+    }
+};
+
+// decode of q word w (of block b) of one payload row, rounded to the codec's dtype and widened back
+// (what decode_sum adds: the decoded tensor's values)
 template <class Tr, int BITS>
-CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 numel, cq_i64 block, cq_i64 w, float* v) {
+CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 scale_nbytes, cq_i64 w, cq_i64 b, float* v) {
     constexpr int G = CqBits<BITS>::G;
     const float* scales = reinterpret_cast<const float*>(row);
-    const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + cq_scale_nbytes(numel, block));
-    cq_decode_word<BITS>(qwords[w], scales[(w * G) / block], v);
+    const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + scale_nbytes);
+    cq_decode_word<BITS>(qwords[w], scales[b], v);
 #pragma unroll
     for (int k = 0; k < G; ++k) v[k] = Tr::to_f(Tr::from_f(v[k]));
 }
@@ -410,9 +428,10 @@ __device__ void cq_decode_kernel(const cq_u8* payload, cq_i64 numel, cq_i64 bloc
     const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + cq_scale_nbytes(numel, block));
     const bool vec = (reinterpret_cast<cq_u64>(y) & 15u) == 0;
     const cq_i64 nwords = (numel + G - 1) / G;
+    const CqWordToBlock block_of(block, G);
     for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < nwords; w += (cq_i64)gridDim.x * blockDim.x) {
         float v[G];
-        cq_decode_word<BITS>(qwords[w], scales[(w * G) / block], v);
+        cq_decode_word<BITS>(qwords[w], scales[block_of(w)], v);
         cq_store_word<Tr, G>(y, w * G, (int)cq_min(G, numel - w * G), vec, v);
     }
 }
@@ -423,13 +442,16 @@ __device__ void cq_decode_sum_kernel(const cq_u8* payloads, cq_i64 p, cq_i64 row
     constexpr int G = CqBits<BITS>::G;
     const bool vec = (reinterpret_cast<cq_u64>(out) & 15u) == 0;
     const cq_i64 nwords = (numel + G - 1) / G;
+    const cq_i64 scale_nbytes = cq_scale_nbytes(numel, block);
+    const CqWordToBlock block_of(block, G);
     for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < nwords; w += (cq_i64)gridDim.x * blockDim.x) {
         float acc[G];
 #pragma unroll
         for (int k = 0; k < G; ++k) acc[k] = 0.0f;
+        const cq_i64 b = block_of(w);
         for (cq_i64 r = 0; r < p; ++r) {
             float v[G];
-            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, numel, block, w, v);
+            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
 #pragma unroll
             for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
         }
@@ -500,10 +522,11 @@ static void cq_host_decode(const cq_u8* payload, cq_i64 numel, cq_i64 block, typ
     const float* scales = reinterpret_cast<const float*>(payload);
     const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + cq_scale_nbytes(numel, block));
     const cq_i64 nwords = (numel + G - 1) / G;
+    const CqWordToBlock block_of(block, G);
 #pragma omp parallel for schedule(static)
     for (cq_i64 w = 0; w < nwords; ++w) {
         float v[G];
-        cq_decode_word<BITS>(qwords[w], scales[(w * G) / block], v);
+        cq_decode_word<BITS>(qwords[w], scales[block_of(w)], v);
         cq_store_word<Tr, G>(y, w * G, (int)cq_min(G, numel - w * G), false, v);
     }
 }
@@ -513,13 +536,16 @@ static void cq_host_decode_sum(const cq_u8* payloads, cq_i64 p, cq_i64 row_nbyte
                                float* out) {
     constexpr int G = CqBits<BITS>::G;
     const cq_i64 nwords = (numel + G - 1) / G;
+    const cq_i64 scale_nbytes = cq_scale_nbytes(numel, block);
+    const CqWordToBlock block_of(block, G);
 #pragma omp parallel for schedule(static)
     for (cq_i64 w = 0; w < nwords; ++w) {
         float acc[G];
         for (int k = 0; k < G; ++k) acc[k] = 0.0f;
+        const cq_i64 b = block_of(w);
         for (cq_i64 r = 0; r < p; ++r) {
             float v[G];
-            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, numel, block, w, v);
+            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
             for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), false, acc);
