@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -78,6 +79,10 @@ def _resolve(args) -> dict:
                 data=os.path.abspath(args.data) if args.data else None)
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _stem(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
@@ -91,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tqdm import tqdm
 
+    # SIGTERM (timeout, job schedulers) must unwind like Ctrl-C so the runner stops the ranks it started
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _run_all(args, spec, tqdm)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_all(args, spec: dict, tqdm) -> int:
     results = []
     t_all = time.monotonic()
     try:
@@ -106,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: ranks stopped", file=sys.stderr)
+        return 130
     meta = dict(spec, policies=args.policies, global_batch=spec["micro_batch"] * spec["grad_accum"] * spec["dp"],
                 data=spec["data"] or "python stdlib sources", netem_rate=args.netem_rate,
                 wall_seconds=time.monotonic() - t_all)
-    summary = write_all(results, args.out, meta)
+    write_all(results, args.out, meta)
     with open(os.path.join(args.out, "summary.md")) as f:
         print(f.read())
     print(f"plot: {os.path.join(args.out, 'loss.png')}   summary: {os.path.join(args.out, 'summary.json')}")
-    del summary
     return 0
 
 

@@ -99,6 +99,13 @@ class _GatherFromTP(torch.autograd.Function):
         return grad.chunk(tp.size, dim=-1)[tp.rank].contiguous(), None
 
 
+def _mark_split(*params: nn.Parameter) -> None:
+    """Tell DeepSpeed these are shards (as Megatron does): its gradient-norm all-reduce over the TP group
+    then counts every shard once, while replicated parameters are counted on TP rank 0 only."""
+    for p in params:
+        p.tensor_model_parallel = True
+
+
 def _full_init(shape: tuple[int, ...], std: float, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g) * std
@@ -115,6 +122,8 @@ class ColumnParallelLinear(nn.Module):
         full = _full_init((out_features, in_features), std, seed)
         self.weight = nn.Parameter(full[tp.rank * local:(tp.rank + 1) * local].clone())
         self.bias = nn.Parameter(torch.zeros(local))
+        if tp.size > 1:
+            _mark_split(self.weight, self.bias)
 
     def forward(self, x):
         if self.tp.size > 1:
@@ -134,7 +143,9 @@ class RowParallelLinear(nn.Module):
         local = in_features // tp.size
         full = _full_init((out_features, in_features), std, seed)
         self.weight = nn.Parameter(full[:, tp.rank * local:(tp.rank + 1) * local].clone())
-        self.bias = nn.Parameter(torch.zeros(out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))  # added after the all-reduce: replicated
+        if tp.size > 1:
+            _mark_split(self.weight)
 
     def forward(self, x):
         y = F.linear(x, self.weight)
