@@ -185,7 +185,7 @@ def _pipe_job(rank: int, world: int):
 
 @pytest.fixture(scope="module")
 def pipe_results():
-    return run_gloo(4, _pipe_job, timeout_s=240, env=ENV)
+    return run_gloo(4, _pipe_job, timeout_s=300, env=ENV)
 
 
 def _rows(stats, dim=None, op=None, codec=None):
@@ -324,7 +324,7 @@ def _tp_job(rank: int, world: int):
 
 @pytest.fixture(scope="module")
 def tp_results():
-    return run_gloo(4, _tp_job, timeout_s=240, env=ENV)
+    return run_gloo(4, _tp_job, timeout_s=300, env=ENV)
 
 
 def test_given_tensor_2x_data_2_when_baseline_patched_expect_losses_bit_identical_to_unpatched(tp_results):

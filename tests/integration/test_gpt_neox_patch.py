@@ -132,7 +132,7 @@ def test_given_standin_neox_when_launched_through_wrapper_expect_patch_before_in
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=180)[0])
+            outputs.append(p.communicate(timeout=300)[0])
     finally:
         for p in procs:
             if p.poll() is None:
