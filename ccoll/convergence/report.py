@@ -95,13 +95,15 @@ def summary_markdown(s: dict) -> str:
         r = _ratio(p["dp_gradients"])
         cells.append("-" if r is None else f"{r:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Traffic by operation (all ranks; calls below the policy's min_bytes stay native):", "",
-              "| policy | dim | op | codec | calls | raw | wire | ratio |", "|---|---|---|---|---:|---:|---:|---:|"]
+    lines += ["", "Traffic by operation (all ranks; calls below the policy's min_bytes stay native; seconds = time "
+              "inside the call, including waiting for peers and, for compressed calls, encoding/decoding):", "",
+              "| policy | dim | op | codec | calls | raw | wire | ratio | seconds (sum over ranks) |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for name, p in s["policies"].items():
         for o in p.get("by_op", []):
             r = _ratio(o)
             lines.append(f"| {name} | {o['dim']} | {o['op']} | {o['codec']} | {o['calls']} | {_fmt_bytes(o['raw'])} | "
-                         f"{_fmt_bytes(o['wire'])} | {'-' if r is None else f'{r:.2f}x'} |")
+                         f"{_fmt_bytes(o['wire'])} | {'-' if r is None else f'{r:.2f}x'} | {o['seconds']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
