@@ -77,6 +77,10 @@ def main():
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     rank = dist.get_rank()
+    import deepspeed.comm.comm as ds_comm  # its backend, built after install, caches the wrappers
+    out["cdb_wrapped"] = (ds_comm.cdb.all_gather_function is dist.all_gather_into_tensor
+                          and hasattr(ds_comm.cdb.all_gather_function, "__wrapped__")
+                          and ds_comm.cdb.reduce_scatter_function is dist.reduce_scatter_tensor)
     out["policy_source"] = ccoll.patch.current_policy().source
     t = torch.ones(4096)
     dist.all_reduce(t)  # before mpu exists: the resolver does not place anything yet
@@ -147,7 +151,7 @@ def test_given_standin_neox_when_launched_through_wrapper_expect_patch_before_in
     for rank in range(world):
         out = json.loads((results / f"rank{rank}.json").read_text())
         assert out["argv"] == argv  # NeoX's train.py sees deepy's arguments unchanged
-        assert out["installed_before_init"]
+        assert out["installed_before_init"] and out["cdb_wrapped"]
         assert out["policy_source"].endswith("hybrid.yaml")
         assert out["stats_before_mpu"] == []  # nothing placed before mpu built its groups
         by = {(r["dim"], r["op"], r["codec"]): r["calls"] for r in out["stats"]}
