@@ -21,6 +21,8 @@ bandwidth-optimal algorithm):
     all_to_all      (n-1)/n
     broadcast       1
     sendrecv        1            (time = half the ping-pong round trip, OSU osu_latency style)
+    sendrecv_bw     1            (OSU osu_bw style: a window of min(64, 64 MiB / size) non-blocking
+                                  messages 2k -> 2k+1, then an ack; time = window time / messages)
 
 Timing (OSU style): every iteration is preceded by a barrier and timed on each rank; ``time_us`` is the
 mean over iterations on the slowest rank (max over ranks). In-place inputs are restored before the
@@ -232,6 +234,8 @@ class TorchWorld(World):
             "all_to_all": lambda out, inp: d.all_to_all_single(out, inp),
             "send": lambda t, peer: d.send(t, peer),
             "recv": lambda t, peer: d.recv(t, peer),
+            "isend": lambda t, peer: d.isend(t, peer),
+            "irecv": lambda t, peer: d.irecv(t, peer),
         }[op]
 
     def versions(self) -> str:
@@ -292,6 +296,8 @@ class MPIWorld(World):
             "all_to_all": lambda out, inp: cc.all_to_all_single(out, inp, group=g),
             "send": lambda t, peer: cc.send(t, peer, group=g),
             "recv": lambda t, peer: cc.recv(t, peer, group=g),
+            "isend": lambda t, peer: cc.isend(t, peer, group=g),
+            "irecv": lambda t, peer: cc.irecv(t, peer, group=g),
         }[op]
 
     def versions(self) -> str:
@@ -317,6 +323,12 @@ class Case:
     scale: torch.Tensor | None  # float64 per-element magnitude for accumulation rounding
     absmax_encoded: float  # sum over the encodes on an element's path of the encoded values' absmax
     absmax_reencoded: float | None  # all_reduce: absmax of the exact result, encoded a second time
+    window: list[torch.Tensor] = dataclasses.field(default_factory=list)  # sendrecv_bw's extra receive buffers
+    timed: bool | None = None  # counts in time_us; default: when it has a reference (takes part)
+
+    @property
+    def participates(self) -> bool:
+        return self.ref is not None if self.timed is None else self.timed
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -399,6 +411,27 @@ def _build_sendrecv(w: World, count: int, dtype: torch.dtype, seed: int) -> Case
     return Case(inp, torch.empty_like(inp), False, ref, ref.abs(), _absmax(src), None)
 
 
+#: sendrecv_bw keeps this many bytes in flight per window (OSU osu_bw: 64 messages, at most 4 MB each)
+BW_WINDOW_BYTES = 64 << 20
+BW_WINDOW_MAX = 64
+
+
+def _bw_window(nbytes: int) -> int:
+    return max(1, min(BW_WINDOW_MAX, BW_WINDOW_BYTES // max(1, nbytes)))
+
+
+def _build_sendrecv_bw(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
+    """Even ranks send, odd ranks receive (into ``window`` buffers; ``out`` is the last one)."""
+    inp = _data(w.rank, count, dtype, seed)
+    peer = _sendrecv_peer(w)
+    if peer is None or w.rank % 2 == 0:
+        return Case(inp, torch.empty(0, dtype=dtype), False, None, None, 0.0, None, timed=peer is not None)
+    src = _data(peer, count, dtype, seed)
+    ref = src.to(torch.float64)
+    bufs = [torch.empty_like(inp) for _ in range(_bw_window(count * dtype.itemsize) - 1)]
+    return Case(inp, torch.empty_like(inp), False, ref, ref.abs(), _absmax(src), None, bufs)
+
+
 def _cc():
     from .. import collectives
 
@@ -459,6 +492,34 @@ def _run_sendrecv(w: World, case: Case, codec, min_bytes: int) -> None:
         send(case.inp, peer)
 
 
+def _run_sendrecv_bw(w: World, case: Case, codec, min_bytes: int) -> None:
+    """OSU osu_bw: a window of non-blocking sends from rank 2k to 2k+1 back to back, then a 1-element
+    native acknowledgement, so the time covers the receiver having every message decoded."""
+    peer = _sendrecv_peer(w)
+    if peer is None:
+        return
+    if codec is None:
+        isend, irecv = w.native("isend"), w.native("irecv")
+    else:
+        cc = _cc()
+        isend = lambda t, p: cc.isend(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
+        irecv = lambda t, p: cc.irecv(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
+    ack = torch.zeros(1, dtype=torch.float32, device=w.device)
+    n = _bw_window(case.inp.numel() * case.inp.element_size())
+    if w.rank % 2 == 0:
+        handles = [isend(case.inp, peer) for _ in range(n)]
+        for h in handles:
+            if h is not None:
+                h.wait()
+        w.native("recv")(ack, peer)
+    else:
+        handles = [irecv(buf, peer) for buf in (*case.window, case.out)]
+        for h in handles:
+            if h is not None:
+                h.wait()
+        w.native("send")(ack, peer)
+
+
 @dataclasses.dataclass(frozen=True)
 class Collective:
     name: str
@@ -468,7 +529,7 @@ class Collective:
     identical: bool  # every rank must end with bit-identical output
     build: Callable[[World, int, torch.dtype, int], Case]
     run: Callable[[World, Case, Any, int], None]
-    time_divisor: int = 1  # sendrecv reports one-way time: round trip / 2
+    time_divisor: Callable[[int], int] = lambda nbytes: 1  # time reported per message (of a call's several)
     min_world: int = 1
 
 
@@ -485,7 +546,9 @@ COLLECTIVES: dict[str, Collective] = {
         Collective("all_to_all", lambda n: (n - 1) / n, "(n-1)/n", lambda n: n, False,
                    _build_all_to_all, _run_all_to_all),
         Collective("sendrecv", lambda n: 1.0, "1", lambda n: 1, False, _build_sendrecv, _run_sendrecv,
-                   time_divisor=2, min_world=2),
+                   time_divisor=lambda nbytes: 2, min_world=2),
+        Collective("sendrecv_bw", lambda n: 1.0, "1", lambda n: 1, False, _build_sendrecv_bw, _run_sendrecv_bw,
+                   time_divisor=_bw_window, min_world=2),
     )
 }
 
@@ -572,10 +635,11 @@ def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: i
         if it >= warmup:
             times.append(t1 - t0)
     ratio = _wire_ratio(codec, recorded_after_warmup)
-    participates = case.ref is not None
-    mean = sum(times) / len(times) / coll.time_divisor if participates else 0.0
-    median = sorted(times)[len(times) // 2] / coll.time_divisor if participates else 0.0
-    best = min(times) / coll.time_divisor if participates else math.inf
+    participates = case.participates
+    div = coll.time_divisor(case.inp.numel() * case.inp.element_size())
+    mean = sum(times) / len(times) / div if participates else 0.0
+    median = sorted(times)[len(times) // 2] / div if participates else 0.0
+    best = min(times) / div if participates else math.inf
     t_max, t_med = w.reduce_max([mean, median])
     t_min_rank, t_best = (-v for v in w.reduce_max([-mean if participates else -math.inf, -best]))
     rel_err, wrong = _check(w, coll, case, codec, case.out.numel())
@@ -597,7 +661,8 @@ def _header(w: World, args, colls: list[Collective], specs: list[str]) -> list[s
         f"dtype {args.dtype}  iters {args.iters}  warmup {args.warmup}  min_bytes {args.min_bytes}  seed {args.seed}",
         f"# codecs {', '.join(specs)}",
         "# busbw factor: " + ", ".join(f"{c.name} {c.factor_doc} = {c.busbw_factor(w.size):.3g}" for c in colls),
-        "# time: mean per iteration on the slowest rank (barrier before each); sendrecv: one way (ping-pong / 2)",
+        "# time: mean per iteration on the slowest rank (barrier before each); sendrecv: one way (ping-pong / 2); "
+        "sendrecv_bw: per message of a window",
     ]
     link = os.environ.get("CCOLL_NETEM")
     if link:
@@ -662,6 +727,7 @@ def run_rank(args) -> int:
                 seen.add(count)
                 case = coll.build(w, count, dtype, args.seed)  # on the CPU: the reference stays there
                 case.inp, case.out = case.inp.to(w.device), case.out.to(w.device)
+                case.window = [b.to(w.device) for b in case.window]
                 native_time = None
                 for label, codec in codecs:
                     m = measure(w, coll, case, codec, args.iters, args.warmup, args.min_bytes)

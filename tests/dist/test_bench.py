@@ -16,7 +16,7 @@ from launch import run_gloo
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-           "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+           "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0, "sendrecv_bw": lambda n: 1.0}
 ROW_KEYS = {"collective", "size_bytes", "count", "dtype", "codec", "time_us", "algbw_gbps", "busbw_gbps", "ratio",
             "rel_err", "wrong", "speedup"}
 
@@ -42,6 +42,7 @@ def _expected_ratio(collective: str, spec: str, count: int, n: int) -> float:
         "all_gather": (count // n * 4, enc(count // n)),
         "broadcast": (count * 4, enc(count)),
         "sendrecv": (count * 4, enc(count)),
+        "sendrecv_bw": (count * 4, enc(count)),
     }[collective]
     return raw / wire
 
@@ -54,13 +55,13 @@ def ccoll_codec(spec: str):
 
 def test_given_three_gloo_ranks_when_benchmarking_all_collectives_expect_consistent_rows(tmp_path):
     out = tmp_path / "all.json"
-    specs = ["native", "int8:block=256", "int4:block=64,round=stochastic"]
-    r = _bench("all", "--np", "3", "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1",
+    specs = ["native", "int4:block=64,round=stochastic"]  # the comma inside a spec must survive the list
+    r = _bench("all", "--np", "3", "-b", "16K", "-e", "16K", "-n", "2", "-w", "1",
                "--codec", ",".join(specs), "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     rows = json.loads(out.read_text())["rows"]
     assert {(x["collective"], x["codec"]) for x in rows} == {(c, s) for c in FACTORS for s in specs}
-    assert len(rows) == len(FACTORS) * len(specs) * 2  # two sizes each
+    assert len(rows) == len(FACTORS) * len(specs)
     for x in rows:
         where = f"{x['collective']} {x['codec']} {x['size_bytes']}"
         assert ROW_KEYS <= set(x), where
@@ -73,12 +74,13 @@ def test_given_three_gloo_ranks_when_benchmarking_all_collectives_expect_consist
         if x["codec"] == "native":
             assert x["rel_err"] < 1e-6 and x["speedup"] == 1.0, where
         else:
-            assert 0 < x["rel_err"] < (0.02 if x["codec"].startswith("int8") else 0.5), where
+            assert 0 < x["rel_err"] < 0.5, where
             native = next(y for y in rows if y["codec"] == "native" and
                           (y["collective"], y["size_bytes"]) == (x["collective"], x["size_bytes"]))
             assert math.isclose(x["speedup"], native["time_us"] / x["time_us"], rel_tol=1e-9), where
     # sizes that n does not divide are rounded down to a multiple of n where the collective needs it
-    assert {x["count"] for x in rows if x["collective"] == "all_gather"} == {1023, 4095}
+    assert {x["count"] for x in rows if x["collective"] == "all_gather"} == {4095}
+    assert {x["count"] for x in rows if x["collective"] == "all_reduce"} == {4096}
     # the printed table: '#' header lines with versions, a units row, then fixed columns
     lines = r.stdout.splitlines()
     assert lines[0].startswith("# ccoll ") and "torch" in lines[0]
