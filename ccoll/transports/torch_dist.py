@@ -73,6 +73,8 @@ class TorchTransport(Transport):
     # ranks -------------------------------------------------------------------------------------
     def group_rank(self, global_rank: int) -> int:
         if self.is_world:
+            if not 0 <= int(global_rank) < self.world_size:
+                raise TransportError(f"rank {global_rank} is not in the world of {self.world_size} ranks")
             return int(global_rank)
         try:
             return c10d.get_group_rank(self.group, int(global_rank))

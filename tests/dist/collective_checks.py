@@ -411,6 +411,30 @@ def check_passthrough(env: Env) -> None:
     expect_equal(env, "native async non-contiguous: untouched", base[:, 1], dyadic(24, r, 2 * n).view(n, 2)[:, 1])
 
 
+def check_bad_input(env: Env) -> None:
+    """Mismatched sizes and unknown codecs fail with typed errors on every rank, before anything is
+    sent (so no rank is left waiting)."""
+    from ccoll.errors import PolicyError, TransportError
+
+    p, G = env.world, env.group
+    cases = [
+        (TransportError, lambda: ccoll.reduce_scatter_tensor(torch.empty(10), torch.empty(10 * p + 1), "sum", G, "bf16", min_bytes=0)),
+        (TransportError, lambda: ccoll.all_gather_into_tensor(torch.empty(10 * p), torch.empty(10, dtype=torch.float16), G, "bf16")),
+        (TransportError, lambda: ccoll.all_reduce(torch.ones(10), "band", G, "bf16")),
+        (TransportError, lambda: ccoll.broadcast(torch.ones(10), p + 5, G, "bf16")),
+        (PolicyError, lambda: ccoll.all_reduce(torch.ones(10), "sum", G, "lz4", min_bytes=0)),
+        (PolicyError, lambda: ccoll.all_reduce(torch.ones(10), "sum", G, "bf16", error_feedback=ccoll.ErrorFeedback(), min_bytes=0)),
+    ]
+    for i, (err, call) in enumerate(cases):
+        try:
+            call()
+        except err:
+            continue
+        except Exception as e:  # noqa: BLE001 - report what was raised instead
+            fail(env, f"bad input case {i}", f"raised {type(e).__name__}: {e}, expected {err.__name__}")
+        fail(env, f"bad input case {i}", f"no error, expected {err.__name__}")
+
+
 def check_none_equals_native(env: Env) -> None:
     """codec="none" runs the compressed algorithm with an exact codec; its result must equal the native
     all_reduce bit for bit. Summation order differs (native: the backend's ring/tree; ours: rank order
@@ -523,9 +547,10 @@ def error_feedback(env: Env, spec: str, steps: int = 16) -> dict:
     return {"spec": spec, "err_ef": err_ef, "err_plain": err_plain}
 
 
-def run_all(env: Env, extra: Callable[[Env], None] | None = None) -> dict:
-    """Every check, every registered codec; returns figures the launching test compares across p."""
-    specs = available_specs()
+def run_all(env: Env, extra: Callable[[Env], None] | None = None, specs: list[str] | None = None) -> dict:
+    """Every check, for every registered codec (or the registered ones among ``specs``); returns
+    figures the launching test compares across p."""
+    specs = [s for s in available_specs() if specs is None or s in specs]
     for spec in specs:
         check_all_reduce(env, spec)
         check_reduce_scatter(env, spec)
@@ -535,6 +560,7 @@ def run_all(env: Env, extra: Callable[[Env], None] | None = None) -> dict:
         check_point_to_point(env, spec)
         check_async(env, spec)
     check_passthrough(env)
+    check_bad_input(env)
     check_none_equals_native(env)
     check_stats(env)
     check_subgroup(env)
