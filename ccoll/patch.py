@@ -204,6 +204,15 @@ def _async_result(h: Any, dim: str) -> Any:
     return None if h is None else _DimHandle(h, dim)
 
 
+def _decide(st: _State, dim: str, op: str, tensor: torch.Tensor):
+    """The codec for this call, or None. Rejects cheaply first (native rule, below min_bytes): most
+    calls the patch sees are tiny or on native dimensions; the full policy check runs for the rest."""
+    rule = st.policy.rule(dim, op)
+    if rule.codec_obj is None or tensor.numel() * tensor.element_size() < rule.min_bytes:
+        return None
+    return st.policy.resolve(dim, op, tensor, step=st.steps)
+
+
 def _enter(st: _State) -> None:
     if not st.checked:
         _check_fingerprint(st)
@@ -228,7 +237,7 @@ def _make_all_reduce(orig: Callable) -> Callable:
         if dim is None:
             return orig(tensor, op, group, async_op)
         red = _reduce_name(op)
-        codec = st.policy.resolve(dim, "all_reduce", tensor, step=st.steps) if red else None
+        codec = _decide(st, dim, "all_reduce", tensor) if red else None
         if codec is None:
             return _native(dim, "all_reduce", tensor.numel() * tensor.element_size(), orig, tensor, op, group, async_op)
         rule = st.policy.rule(dim, "all_reduce")
@@ -256,7 +265,7 @@ def _make_all_gather(orig: Callable) -> Callable:
         dim = "default" if r is None else r(group, "all_gather")
         if dim is None:
             return orig(output_tensor, input_tensor, group, async_op)
-        codec = st.policy.resolve(dim, "all_gather", input_tensor, step=st.steps)
+        codec = _decide(st, dim, "all_gather", input_tensor)
         if codec is None or output_tensor.dtype != input_tensor.dtype:
             return _native(dim, "all_gather", input_tensor.numel() * input_tensor.element_size(), orig,
                            output_tensor, input_tensor, group, async_op)
@@ -283,7 +292,7 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
         if dim is None:
             return orig(output, input, op, group, async_op)
         red = _reduce_name(op)
-        codec = st.policy.resolve(dim, "reduce_scatter", input, step=st.steps) if red else None
+        codec = _decide(st, dim, "reduce_scatter", input) if red else None
         if codec is None or output.dtype != input.dtype:
             return _native(dim, "reduce_scatter", input.numel() * input.element_size(), orig,
                            output, input, op, group, async_op)
@@ -312,7 +321,7 @@ def _make_broadcast(orig: Callable) -> Callable:
         dim = "default" if r is None else r(group, "broadcast")
         if dim is None:
             return orig(tensor, src, group, async_op, group_src)
-        codec = st.policy.resolve(dim, "broadcast", tensor, step=st.steps)
+        codec = _decide(st, dim, "broadcast", tensor)
         if codec is None:
             return _native(dim, "broadcast", tensor.numel() * tensor.element_size(), orig,
                            tensor, src, group, async_op, group_src)
@@ -341,7 +350,7 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
         if dim is None:
             return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
         even = output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
-        codec = st.policy.resolve(dim, "all_to_all", input, step=st.steps) if even else None
+        codec = _decide(st, dim, "all_to_all", input) if even else None
         if codec is None:
             return _native(dim, "all_to_all", input.numel() * input.element_size(), orig,
                            output, input, output_split_sizes, input_split_sizes, group, async_op)
@@ -379,7 +388,7 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
             return orig(tensor, peer, group, tag, group_peer)
         # an any-source recv cannot be decoded: the sender's decision is known, its rank is not
         known = peer is not None or group_peer is not None
-        codec = st.policy.resolve(dim, "send_recv", tensor, step=st.steps) if known else None
+        codec = _decide(st, dim, "send_recv", tensor) if known else None
         if codec is None:
             return _native(dim, stat_op, tensor.numel() * tensor.element_size(), orig,
                            tensor, peer, group, tag, group_peer)
