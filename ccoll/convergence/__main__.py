@@ -17,6 +17,7 @@ import sys
 import time
 
 from ..errors import CcollError
+from .model import GPTConfig
 from .report import write_all
 from .runner import run_policy
 
@@ -74,6 +75,9 @@ def _resolve(args) -> dict:
     if args.data is not None and not os.path.isfile(args.data):
         raise CcollError(f"--data file not found: {args.data}")
     model = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, seq_len=args.seq_len)
+    GPTConfig(**model).check(args.tp)  # fail here, not in four rank logs
+    if args.layers < args.pp:
+        raise CcollError(f"--layers {args.layers} must be >= --pp {args.pp} (at least one block per stage)")
     return dict(steps=args.steps, dp=args.dp, tp=args.tp, pp=args.pp, seed=args.seed, model=model,
                 micro_batch=args.micro_batch, grad_accum=args.grad_accum, lr=args.lr,
                 data=os.path.abspath(args.data) if args.data else None)

@@ -54,3 +54,13 @@ def test_given_results_when_written_expect_delta_vs_baseline_and_ratios(tmp_path
     assert s["policies"]["hybrid"]["compression"] == {"dp": 8.0, "tp": None, "pp": 4.0}
     assert json.loads((tmp_path / "summary.json").read_text())["policies"]["baseline"]["steps"] == 2
     assert "+1.00%" in (tmp_path / "summary.md").read_text()
+
+
+def test_given_layout_the_model_cannot_split_when_run_expect_exit_2_before_any_rank_starts(tmp_path, capsys):
+    from ccoll.convergence.__main__ import main
+
+    assert main(["--policies", "unpatched", "--tp", "3", "--out", str(tmp_path)]) == 2
+    assert "tp=3 must divide heads=4" in capsys.readouterr().err
+    assert main(["--policies", "unpatched", "--pp", "4", "--layers", "2", "--out", str(tmp_path)]) == 2
+    assert "--layers 2 must be >= --pp 4" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
