@@ -651,6 +651,24 @@ def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: i
 
 # --- the sweep ------------------------------------------------------------------------------------
 
+#: default iteration counts, OSU style: fewer repetitions for large messages, whose time is long
+#: and steady, so a 1K..64M sweep stays minutes long on a CPU machine
+ITERS_SMALL, WARMUP_SMALL, ITERS_LARGE, WARMUP_LARGE, LARGE_BYTES = 20, 5, 5, 1, 1 << 20
+
+
+def _iters_for(args, nbytes: int) -> tuple[int, int]:
+    large = nbytes > LARGE_BYTES
+    iters = args.iters if args.iters is not None else (ITERS_LARGE if large else ITERS_SMALL)
+    warmup = args.warmup if args.warmup is not None else (WARMUP_LARGE if large else WARMUP_SMALL)
+    return iters, warmup
+
+
+def _describe_iters(args) -> str:
+    small, large = _iters_for(args, 0), _iters_for(args, LARGE_BYTES + 1)
+    if small == large:
+        return f"{small[0]}  warmup {small[1]}"
+    return f"{small[0]} ({large[0]} above {LARGE_BYTES >> 20} MiB)  warmup {small[1]} ({large[1]} above {LARGE_BYTES >> 20} MiB)"
+
 def _header(w: World, args, colls: list[Collective], specs: list[str]) -> list[str]:
     import ccoll
 
@@ -660,7 +678,7 @@ def _header(w: World, args, colls: list[Collective], specs: list[str]) -> list[s
         f"# host {platform.node()}  cpus {os.cpu_count()}  torch threads {torch.get_num_threads()}  "
         f"load avg (1/5/15 min) {load}",
         f"# collective {','.join(c.name for c in colls)}  world_size {w.size}  backend {w.backend}  "
-        f"dtype {args.dtype}  iters {args.iters}  warmup {args.warmup}  min_bytes {args.min_bytes}  seed {args.seed}",
+        f"dtype {args.dtype}  iters {_describe_iters(args)}  min_bytes {args.min_bytes}  seed {args.seed}",
         f"# codecs {', '.join(specs)}",
         "# busbw factor: " + ", ".join(f"{c.name} {c.factor_doc} = {c.busbw_factor(w.size):.3g}" for c in colls),
         "# time: mean per iteration on the slowest rank (barrier before each); sendrecv: one way (ping-pong / 2); "
@@ -709,8 +727,8 @@ def run_rank(args) -> int:
             if w.size < c.min_world:
                 raise BenchError(f"{c.name} needs at least {c.min_world} ranks, got {w.size}")
         head = _header(w, args, colls, [label if c is None else c.spec for label, c in codecs])
-        meta = {"world_size": w.size, "backend": w.backend, "dtype": args.dtype, "iters": args.iters,
-                "warmup": args.warmup, "min_bytes": args.min_bytes, "header": head,
+        meta = {"world_size": w.size, "backend": w.backend, "dtype": args.dtype, "iters": _describe_iters(args),
+                "min_bytes": args.min_bytes, "header": head,
                 "loadavg_start": os.getloadavg(), "netem": os.environ.get("CCOLL_NETEM")}
         rows: list[dict] = []
         if w.rank == 0:
@@ -732,7 +750,8 @@ def run_rank(args) -> int:
                 case.window = [b.to(w.device) for b in case.window]
                 native_time = None
                 for label, codec in codecs:
-                    m = measure(w, coll, case, codec, args.iters, args.warmup, args.min_bytes)
+                    iters, warmup = _iters_for(args, count * dtype.itemsize)
+                    m = measure(w, coll, case, codec, iters, warmup, args.min_bytes)
                     nbytes = count * dtype.itemsize
                     algbw = nbytes / (m["time_us"] * 1e-6) / 1e9 if m["time_us"] > 0 else math.inf
                     if codec is None:
@@ -741,7 +760,7 @@ def run_rank(args) -> int:
                            "codec": label, "codec_spec": NATIVE if codec is None else codec.spec,
                            "algbw_gbps": algbw,
                            "busbw_gbps": algbw * coll.busbw_factor(w.size),
-                           "busbw_factor": coll.busbw_factor(w.size),
+                           "busbw_factor": coll.busbw_factor(w.size), "iters": iters, "warmup": warmup,
                            "speedup": (native_time / m["time_us"]) if native_time else None, **m}
                     rows.append(row)
                     if w.rank == 0:
@@ -889,8 +908,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("1K"), help="smallest size (default 1K)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplication factor (default 4)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help=f"timed iterations per size (default {ITERS_SMALL}, {ITERS_LARGE} above {LARGE_BYTES >> 20} MiB)")
+    p.add_argument("-w", "--warmup", type=int, default=None,
+                   help=f"untimed iterations first (default {WARMUP_SMALL}, {WARMUP_LARGE} above {LARGE_BYTES >> 20} MiB)")
     p.add_argument("--codec", action="append", default=None,
                    help="comma list of codec specs to compare in one run; 'native' is the backend's own "
                         "uncompressed collective (default: native)")
@@ -913,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.codec = args.codec or [NATIVE]
-        if args.iters < 1 or args.warmup < 0:
+        if (args.iters is not None and args.iters < 1) or (args.warmup is not None and args.warmup < 0):
             raise BenchError("-n must be >= 1 and -w >= 0")
         _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
