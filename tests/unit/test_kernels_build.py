@@ -8,7 +8,7 @@ from ccoll import kernels
 
 def test_given_every_kernel_source_when_checking_expect_it_compiles_for_sm80_and_sm90():
     names = kernels.kernel_names()
-    assert "quant" in names and "zfp" in names  # the check must not pass vacuously
+    assert "quant" in names  # the check must not pass vacuously
     proc = subprocess.run(
         [sys.executable, "-m", "ccoll.kernels", "check"], capture_output=True, text=True, timeout=900,
         cwd=kernels.ROOT,
