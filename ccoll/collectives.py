@@ -154,15 +154,22 @@ def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 def _encode_chunks(
-    c: Codec, sender: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable
+    c: Codec, sender: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable,
+    segment: tuple = (),
 ) -> tuple[torch.Tensor, int]:
-    """Encode ``flat`` (p * chunk_numel elements) as p equal payloads in one [p * nbytes] buffer."""
+    """Encode ``flat`` as p payloads of ``chunk_numel`` elements each in one [p * nbytes] buffer; a
+    chunk that runs past ``flat``'s end (numel not divisible by p) is zero-padded on its own, so the
+    whole tensor is never copied for padding. Error-feedback keys: ``(key, "rs", i) + segment``."""
     nbytes = c.encoded_nbytes(chunk_numel, flat.dtype)
     send = torch.empty(p * nbytes, dtype=torch.uint8, device=flat.device)
     rows = send.view(p, nbytes)
     for i in range(p):
         piece = flat[i * chunk_numel:(i + 1) * chunk_numel]
-        rows[i].copy_(ef.encode((key, "rs", i), piece, c, sender=sender) if ef is not None else sender.encode(piece))
+        if piece.numel() < chunk_numel:
+            padded = torch.zeros(chunk_numel, dtype=flat.dtype, device=flat.device)
+            padded[:piece.numel()] = piece
+            piece = padded
+        rows[i].copy_(ef.encode((key, "rs", i) + segment, piece, c, sender=sender) if ef is not None else sender.encode(piece))
     return send, nbytes
 
 
@@ -222,35 +229,96 @@ def all_reduce(
     if error_feedback is not None and key is None:
         raise PolicyError("all_reduce: error_feedback needs key= naming the logical tensor")
 
+    # One loop over segments, a three-stage pipeline: while segment s is encoded, segment s-1's
+    # all-to-all and segment s-2's all-gather are on the wire; while s-1 is reduced and re-encoded,
+    # s's all-to-all is; while s-2 is decoded, s's all-to-all and s-1's all-gather are. Unsegmented,
+    # codec work and communication run strictly one after the other, so the codec's CPU/GPU time adds
+    # to the link time instead of hiding under it. Every rank derives the same segments from
+    # (numel, dtype, world size) and issues the same collectives in the same order.
     p, n, dtype = tr.world_size, t.numel(), t.dtype
-    chunk = -(-n // p)  # every rank's chunk has the same numel, so every payload has the same nbytes
-    flat = t.reshape(-1)
-    if chunk * p != n:
-        padded = torch.zeros(chunk * p, dtype=dtype, device=t.device)
-        padded[:n] = flat
-        flat = padded
+    flat = _contig(t.reshape(-1))
+    out = _output_flat(t)
     sender = _sender(c, tr)
-    send, nbytes = _encode_chunks(c, sender, _contig(flat), chunk, p, error_feedback, key)
-    recv = torch.empty_like(send)
-    tr.all_to_all(recv, send)
+    segments = _segments(n, p, t.element_size())
+    gathers: list[tuple[int, int, int, torch.Tensor, Any]] = []  # all-gathers issued, not yet decoded
+    wire = 0
+    reducing = None  # the segment whose all-to-all is in flight
+    for s, (lo, seg_numel, chunk) in enumerate(segments):
+        send, nbytes = _encode_chunks(c, sender, flat[lo:lo + seg_numel], chunk, p, error_feedback, key, _ef_segment(s))
+        recv = torch.empty_like(send)
+        wire += send.numel()
+        issued = (s, lo, seg_numel, chunk, nbytes, recv, send, tr.all_to_all(recv, send, True))
+        if reducing is not None:
+            gathers.append(_reduce_and_gather(c, sender, tr, reducing, opn, dtype, error_feedback, key))
+        reducing = issued
+        if not async_op and len(gathers) > 1:
+            _decode_gathered(c, gathers.pop(0), out)
+    gathers.append(_reduce_and_gather(c, sender, tr, reducing, opn, dtype, error_feedback, key))
+
+    def then() -> None:
+        for g in gathers:
+            _decode_gathered(c, g, out)
+        _copy_back(t, out)
+        _recorder("all_reduce", c.spec, raw, wire, t0)()
+
+    if async_op:
+        return Handle([g[-1] for g in gathers], then)
+    then()
+    return None
+
+
+#: all_reduce pipelines tensors larger than this (input bytes per segment) so that codec work overlaps
+#: communication; each segment costs a few collective launches, so segments must stay large enough for
+#: the link time to dominate that fixed cost. Tests shrink it to exercise many segments.
+SEGMENT_BYTES = 8 << 20
+
+#: per-rank chunks of full segments are multiples of this many elements, a multiple of every codec's
+#: block size, so no block straddles two chunks or needs padding inside a segment
+_CHUNK_ALIGN_NUMEL = 4096
+
+
+def _segments(n: int, p: int, element_size: int) -> list[tuple[int, int, int]]:
+    """``(first element, numel, per-rank chunk numel)`` of each segment of an ``n``-element all_reduce.
+    A tensor of at most one segment is a single segment with chunk ``ceil(n / p)``, exactly the
+    unsegmented layout; larger ones get full segments of ``p`` aligned chunks and a shorter last one."""
+    chunk = max(SEGMENT_BYTES // (element_size * p) // _CHUNK_ALIGN_NUMEL, 1) * _CHUNK_ALIGN_NUMEL
+    seg_numel = p * chunk
+    if n <= seg_numel:
+        return [(0, n, -(-n // p))]
+    full = [(lo, seg_numel, chunk) for lo in range(0, n - seg_numel + 1, seg_numel)]
+    rest = n - len(full) * seg_numel
+    return full + ([(n - rest, rest, -(-rest // p))] if rest else [])
+
+
+def _ef_segment(segment: int) -> tuple:
+    """Suffix of one segment's error-feedback keys: none for the first segment (an unsegmented
+    tensor keeps the keys ``(key, "rs", i)`` / ``(key, "ag")``), ``(segment,)`` after it. The logical
+    key stays first, so ``ErrorFeedback.reset(key)`` drops every segment's residuals."""
+    return () if segment == 0 else (segment,)
+
+
+def _reduce_and_gather(c, sender, tr, issued, opn, dtype, ef, key):
+    """Wait for one segment's all-to-all, reduce this rank's chunk (second codec round trip starts
+    here) and issue the all-gather of its encoding; returns what :func:`_decode_gathered` needs."""
+    s, lo, seg_numel, chunk, nbytes, recv, send, handle = issued
+    p = tr.world_size
+    handle.wait()
     reduced = c.decode_sum(recv.view(p, nbytes), chunk, dtype)
     if opn == "avg":
         reduced /= p
     reduced = reduced.to(dtype)
-    if error_feedback is not None:
-        mine = error_feedback.encode((key, "ag"), reduced, c, sender=sender)
+    if ef is not None:
+        mine = ef.encode((key, "ag") + _ef_segment(s), reduced, c, sender=sender)
     else:
         mine = sender.encode(reduced)
-    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=t.device)
-    inner = tr.all_gather(gathered, _contig(mine), async_op)
+    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=recv.device)
+    return (lo, seg_numel, chunk, gathered, tr.all_gather(gathered, _contig(mine), True))
 
-    def then() -> None:
-        out = _output_flat(t)
-        _decode_rows(c, gathered.view(p, nbytes), chunk, out)
-        _copy_back(t, out)
-        _recorder("all_reduce", c.spec, raw, p * nbytes, t0)()
 
-    return _finish(async_op, inner, then)
+def _decode_gathered(c, gather, out: torch.Tensor) -> None:
+    lo, seg_numel, chunk, gathered, handle = gather
+    handle.wait()
+    _decode_rows(c, gathered.view(-1, c.encoded_nbytes(chunk, out.dtype)), chunk, out[lo:lo + seg_numel])
 
 
 # --- reduce_scatter_tensor ----------------------------------------------------------------------
