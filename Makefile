@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench convergence kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped convergence kernels-host kernels-check gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,8 @@ kernels-host: venv
 kernels-check: venv
 	$(PY) -m ccoll.kernels check
 
-test: venv kernels-host kernels-check
+# kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
+test: venv kernels-host
 	$(PY) -m pytest -q -ra tests
 
 test-fast: venv kernels-host
@@ -41,9 +42,18 @@ demo: venv
 convergence: venv
 	$(PY) -m ccoll.convergence --policies configs/baseline.yaml configs/naive.yaml configs/hybrid.yaml --out results/convergence
 
+BENCH_CODECS := native,none,bf16,int8:block=256,int4:block=64,zfp:rate=8
+
+# codec rate-distortion + CPU throughput, then all_reduce on loopback (4 ranks), with a plot
 bench: venv kernels-host
 	$(PY) tools/bench_codecs.py
-	$(PY) -m ccoll.bench all_reduce -b 1K -e 64M -f 4 --np 4 --codec none,bf16,int8:block=256,int4:block=64,zfp:rate=8
+	$(PY) -m ccoll.bench all_reduce -b 1K -e 64M -f 4 --np 4 --codec $(BENCH_CODECS) --json results/bench/loopback.json
+	$(PY) -m ccoll.bench.plot results/bench/loopback.json
+
+# as root: 4 ranks in network namespaces, 1 Gbit/s per rank (the bandwidth-bound regime)
+bench-shaped: venv kernels-host
+	$(PY) -m ccoll.bench.netem --ranks 4 --rate 1gbit -- $(PY) -m ccoll.bench all_reduce -b 64M -e 64M -n 5 -w 1 --codec $(BENCH_CODECS) --json results/bench/shaped_1gbit.json
+	$(PY) -m ccoll.bench.plot results/bench/shaped_1gbit.json
 
 # On a CUDA machine: kernels vs emulated/torch bytes for every deterministic codec + throughput table.
 gpu-check:
