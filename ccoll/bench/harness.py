@@ -63,6 +63,8 @@ from typing import Any, Callable
 
 import torch
 
+from .netem import stop_process_groups
+
 NATIVE = "native"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -872,26 +874,8 @@ def _supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
         status = 130
     finally:
         signal.signal(signal.SIGTERM, old)
-        _stop_all(procs)
+        stop_process_groups(procs)
     return status
-
-
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        alive = [p for p in procs if p.poll() is None]
-        if not alive:
-            return
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + wait_s
-        for p in alive:
-            try:
-                p.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
 
 
 # --- command line ---------------------------------------------------------------------------------

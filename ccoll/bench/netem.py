@@ -257,13 +257,16 @@ def run_ranks(links: ShapedLinks, command: Sequence[str], port: int, timeout_s: 
             time.sleep(0.05)
         return status
     finally:
-        _stop(procs)
+        stop_process_groups(procs, term_wait_s=3.0)
         for t in pumps:
             t.join(timeout=2.0)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+# Each rank runs in its own process group (start_new_session=True), so signalling the group also stops
+# whatever the rank started. TERM first so ranks can clean up, KILL for those that do not exit in time.
+# Shared with the bench and convergence launchers; this module stays stdlib-only so it runs as a script.
+def stop_process_groups(procs: list[subprocess.Popen], term_wait_s: float = 5.0, kill_wait_s: float = 5.0) -> None:
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import CcollError
+from ..bench.netem import stop_process_groups
 
 
 #: ops whose bytes the sender already counted
@@ -47,22 +47,6 @@ def _tail(path: str, nlines: int = 30) -> str:
             return "".join(f.readlines()[-nlines:])
     except OSError:
         return "(no log)"
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 def _launch(spec_path: str, run_dir: str, world: int, netem_rate: str | None) -> list[subprocess.Popen]:
@@ -118,7 +102,7 @@ def run_policy(name: str, spec: dict, run_dir: str, on_step=None, timeout_s: flo
             time.sleep(0.3)
         _poll_progress(progress_path, seen, on_step)
     finally:
-        _stop(procs)
+        stop_process_groups(procs, term_wait_s=10.0)
     return _merge(name, run_dir, world, time.monotonic() - t0)
 
 

@@ -11,7 +11,6 @@ import csv
 import json
 import math
 import os
-import sys
 
 import pytest
 

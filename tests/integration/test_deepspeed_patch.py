@@ -11,7 +11,6 @@ and (pipeline) hybrid with the ZeRO-1 parameter all-gather compressed too (repli
 from __future__ import annotations
 
 import math
-import os
 import pathlib
 import sys
 
