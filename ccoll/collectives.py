@@ -8,6 +8,13 @@ all_reduce = compressed reduce-scatter by all-to-all (each rank decodes the p pa
 sums them in fp32) + compressed all-gather of the reduced chunk. Exactly two codec round trips whatever
 the world size; compressing at every hop of a ring would compound the error p-1 times.
 
+Pipelining: all_reduce, reduce_scatter_tensor and all_gather_into_tensor split tensors above
+:data:`SEGMENT_BYTES` into segments and issue each segment's exchange asynchronously, so encoding the
+next segment and decoding the previous one run while the current one is on the wire (without it the
+codec's time adds to the link time). Segments are derived from (numel, dtype, world size) only, so
+every rank issues the same collectives in the same order; a tensor of one segment keeps exactly the
+unsegmented layout (chunk ``ceil(numel / p)``).
+
 Invariants:
 - every lossy collective leaves bit-identical results on every rank that should agree: the all-gather
   decodes the caller's own slot from its own payload, all_reduce decodes its own reduced chunk, and the
@@ -149,8 +156,11 @@ def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: tuple[fl
 
 
 def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if src is not dst:
-        dst.copy_(src.view(dst.shape) if src.is_contiguous() else src.reshape(dst.shape))
+    """Copy ``src`` (a contiguous buffer of ``dst``'s numel) into ``dst``, unless it is ``dst``'s own
+    memory (a view of a contiguous ``dst``), where the copy would move bytes onto themselves."""
+    if src is dst or (dst.is_contiguous() and src.data_ptr() == dst.data_ptr() and src.numel() == dst.numel()):
+        return
+    dst.copy_(src.view(dst.shape) if src.is_contiguous() else src.reshape(dst.shape))
 
 
 def _encode_chunks(
@@ -297,6 +307,28 @@ def _ef_segment(segment: int) -> tuple:
     return () if segment == 0 else (segment,)
 
 
+def _spans(m: int, p: int, element_size: int) -> list[tuple[int, int]]:
+    """``(start, numel)`` spans of a per-rank chunk of ``m`` elements for reduce_scatter / all_gather:
+    the per-rank chunks of :func:`_segments`, so each span's collective moves what one all_reduce
+    segment's does; ``m`` up to one span is one span (the unsegmented layout)."""
+    span = max(SEGMENT_BYTES // (element_size * p) // _CHUNK_ALIGN_NUMEL, 1) * _CHUNK_ALIGN_NUMEL
+    return [(a, min(span, m - a)) for a in range(0, m, span)]
+
+
+def _encode_rows(
+    c: Codec, sender: Codec, rows: torch.Tensor, ef: ErrorFeedback | None, key: Hashable, segment: tuple
+) -> tuple[torch.Tensor, int]:
+    """Encode row i of ``rows`` ([p, numel], rows contiguous) as payload i of one [p * nbytes] buffer.
+    Error-feedback keys: ``(key, "rs", i) + segment``."""
+    p, numel = rows.shape
+    nbytes = c.encoded_nbytes(numel, rows.dtype)
+    send = torch.empty(p * nbytes, dtype=torch.uint8, device=rows.device)
+    out = send.view(p, nbytes)
+    for i in range(p):
+        out[i].copy_(ef.encode((key, "rs", i) + segment, rows[i], c, sender=sender) if ef is not None else sender.encode(rows[i]))
+    return send, nbytes
+
+
 def _reduce_and_gather(c, sender, tr, issued, opn, dtype, ef, key):
     """Wait for one segment's all-to-all, reduce this rank's chunk (second codec round trip starts
     here) and issue the all-gather of its encoding; returns what :func:`_decode_gathered` needs."""
@@ -366,19 +398,41 @@ def reduce_scatter_tensor(
     if error_feedback is not None and key is None:
         raise PolicyError("reduce_scatter_tensor: error_feedback needs key= naming the logical tensor")
 
+    # Pipelined over spans of the per-rank chunk (see all_reduce): span s's decode-and-sum overlaps
+    # span s+1's all-to-all; every all-to-all is issued at call time.
     m, dtype = out.numel(), out.dtype
-    send, nbytes = _encode_chunks(c, _sender(c, tr), _contig(inp.reshape(-1)), m, p, error_feedback, key)
-    recv = torch.empty_like(send)
-    inner = tr.all_to_all(recv, send, async_op)
+    rows = _contig(inp.reshape(-1)).view(p, m)
+    obuf = _output_flat(out)
+    sender = _sender(c, tr)
+    exchanges = []  # (span start, span numel, recv, nbytes, handle), issued, not yet reduced
+    wire = 0
+    for s, (a, span) in enumerate(_spans(m, p, inp.element_size())):
+        send, nbytes = _encode_rows(c, sender, rows[:, a:a + span], error_feedback, key, _ef_segment(s))
+        recv = torch.empty_like(send)
+        wire += send.numel()
+        exchanges.append((a, span, recv, nbytes, tr.all_to_all(recv, send, True)))
+        if not async_op and len(exchanges) > 1:
+            _reduce_span(c, exchanges.pop(0), p, opn, obuf)
 
     def then() -> None:
-        reduced = c.decode_sum(recv.view(p, nbytes), m, dtype)
-        if opn == "avg":
-            reduced /= p
-        out.copy_(reduced.view(out.shape))
-        _recorder("reduce_scatter", c.spec, raw, p * nbytes, t0)()
+        for x in exchanges:
+            _reduce_span(c, x, p, opn, obuf)
+        _copy_back(out, obuf)
+        _recorder("reduce_scatter", c.spec, raw, wire, t0)()
 
-    return _finish(async_op, inner, then)
+    if async_op:
+        return Handle([x[-1] for x in exchanges], then)
+    then()
+    return None
+
+
+def _reduce_span(c: Codec, exchange, p: int, opn: str, obuf: torch.Tensor) -> None:
+    a, span, recv, nbytes, handle = exchange
+    handle.wait()
+    reduced = c.decode_sum(recv.view(p, nbytes), span, obuf.dtype)
+    if opn == "avg":
+        reduced /= p
+    obuf[a:a + span].copy_(reduced)
 
 
 # --- all_gather_into_tensor ---------------------------------------------------------------------
@@ -419,19 +473,41 @@ def all_gather_into_tensor(
 
         return _finish(async_op, inner, then_native)
 
+    # Pipelined over spans of the input (see all_reduce): span s's decode overlaps span s+1's
+    # all-gather; every all-gather is issued at call time.
     m = inp.numel()
-    payload = _contig(_sender(c, tr).encode(inp))
-    nbytes = payload.numel()
-    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=inp.device)
-    inner = tr.all_gather(gathered, payload, async_op)
+    flat = _contig(inp.reshape(-1))
+    obuf = _output_flat(out).view(p, m)
+    sender = _sender(c, tr)
+    gathers = []  # (span start, span numel, gathered, handle), issued, not yet decoded
+    wire = 0
+    for a, span in _spans(m, p, inp.element_size()):
+        payload = _contig(sender.encode(flat[a:a + span]))
+        gathered = torch.empty(p * payload.numel(), dtype=torch.uint8, device=inp.device)
+        wire += payload.numel()
+        gathers.append((a, span, gathered, tr.all_gather(gathered, payload, True)))
+        if not async_op and len(gathers) > 1:
+            _decode_span(c, gathers.pop(0), obuf)
 
     def then() -> None:
-        flat = _output_flat(out)
-        _decode_rows(c, gathered.view(p, nbytes), m, flat)
-        _copy_back(out, flat)
-        _recorder("all_gather", c.spec, raw, nbytes, t0)()
+        for g in gathers:
+            _decode_span(c, g, obuf)
+        _copy_back(out, obuf)
+        _recorder("all_gather", c.spec, raw, wire, t0)()
 
-    return _finish(async_op, inner, then)
+    if async_op:
+        return Handle([g[-1] for g in gathers], then)
+    then()
+    return None
+
+
+def _decode_span(c: Codec, gather, obuf: torch.Tensor) -> None:
+    """Decode row i of one span's all-gather into ``obuf[i, span]`` (``obuf``: [p, m])."""
+    a, span, gathered, handle = gather
+    handle.wait()
+    rows = gathered.view(obuf.shape[0], -1)
+    for i in range(obuf.shape[0]):
+        c.decode(rows[i], span, obuf.dtype, out=obuf[i, a:a + span])
 
 
 # --- broadcast ----------------------------------------------------------------------------------

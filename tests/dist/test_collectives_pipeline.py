@@ -1,13 +1,16 @@
 """all_reduce's segment pipeline on real gloo ranks: a tensor of many segments (SEGMENT_BYTES shrunk
 inside the ranks) must give the same guarantees as an unsegmented one: identical bytes on every rank,
-within the two-round-trip error bound, async equal to sync, error feedback per segment, stats."""
+within the two-round-trip error bound, async equal to sync, error feedback per segment, stats; the same
+for reduce_scatter / all_gather pipelined over spans of the per-rank chunk."""
 from __future__ import annotations
 
 import torch
 
 import ccoll
 import ccoll.collectives as collectives
-from collective_checks import GlooEnv, data, deterministic, expect_close, expect_equal, expect_same_across_ranks, fail, sum_bound
+from collective_checks import (
+    GlooEnv, data, deterministic, expect_close, expect_equal, expect_same_across_ranks, fail, roundtrip_bound, sum_bound,
+)
 from launch import run_gloo
 
 SPECS = ["none", "bf16", "int8:block=256", "int4:block=64", "int8:block=256,round=stochastic"]
@@ -52,6 +55,7 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
         expect_close(env, f"segmented async avg view {spec}", view, ref / p, sum_bound(c, inputs, ref, avg=True))
         expect_same_across_ranks(env, f"segmented async avg view {spec}", view)
         expect_equal(env, f"segmented async avg view {spec}: other column untouched", base[:, 1], inputs[env.rank])
+        _reduce_scatter_and_all_gather(env, spec)
     # error feedback: one residual per segment and chunk, all under the logical key
     spec = "int4:block=64"
     ef = ccoll.ErrorFeedback()
@@ -76,6 +80,45 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
     if len(ef):
         fail(env, "segmented error feedback reset", f"left {ef.keys()}")
     return {"err_ef": err_ef, "err_plain": err_plain}
+
+
+def _reduce_scatter_and_all_gather(env: GlooEnv, spec: str) -> None:
+    """reduce_scatter / all_gather pipelined over 4 spans of the per-rank chunk (the last one short)."""
+    c, p, r, G = ccoll.get_codec(spec), env.world, env.rank, env.group
+    m = 3 * collectives._CHUNK_ALIGN_NUMEL + 1237
+    if len(collectives._spans(m, p, 4)) != 4:
+        fail(env, "spans", f"{collectives._spans(m, p, 4)}")
+    inputs = [data(92, k, p * m) for k in range(p)]
+    mine = [x[r * m:(r + 1) * m] for x in inputs]
+    ref = sum(x.double() for x in mine)
+    bound = sum(roundtrip_bound(c, x) for x in mine) + sum(float(x.abs().max()) for x in mine) * p * 2.0**-23
+    out = torch.empty(m)
+    ccoll.reset_stats()
+    ccoll.reduce_scatter_tensor(out, inputs[r], "sum", G, spec, min_bytes=0)
+    expect_close(env, f"segmented reduce_scatter {spec}", out, ref, bound * 1.01 + 1e-30)
+    wire = sum(p * c.encoded_nbytes(span, torch.float32) for _, span in collectives._spans(m, p, 4))
+    row = [x for x in ccoll.stats() if x["op"] == "reduce_scatter"]
+    if len(row) != 1 or row[0]["raw_bytes"] != 4 * p * m or row[0]["wire_bytes"] != wire:
+        fail(env, f"segmented reduce_scatter {spec} stats", f"{row} (expected wire {wire})")
+    out_base = torch.full((m, 2), 7.0)
+    ccoll.reduce_scatter_tensor(out_base[:, 0], inputs[r], "avg", G, spec, async_op=True, min_bytes=0).wait()
+    expect_close(env, f"segmented async reduce_scatter avg {spec}", out_base[:, 0], ref / p, bound / p * 1.01 + 1e-30)
+    if deterministic(c):
+        expect_equal(env, f"segmented async reduce_scatter avg {spec}: sync/p", out_base[:, 0], out / p)
+    expect_equal(env, f"segmented reduce_scatter {spec}: untouched", out_base[:, 1], torch.full((m,), 7.0))
+    # all_gather: identical on every rank, every slot within one round trip, async equals sync
+    gathered = torch.empty(p, m)
+    ccoll.all_gather_into_tensor(gathered, mine[r], G, spec, min_bytes=0)
+    expect_same_across_ranks(env, f"segmented all_gather {spec}", gathered)
+    for k in range(p):
+        slot_k = inputs[k][k * m:(k + 1) * m]
+        expect_close(env, f"segmented all_gather {spec} slot {k}", gathered[k], slot_k, roundtrip_bound(c, slot_k))
+    src = torch.stack([mine[r], mine[r]], 1)
+    again = torch.empty(p * m)
+    ccoll.all_gather_into_tensor(again, src[:, 1], G, spec, async_op=True, min_bytes=0).wait()
+    expect_same_across_ranks(env, f"segmented async all_gather {spec}", again)
+    if deterministic(c):
+        expect_equal(env, f"segmented async all_gather {spec}", again, gathered.reshape(-1))
 
 
 def test_gloo_given_multi_segment_all_reduce_when_numel_not_divisible_expect_identical_within_bound_and_ef_per_segment():
