@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 kernels-host: venv
-	$(PY) -m ccoll.kernels build
+	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['build']))"
 
 kernels-check: venv
-	$(PY) -m ccoll.kernels check
+	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['check']))"
 
 # kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
 test: venv kernels-host
