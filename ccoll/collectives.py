@@ -136,10 +136,11 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _finish(async_op: bool, inner: Handle | None, then: Callable[[], Any]) -> Handle | None:
-    """Sync: wait for ``inner`` and run ``then`` now. Async: a handle that does both in ``wait()``."""
+def _finish(async_op: bool, inner: Handle | None, then: Callable[[], Any], outputs: list) -> Handle | None:
+    """Sync: wait for ``inner`` and run ``then`` now. Async: a handle that does both in ``wait()``
+    and whose future's value is ``outputs`` (torch's convention: the result tensors)."""
     if async_op:
-        return Handle([inner] if inner is not None else [], then)
+        return Handle([inner] if inner is not None else [], then, outputs)
     if inner is not None:
         inner.wait()
     then()
@@ -179,7 +180,7 @@ def _encode_chunks(
             padded = torch.zeros(chunk_numel, dtype=flat.dtype, device=flat.device)
             padded[:piece.numel()] = piece
             piece = padded
-        rows[i].copy_(ef.encode((key, "rs", i) + segment, piece, c, sender=sender) if ef is not None else sender.encode(piece))
+        rows[i].copy_(ef.encode((key, "rs", i) + segment, piece, c) if ef is not None else sender.encode(piece))
     return send, nbytes
 
 
@@ -235,7 +236,7 @@ def all_reduce(
             _copy_back(t, buf)
             _recorder("all_reduce", "native", raw, raw, t0)()
 
-        return _finish(async_op, inner, then_native)
+        return _finish(async_op, inner, then_native, [tensor])
     if error_feedback is not None and key is None:
         raise PolicyError("all_reduce: error_feedback needs key= naming the logical tensor")
 
@@ -272,7 +273,7 @@ def all_reduce(
         _recorder("all_reduce", c.spec, raw, wire, t0)()
 
     if async_op:
-        return Handle([g[-1] for g in gathers], then)
+        return Handle([g[-1] for g in gathers], then, [tensor])
     then()
     return None
 
@@ -325,7 +326,7 @@ def _encode_rows(
     send = torch.empty(p * nbytes, dtype=torch.uint8, device=rows.device)
     out = send.view(p, nbytes)
     for i in range(p):
-        out[i].copy_(ef.encode((key, "rs", i) + segment, rows[i], c, sender=sender) if ef is not None else sender.encode(rows[i]))
+        out[i].copy_(ef.encode((key, "rs", i) + segment, rows[i], c) if ef is not None else sender.encode(rows[i]))
     return send, nbytes
 
 
@@ -340,7 +341,7 @@ def _reduce_and_gather(c, sender, tr, issued, opn, dtype, ef, key):
         reduced /= p
     reduced = reduced.to(dtype)
     if ef is not None:
-        mine = ef.encode((key, "ag") + _ef_segment(s), reduced, c, sender=sender)
+        mine = ef.encode((key, "ag") + _ef_segment(s), reduced, c)
     else:
         mine = sender.encode(reduced)
     gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=recv.device)
@@ -394,7 +395,7 @@ def reduce_scatter_tensor(
             _copy_back(out, obuf)
             _recorder("reduce_scatter", "native", raw, raw, t0)()
 
-        return _finish(async_op, inner, then_native)
+        return _finish(async_op, inner, then_native, [output])
     if error_feedback is not None and key is None:
         raise PolicyError("reduce_scatter_tensor: error_feedback needs key= naming the logical tensor")
 
@@ -421,7 +422,7 @@ def reduce_scatter_tensor(
         _recorder("reduce_scatter", c.spec, raw, wire, t0)()
 
     if async_op:
-        return Handle([x[-1] for x in exchanges], then)
+        return Handle([x[-1] for x in exchanges], then, [output])
     then()
     return None
 
@@ -471,7 +472,7 @@ def all_gather_into_tensor(
             _copy_back(out, obuf)
             _recorder("all_gather", "native", raw, raw, t0)()
 
-        return _finish(async_op, inner, then_native)
+        return _finish(async_op, inner, then_native, [output])
 
     # Pipelined over spans of the input (see all_reduce): span s's decode overlaps span s+1's
     # all-gather; every all-gather is issued at call time.
@@ -496,7 +497,7 @@ def all_gather_into_tensor(
         _recorder("all_gather", c.spec, raw, wire, t0)()
 
     if async_op:
-        return Handle([g[-1] for g in gathers], then)
+        return Handle([g[-1] for g in gathers], then, [output])
     then()
     return None
 
@@ -540,7 +541,7 @@ def broadcast(
             _copy_back(t, buf)
             _recorder("broadcast", "native", raw, raw, t0)()
 
-        return _finish(async_op, inner, then_native)
+        return _finish(async_op, inner, then_native, [tensor])
 
     nbytes = c.encoded_nbytes(t.numel(), t.dtype)
     if tr.rank == root:
@@ -553,7 +554,7 @@ def broadcast(
         c.decode(payload, t.numel(), t.dtype, out=t)
         _recorder("broadcast", c.spec, raw, nbytes, t0)()
 
-    return _finish(async_op, inner, then)
+    return _finish(async_op, inner, then, [tensor])
 
 
 # --- all_to_all_single --------------------------------------------------------------------------
@@ -597,7 +598,7 @@ def all_to_all_single(
             _copy_back(out, obuf)
             _recorder("all_to_all", "native", raw, raw, t0)()
 
-        return _finish(async_op, inner, then_native)
+        return _finish(async_op, inner, then_native, [output])
 
     m = inp.numel() // p
     send, nbytes = _encode_chunks(c, _sender(c, tr), _contig(inp.reshape(-1)), m, p, None, None)
@@ -610,7 +611,7 @@ def all_to_all_single(
         _copy_back(out, flat)
         _recorder("all_to_all", c.spec, raw, p * nbytes, t0)()
 
-    return _finish(async_op, inner, then)
+    return _finish(async_op, inner, then, [output])
 
 
 def _equal_splits(splits: list[int] | None, t: torch.Tensor, p: int) -> bool:
@@ -636,9 +637,9 @@ def isend(
     c = _plan(codec, t, min_bytes, tr)
     if c is None:
         buf = _contig(t)
-        return Handle([tr.native_isend(buf, peer, tag)], lambda: (buf, _recorder("send", "native", raw, raw, t0)())[1])
+        return Handle([tr.native_isend(buf, peer, tag)], lambda: (buf, _recorder("send", "native", raw, raw, t0)())[1], [tensor])
     payload = _contig(_sender(c, tr).encode(t))
-    return Handle([tr.isend(payload, peer, tag)], lambda: (payload, _recorder("send", c.spec, raw, payload.numel(), t0)())[1])
+    return Handle([tr.isend(payload, peer, tag)], lambda: (payload, _recorder("send", c.spec, raw, payload.numel(), t0)())[1], [tensor])
 
 
 def irecv(
@@ -663,7 +664,7 @@ def irecv(
             _copy_back(t, buf)
             _recorder("recv", "native", raw, raw, t0)()
 
-        return Handle([tr.native_irecv(buf, peer, tag)], then_native)
+        return Handle([tr.native_irecv(buf, peer, tag)], then_native, [tensor])
     nbytes = c.encoded_nbytes(t.numel(), t.dtype)
     payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
 
@@ -671,7 +672,7 @@ def irecv(
         c.decode(payload, t.numel(), t.dtype, out=t)
         _recorder("recv", c.spec, raw, nbytes, t0)()
 
-    return Handle([tr.irecv(payload, peer, tag)], then)
+    return Handle([tr.irecv(payload, peer, tag)], then, [tensor])
 
 
 def send(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None) -> None:

@@ -23,38 +23,49 @@ from .codecs import Codec
 
 
 class ErrorFeedback:
-    """Per-key residuals (fp32, on the tensor's device) for repeated lossy encodes of the same tensors."""
+    """Per-key residual buffers for repeated lossy encodes of the same logical tensors.
+
+    Collectives ask for a key's buffer (:meth:`buffer`) and hand it to ``Codec.encode_rows(...,
+    feedback=buf)``, which compensates, encodes and stores the new residual in one pass. State is
+    checkpointable (:meth:`state_dict` / :meth:`load_state_dict`): a resumed run continues with the
+    residuals an uninterrupted run would have had, so it stays bit-identical.
+    """
 
     def __init__(self) -> None:
         # key -> (signature the residual was made for, residual)
         self._residuals: dict[Hashable, tuple[tuple, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
-    def encode(self, key: Hashable, x: torch.Tensor, codec: Codec, *, sender: Codec | None = None) -> torch.Tensor:
-        """``payload = codec.encode(x + residual[key])``; ``residual[key] = (x + residual) - decode(payload)``.
+    @staticmethod
+    def _signature(numel: int, dtype: torch.dtype, device: torch.device, codec: Codec) -> tuple:
+        return (int(numel), str(dtype), str(torch.device(device)), codec.spec)
 
-        The payload has the size and dtype layout of a plain ``codec.encode(x)``, so receivers need
-        not know whether the sender compensates. ``sender``: the instance that actually encodes when it
-        differs from ``codec`` only in ways decoding ignores (the collectives pass ``codec`` with a
-        per-call stochastic-rounding seed); the residual stays keyed to ``codec``."""
-        signature = (x.numel(), x.dtype, x.device, codec.spec)
-        enc = codec if sender is None else sender
+    def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
+        """The residual buffer of ``key`` for ``numel`` inputs of ``dtype`` encoded by ``codec``
+        (``codec.feedback_dtype(dtype)``, contiguous, on ``device``): the stored one, or zeros when
+        there is none or it was made for another layout (numel, dtype, device or codec)."""
+        signature = self._signature(numel, dtype, device, codec)
         with self._lock:
             entry = self._residuals.get(key)
-        compensated = x.reshape(-1).to(torch.float32, copy=True)
-        if entry is not None and entry[0] == signature:
-            compensated += entry[1]
-        sent = compensated if x.dtype == torch.float32 else compensated.to(x.dtype)
-        payload = enc.encode(sent)
-        # not in place: for exact codecs the payload may alias ``compensated``
-        residual = compensated - codec.decode(payload, x.numel(), x.dtype).to(torch.float32)
-        residual = torch.where(torch.isfinite(residual), residual, torch.zeros((), device=residual.device))
-        with self._lock:
-            self._residuals[key] = (signature, residual)
-        return payload
+            if entry is not None and entry[0] == signature:
+                return entry[1]
+            buf = torch.zeros(int(numel), dtype=codec.feedback_dtype(dtype), device=device)
+            self._residuals[key] = (signature, buf)
+            return buf
+
+    def encode(self, key: Hashable, x: torch.Tensor, codec: Codec, *, salt: int = 0) -> torch.Tensor:
+        """``payload = codec.encode(x + residual[key])``; ``residual[key] = (x + residual) - decode(payload)``.
+        The payload has the layout of a plain ``codec.encode(x)``, so receivers need not know whether
+        the sender compensates."""
+        flat = x.reshape(-1)
+        flat = flat if flat.is_contiguous() else flat.contiguous()
+        out = torch.empty(1, codec.encoded_nbytes(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
+        fb = self.buffer(key, flat.numel(), flat.dtype, flat.device, codec)
+        codec.encode_rows(flat, out, flat.numel(), feedback=fb, salt=salt)
+        return out.view(-1)
 
     def residual(self, key: Hashable) -> torch.Tensor | None:
-        """The current residual for ``key`` (fp32, 1-D), or None."""
+        """The current residual for ``key`` (1-D), or None."""
         with self._lock:
             entry = self._residuals.get(key)
         return None if entry is None else entry[1]
@@ -69,6 +80,20 @@ class ErrorFeedback:
             for k in [k for k in self._residuals if k == key or (isinstance(k, tuple) and k and k[0] == key)]:
                 del self._residuals[k]
 
+    def state_dict(self) -> dict:
+        """``{"residuals": [(key, signature, tensor on CPU), ...]}``: plain data torch.save can write
+        (keys are whatever the caller used: strings, ints, tuples of them)."""
+        with self._lock:
+            return {"residuals": [(k, sig, t.detach().cpu().clone()) for k, (sig, t) in self._residuals.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace every residual by ``state``'s (made by :meth:`state_dict`), on their recorded devices."""
+        residuals = {}
+        for k, sig, t in state["residuals"]:
+            residuals[_tuplify(k)] = (tuple(sig), t.to(torch.device(sig[2])).contiguous())
+        with self._lock:
+            self._residuals = residuals
+
     def keys(self) -> list:
         with self._lock:
             return list(self._residuals)
@@ -79,3 +104,8 @@ class ErrorFeedback:
 
     def __repr__(self) -> str:
         return f"<ErrorFeedback {len(self)} residuals>"
+
+
+def _tuplify(k: Any) -> Any:
+    """Keys come back from serialisers (JSON, some checkpoint formats) with tuples turned into lists."""
+    return tuple(_tuplify(x) for x in k) if isinstance(k, list) else k

@@ -113,6 +113,38 @@ def cupy_module(name: str):
         return mod
 
 
+_functions: dict[tuple[str, str, int], object] = {}
+_streams: dict[tuple[int, int], object] = {}
+
+
+def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device) -> None:
+    """Launch ``kernel`` of kernels/<module>.cu with ``grid`` x ``block`` threads on torch's current
+    stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
+    ``np.uint64`` device addresses of torch-owned memory). The one place that knows how kernels are
+    loaded and launched: codecs call only this. Functions and stream wrappers are cached."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fkey = (module, kernel, index)
+    fn = _functions.get(fkey)
+    if fn is None:
+        import cupy
+
+        with cupy.cuda.Device(index):
+            fn = cupy_module(module).get_function(kernel)
+        _functions[fkey] = fn
+    ptr = torch.cuda.current_stream(index).cuda_stream
+    stream = _streams.get((index, ptr))
+    if stream is None:
+        import cupy
+
+        stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
+    import cupy
+
+    with cupy.cuda.Device(index):
+        fn((int(grid),), (int(block),), args, stream=stream)
+
+
 def main(argv: list[str]) -> int:
     """`python -m ccoll.kernels build|check [names...]` (used by make kernels-host / kernels-check)."""
     if not argv or argv[0] not in ("build", "check"):

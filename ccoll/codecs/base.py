@@ -192,22 +192,155 @@ class Codec:
         out.copy_(result.view(out.shape) if out.is_contiguous() else result.reshape(out.shape))
         return out
 
-    def decode_sum(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Sum in fp32 of the decodes of ``payloads`` (shape [p, encoded_nbytes]), rows added in order
-        0..p-1. This is the reduce step of all_reduce; backends with a fused kernel override
-        ``_decode_sum_<backend>``."""
+    def decode_sum(
+        self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Sum in fp32 of the decodes of ``payloads`` (shape [p, encoded_nbytes]), each row's decode
+        rounded to ``dtype`` first (as ``decode`` returns it), rows added in order 0..p-1. This is the
+        reduce step of all_reduce / reduce_scatter; backends fuse it (``_decode_sum_<backend>(payloads,
+        numel, dtype, out)``, one launch). ``out``: a contiguous fp32 tensor of ``numel`` elements to
+        write into (allocated when None). Returns it."""
         if payloads.dim() != 2:
             raise CodecError(f"decode_sum expects a [p, nbytes] payload tensor, got shape {tuple(payloads.shape)}")
         for row in payloads[:1]:
             self._check_payload(row, numel, dtype)
+        if out is None:
+            out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
+        elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:
+            raise CodecError(f"decode_sum out= must be a contiguous fp32 tensor of {numel} elements on {payloads.device}")
         backend = self.resolve_backend(payloads.device)
         fused = getattr(self, f"_decode_sum_{backend}", None)
         if fused is not None:
-            return fused(payloads.contiguous(), numel, dtype)
-        acc = torch.zeros(numel, dtype=torch.float32, device=payloads.device)
+            fused(payloads.contiguous(), numel, dtype, out.view(-1))
+            return out
+        out.zero_()
         for row in payloads:
-            acc += self.decode(row, numel, dtype).to(torch.float32)
-        return acc
+            out += self.decode(row, numel, dtype).to(torch.float32)
+        return out
+
+    # --- batched API: the only codec calls the collectives make -----------------------------------
+    # Why batched: a collective on p ranks encodes p chunks and decodes p payloads per phase. Done one
+    # chunk at a time that is O(p) kernel launches (or torch ops) per phase, host-bound at p = 256.
+    # Each method below is ONE kernel launch (cupy, emulated) / one vectorised pass (torch) whatever
+    # the number of rows, and writes straight into the caller's buffer. Backends specialise them as
+    # ``_encode_rows_<backend>`` / ``_decode_rows_<backend>`` / ``_decode_sum_<backend>``; the generic
+    # versions here are the reference semantics (a loop over rows) the specialisations must match
+    # byte for byte.
+
+    @property
+    def align_numel(self) -> int:
+        """Row lengths that are multiples of this never put padding inside a row (quant: ``block``;
+        zfp: 4^dims; casts: 1). Collectives size per-rank chunks with it and never read codec
+        parameters themselves."""
+        return 1
+
+    def feedback_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """dtype of error-feedback residuals for inputs of ``dtype`` (fp32; fp64 for fp64 input)."""
+        return torch.float64 if dtype == torch.float64 else torch.float32
+
+    def encode_rows(
+        self, src: torch.Tensor, out: torch.Tensor, row_numel: int, *,
+        feedback: torch.Tensor | None = None, salt: int = 0,
+    ) -> torch.Tensor:
+        """Encode row i = ``src[i*row_numel : (i+1)*row_numel]`` (1-D contiguous ``src``; elements past
+        its end are zeros, so trailing rows may be partly or wholly padding) into ``out[i]``, where
+        ``out`` is a [rows, encoded_nbytes(row_numel, src.dtype)] uint8 tensor on ``src.device``.
+        Returns ``out``.
+
+        ``feedback``: error feedback, a contiguous ``feedback_dtype(src.dtype)`` tensor of
+        ``rows * row_numel`` residuals updated in place: for each valid element,
+        ``c = src + feedback`` (in the feedback dtype) is rounded to ``src.dtype`` and encoded, and
+        ``feedback = c - decode(payload)`` (the decode the receivers see, rounded to ``src.dtype``);
+        non-finite residuals become 0 (an overflowing step must not poison later ones) and residuals
+        of padding stay 0.
+
+        ``salt``: a per-call value the caller derives from (step, call key, rank); stochastic codecs
+        mix it into their seed (the stochastic index of element j of row i is i*row_numel + j) so
+        errors decorrelate across calls and ranks; deterministic codecs ignore it. It never travels:
+        decoding does not need it."""
+        rows = self._check_rows(out, src.numel(), row_numel, src.dtype, "encode_rows")
+        if not src.is_contiguous() or src.dim() != 1:
+            raise CodecError("encode_rows: src must be a contiguous 1-D tensor")
+        if feedback is not None and (
+            feedback.numel() != rows * row_numel or feedback.dtype != self.feedback_dtype(src.dtype)
+            or not feedback.is_contiguous() or feedback.device != src.device
+        ):
+            raise CodecError(
+                f"encode_rows: feedback must be a contiguous {self.feedback_dtype(src.dtype)} tensor of "
+                f"{rows * row_numel} elements on {src.device}, got {feedback.numel()} x {feedback.dtype}"
+            )
+        backend = self.resolve_backend(src.device)
+        fn = getattr(self, f"_encode_rows_{backend}", None)
+        if fn is not None:
+            fn(src, out, row_numel, feedback, salt)
+        else:
+            self._encode_rows_generic(src, out, row_numel, feedback, salt)
+        return out
+
+    def decode_rows(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> torch.Tensor:
+        """Decode row i of ``payloads`` ([rows, encoded_nbytes(row_numel, out.dtype)]) into
+        ``out[i*row_numel : (i+1)*row_numel]``, clipped at the end of ``out`` (a contiguous 1-D tensor
+        of at most rows * row_numel elements; rows wholly past its end are not decoded). Returns ``out``."""
+        self._check_rows(payloads, out.numel(), row_numel, out.dtype, "decode_rows")
+        if not out.is_contiguous() or out.dim() != 1:
+            raise CodecError("decode_rows: out must be a contiguous 1-D tensor")
+        backend = self.resolve_backend(out.device)
+        fn = getattr(self, f"_decode_rows_{backend}", None)
+        if fn is not None:
+            fn(payloads, out, row_numel)
+        else:
+            self._decode_rows_generic(payloads, out, row_numel)
+        return out
+
+    def _check_rows(self, rows2d: torch.Tensor, numel: int, row_numel: int, dtype: torch.dtype, what: str) -> int:
+        if not isinstance(rows2d, torch.Tensor) or rows2d.dtype != torch.uint8 or rows2d.dim() != 2:
+            raise CodecError(f"{what}: payloads must be a [rows, nbytes] uint8 tensor")
+        self.check_dtype(dtype)
+        rows = rows2d.shape[0]
+        if row_numel <= 0 or numel <= 0 or numel > rows * row_numel:
+            raise CodecError(f"{what}: {numel} elements do not fit {rows} rows of {row_numel}")
+        nbytes = self.encoded_nbytes(row_numel, dtype)
+        if rows2d.shape[1] != nbytes or rows2d.stride(1) != 1 or rows2d.stride(0) != nbytes:
+            raise CodecError(
+                f"codec {self.spec!r} {what}: rows must be contiguous [{rows}, {nbytes}] for "
+                f"{row_numel} x {dtype}, got shape {tuple(rows2d.shape)} strides {rows2d.stride()}"
+            )
+        return rows
+
+    def _salted(self, salt: int) -> "Codec":
+        """The codec that encodes one call with ``salt`` (stochastic codecs override)."""
+        return self
+
+    def _encode_rows_generic(self, src, out, row_numel, feedback, salt) -> None:
+        enc = self._salted(salt)
+        n = src.numel()
+        for i in range(out.shape[0]):
+            lo, hi = i * row_numel, min((i + 1) * row_numel, n)
+            x = torch.zeros(row_numel, dtype=src.dtype, device=src.device)
+            if hi > lo:
+                x[: hi - lo] = src[lo:hi]
+            if feedback is None:
+                out[i].copy_(enc._impl("encode", enc.resolve_backend(src.device))(x))
+                continue
+            r = feedback[i * row_numel:(i + 1) * row_numel]
+            comp = x.to(r.dtype) + r
+            sent = comp.to(src.dtype)
+            payload = enc._impl("encode", enc.resolve_backend(src.device))(sent)
+            out[i].copy_(payload)
+            res = comp - self.decode(out[i], row_numel, src.dtype).to(r.dtype)
+            res = torch.where(torch.isfinite(res), res, torch.zeros((), dtype=r.dtype, device=r.device))
+            if hi - lo < row_numel:
+                res[max(hi - lo, 0):] = 0
+            r.copy_(res)
+
+    def _decode_rows_generic(self, payloads, out, row_numel) -> None:
+        n = out.numel()
+        for i in range(payloads.shape[0]):
+            lo, hi = i * row_numel, min((i + 1) * row_numel, n)
+            if hi <= lo:
+                break
+            y = self._impl("decode", self.resolve_backend(out.device))(payloads[i], row_numel, out.dtype)
+            out[lo:hi].copy_(y[: hi - lo])
 
     def _check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:

@@ -136,6 +136,17 @@ class BlockQuantCodec(Codec):
         if not 0 <= self.params["seed"] <= _U32:
             raise PolicyError(f"codec {self.name!r}: seed={self.params['seed']} must be in [0, 2^32)")
 
+    @property
+    def align_numel(self) -> int:
+        return self.block
+
+    def _salted(self, salt: int) -> "BlockQuantCodec":
+        """Stochastic rounding draws from (spec seed mixed with the caller's per-call salt); see the
+        module's seed design note. Round-to-nearest ignores the salt."""
+        if not self.stochastic or salt == 0:
+            return self
+        return self.with_seed(_mix32(self.params["seed"] ^ _mix32(salt & _U32) ^ _mix32((salt >> 32) + 0x9E3779B9)))
+
     def with_seed(self, seed: int) -> "BlockQuantCodec":
         """The same codec with another stochastic-rounding seed (see the module's seed design note)."""
         return type(self)(backend=self.backend, **{**self.params, "seed": seed})
@@ -277,11 +288,11 @@ class BlockQuantCodec(Codec):
     def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
         return None if self.bits == 8 else torch.empty(2, (numel + 1) // 2, dtype=torch.int16)
 
-    def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them),
         chunk by chunk so the accumulator stays in cache."""
         payloads = _aligned(payloads)
-        acc = _empty_cpu(numel, torch.float32).zero_()
+        acc = out.zero_()
         chunk = self._chunk_numel()
         work = _empty_cpu(min(chunk, numel), torch.float32)
         qwork = self._unpack_scratch(min(chunk, numel))
@@ -293,7 +304,6 @@ class BlockQuantCodec(Codec):
                 if dtype != torch.float32:
                     v.copy_(v.to(dtype))
                 acc[start:stop].add_(v)
-        return acc
 
     # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
     def _host_fn(self, op: str, dtype: torch.dtype):
@@ -321,30 +331,23 @@ class BlockQuantCodec(Codec):
         self._host_fn("decode", dtype)(payload.data_ptr(), numel, self.block, out.data_ptr())
         return out
 
-    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = _empty_cpu(numel, torch.float32)
+    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         payloads = _aligned(payloads)
         self._host_fn("decode_sum", dtype)(
             payloads.data_ptr(), payloads.shape[0], payloads.shape[1], numel, self.block, out.data_ptr()
         )
-        return out
 
     # --- cupy backend (kernels/quant.cu through NVRTC, on torch's current stream) ---------------
     _THREADS = 256
 
     def _launch(self, op: str, dtype: torch.dtype, device: torch.device, nthreads: int, args: tuple) -> None:
-        import cupy  # only on the CUDA path
         import numpy as np
 
-        fn = kernels.cupy_module("quant").get_function(f"ccoll_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}")
         grid = max(1, min(-(-nthreads // self._THREADS), 1 << 20))  # kernels loop (grid-stride) beyond
-        stream = torch.cuda.current_stream(device)
         typed = tuple(
             a if isinstance(a, np.generic) else np.uint64(a) if isinstance(a, _Ptr) else np.int64(a) for a in args
         )
-        with cupy.cuda.Device(device.index):
-            with cupy.cuda.ExternalStream(stream.cuda_stream):
-                fn((grid,), (self._THREADS,), typed)
+        kernels.launch("quant", f"ccoll_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}", grid, self._THREADS, typed, device)
 
     def _team(self) -> int:
         """Lanes per quant block in the encode kernel: a power of two <= 32 covering its q words."""
@@ -373,14 +376,12 @@ class BlockQuantCodec(Codec):
                      (_Ptr(payload.data_ptr()), numel, self.block, _Ptr(out.data_ptr())))
         return out
 
-    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
+    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         payloads = _aligned(payloads)
         nwords = -(-numel * self.bits // 32)
         self._launch("decode_sum", dtype, payloads.device, nwords,
                      (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], numel, self.block,
                       _Ptr(out.data_ptr())))
-        return out
 
 
 _HUGE_PAGE = 2 << 20

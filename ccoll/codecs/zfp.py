@@ -107,6 +107,10 @@ class ZfpCodec(Codec):
     def block_size(self) -> int:
         return 4**self.dims
 
+    @property
+    def align_numel(self) -> int:
+        return self.block_size
+
     def maxbits(self, dtype: torch.dtype) -> int:
         """Bits per block for tensors of ``dtype``; CodecError where the rate is unsafe for its zfp type."""
         self.check_dtype(dtype)
@@ -209,15 +213,13 @@ class ZfpCodec(Codec):
         fn(words.data_ptr(), numel, self.dims, maxbits, out.data_ptr())
         return out.to(dtype)
 
-    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         if dtype not in (torch.float32, torch.bfloat16):
-            return self._decode_sum_rows(payloads, numel, dtype)
+            return self._decode_sum_rows(payloads, numel, dtype, out)
         rows = _aligned(payloads)
-        out = torch.empty(numel, dtype=torch.float32)
         fn = _host_fn("ccoll_host_zfp_decode_sum_f32")
         fn(rows.data_ptr(), rows.shape[1] // 8, rows.shape[0], numel, self.dims, self.maxbits(dtype),
            int(dtype == torch.bfloat16), out.data_ptr())
-        return out
 
     # --- cupy backend: the same kernels on the caller's torch stream ---------------------------------
     def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
@@ -238,22 +240,19 @@ class ZfpCodec(Codec):
                 _ptr(words), np.uint64(numel), np.int32(self.dims), np.int32(maxbits), _ptr(out))
         return out.to(dtype)
 
-    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         if dtype not in (torch.float32, torch.bfloat16):
-            return self._decode_sum_rows(payloads, numel, dtype)
+            return self._decode_sum_rows(payloads, numel, dtype, out)
         rows = _aligned(payloads)
-        out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
         _launch("ccoll_zfp_decode_sum_f32", payloads.device, self.num_blocks(numel),
                 _ptr(rows), np.uint64(rows.shape[1] // 8), np.int32(rows.shape[0]), np.uint64(numel),
                 np.int32(self.dims), np.int32(self.maxbits(dtype)), np.int32(dtype == torch.bfloat16), _ptr(out))
-        return out
 
-    def _decode_sum_rows(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_sum_rows(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         """Unfused reduce step (float16, float64): decode each row to ``dtype``, add in fp32 in row order."""
-        acc = torch.zeros(numel, dtype=torch.float32, device=payloads.device)
+        out.zero_()
         for row in payloads:
-            acc += self.decode(row, numel, dtype).to(torch.float32)
-        return acc
+            out += self.decode(row, numel, dtype).to(torch.float32)
 
 
 def _maxbits(rate: float, dims: int) -> int:
@@ -330,13 +329,5 @@ _THREADS = 128
 
 
 def _launch(name: str, device: torch.device, nblocks: int, *args) -> None:
-    """Launch a zfp.cu kernel on torch's current stream of ``device`` (no synchronisation). Pointers are
-    passed as raw 64-bit device addresses of torch-owned memory, so nothing is copied."""
-    import cupy
-
-    fn = kernels.cupy_module("zfp").get_function(name)
-    grid = max(1, min(-(-nblocks // _THREADS), 2**31 - 1))
-    with cupy.cuda.Device(device.index):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
-        with stream:
-            fn((grid,), (_THREADS,), args)
+    """Launch a zfp.cu kernel, one thread per ZFP block, on torch's current stream of ``device``."""
+    kernels.launch("zfp", name, max(1, min(-(-nblocks // _THREADS), 2**31 - 1)), _THREADS, args, device)

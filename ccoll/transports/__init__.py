@@ -19,6 +19,8 @@ Reduce op names are the strings "sum", "avg", "max", "min", "product"; :func:`op
 """
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -46,29 +48,50 @@ def op_name(op: Any) -> str:
 
 
 class Handle:
-    """What async calls return: ``wait()`` finishes the communication and then runs ``then``
-    (decoding, copying back, recording stats) exactly once; ``is_completed()`` says whether the
-    communication is done (so ``wait()`` will not block on the network).
+    """What async calls return, shaped like torch's ``Work`` so code written for torch keeps working
+    (DDP comm hooks need ``get_future()``; pipelining schedules call ``wait()`` and ``is_completed()``).
+
+    ``wait(timeout=None)`` finishes the communication and then runs ``then`` (decoding, copying back,
+    recording stats) exactly once, whichever thread gets there first; ``timeout`` (seconds or a
+    ``datetime.timedelta``) raises :class:`~ccoll.errors.TransportError` if the communication is not
+    done in time (``then`` has not run; waiting again is allowed). ``is_completed()`` says whether the
+    communication is done, so ``wait()`` will not block on the network. ``get_future()`` returns a
+    ``torch.futures.Future`` completed with ``outputs`` (the list of result tensors, torch's convention)
+    once ``then`` has run, without the caller having to call ``wait()``.
 
     ``works`` are the underlying requests (torch ``Work`` objects, MPI requests, or other Handles).
     """
 
-    __slots__ = ("_works", "_then", "_done", "_result")
+    __slots__ = ("_works", "_then", "_done", "_result", "_outputs", "_lock", "_future")
 
-    def __init__(self, works: list | tuple = (), then: Callable[[], Any] | None = None):
+    def __init__(self, works: list | tuple = (), then: Callable[[], Any] | None = None,
+                 outputs: list | None = None):
         self._works = [w for w in works if w is not None]
         self._then = then
         self._done = False
         self._result = None
+        self._outputs = list(outputs) if outputs is not None else []
+        self._lock = threading.RLock()
+        self._future = None
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._done:
-            for w in self._works:
-                _wait_one(w)
-            self._done = True
-            if self._then is not None:
+        if self._done:
+            return True
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            deadline = time.monotonic() + seconds
+            while not self.is_completed():
+                if time.monotonic() > deadline:
+                    raise TransportError(f"ccoll: communication not complete after {seconds:g} s")
+                time.sleep(0.0005)
+        with self._lock:
+            if not self._done:
+                for w in self._works:
+                    _wait_one(w)
                 then, self._then = self._then, None
-                self._result = then()
+                if then is not None:
+                    self._result = then()
+                self._done = True
         return True
 
     def is_completed(self) -> bool:
@@ -76,10 +99,52 @@ class Handle:
             return True
         return all(_completed_one(w) for w in self._works)
 
+    def is_success(self) -> bool:
+        return self.is_completed()
+
     def result(self) -> Any:
         """Wait, then return what ``then`` returned (e.g. the received tensor of an irecv)."""
         self.wait()
         return self._result
+
+    def value(self) -> list:
+        """Wait, then return the output tensors (the future's value)."""
+        self.wait()
+        return self._outputs
+
+    def get_future(self) -> "torch.futures.Future":
+        """A future completed with the output tensors once this handle has finished. Inner torch Works
+        chain through their own futures (completion runs ``wait()`` on the thread that completes them);
+        other requests (MPI) are waited for by a daemon thread."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut: torch.futures.Future = torch.futures.Future()
+            self._future = fut
+
+        def complete(_: Any = None) -> None:
+            try:
+                self.wait()
+            except BaseException as e:  # noqa: BLE001 - delivered through the future
+                if not fut.done():
+                    fut.set_exception(e)
+                return
+            if not fut.done():
+                fut.set_result(self._outputs)
+
+        if self._done or not self._works:
+            complete()
+            return fut
+        try:
+            inner = [w.get_future() for w in self._works]
+        except (AttributeError, RuntimeError):  # MPI requests; c10d works without futures (gloo p2p)
+            inner = None
+        if inner is not None:
+            chained = inner[0] if len(inner) == 1 else torch.futures.collect_all(inner)
+            chained.add_done_callback(complete)
+        else:
+            threading.Thread(target=complete, name="ccoll-future", daemon=True).start()
+        return fut
 
 
 def _wait_one(w: Any) -> None:
@@ -95,9 +160,9 @@ def _completed_one(w: Any) -> bool:
     return bool(w.is_completed())
 
 
-def done_handle(then: Callable[[], Any] | None = None) -> Handle:
+def done_handle(then: Callable[[], Any] | None = None, outputs: list | None = None) -> Handle:
     """A handle for work that already finished (world size 1, or a synchronous fallback)."""
-    return Handle((), then)
+    return Handle((), then, outputs)
 
 
 class Transport:
