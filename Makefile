@@ -26,6 +26,8 @@ venv: $(STAMP)
 kernels-host: venv
 	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['build']))"
 
+# nvcc (sm_80, sm_90) and NVRTC from the nvidia-cuda-nvrtc wheel (compute_80, compute_90) with exactly the
+# cupy backend's options (kernels.NVRTC_OPTIONS); every kernel the codecs launch must be in the module
 kernels-check: venv
 	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['check']))"
 
@@ -55,10 +57,13 @@ bench-shaped: venv kernels-host
 	$(PY) -m ccoll.bench.netem --ranks 4 --rate 1gbit -- $(PY) -m ccoll.bench all_reduce -b 64M -e 64M -n 5 -w 1 --codec $(BENCH_CODECS) --json results/bench/shaped_1gbit.json
 	$(PY) -m ccoll.bench.plot results/bench/shaped_1gbit.json
 
-# On a CUDA machine: kernels vs emulated/torch bytes for every deterministic codec + throughput table.
+# On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy, pytest preinstalled;
+# no network): never installs anything, never builds .venv. Bytes of cupy vs emulated vs torch for every
+# deterministic codec, GB/s beside the device copy bandwidth, simulated-world all_reduce, gloo on CUDA
+# tensors; one JSON report. Exit 0 all equal, 1 a mismatch, 2 no CUDA. e.g. make gpu-check PYTHON=python3
+GPU_CHECK_REPORT ?= results/gpu_check.json
 gpu-check:
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) tools/gpu_check.py
+	PYTHONPATH=$(CURDIR) $(PYTHON) tools/gpu_check.py --report $(GPU_CHECK_REPORT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build .pytest_cache results

@@ -1,20 +1,34 @@
-"""Loading kernels/*.cu: as CuPy RawModules on a GPU, or built for the host with nvcc ("emulated").
+"""Loading kernels/*.cu: compiled by NVRTC and launched through CuPy on a GPU, or built for the host with
+nvcc ("emulated").
 
 Why a host build: CI has no GPU, so the kernels' own per-block logic (``__host__ __device__`` functions)
 is compiled for the CPU and checked byte for byte against libzfp and the torch backend. Each .cu file
 exposes, under ``#ifdef CCOLL_HOST``, ``extern "C"`` host entry points named ``ccoll_host_<codec>_<op>_<dtype>``
 that loop over blocks (OpenMP) calling exactly the functions the ``__global__`` kernels call.
+
+Why NVRTC is called here and not through ``cupy.RawModule``: CuPy appends ``-ftz=true`` to every NVRTC
+compile, after the caller's options (``_compile_with_cache_cuda`` in cupy/cuda/compiler.py), and NVRTC
+keeps the last occurrence of a flag. Flush-to-zero makes fp32 multiplies, adds, divisions and min/max
+flush subnormal operands and results, so int8 blocks with absmax below ~1.5e-36 quantize to zero and
+zfp fp32 blocks near 2^-98 decode to zeros: GPU bytes would differ from the emulated and torch backends.
+So kernels/*.cu are compiled with exactly ``nvrtc_options(arch)`` (``NVRTC_OPTIONS`` plus the target),
+the one list both the GPU path and ``make kernels-check`` use, and the binary is loaded with CuPy's
+``Module``. NVRTC is loaded with ctypes (the ``nvidia-cuda-nvrtc`` wheel, a CUDA toolkit, or the system
+loader), so CI compiles the very same way without a GPU.
 """
 from __future__ import annotations
 
 import ctypes
 import fcntl
 import functools
+import hashlib
+import re
 import os
 import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KernelError
@@ -22,8 +36,23 @@ from .errors import KernelError
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
 BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
-#: compute capabilities `make kernels-check` compiles for
+#: compute capabilities `make kernels-check` compiles for (nvcc: sm_XY device code; NVRTC: compute_XY PTX)
 CHECK_ARCHS = ("sm_80", "sm_90")
+
+#: NVRTC options for every kernels/*.cu build, on a GPU and in CI alike (``nvrtc_options`` adds the target).
+#: ``-ftz=false``: subnormals are kept, as on the host and in torch (see the module docstring);
+#: ``--fmad=false``: no a*b+c contraction into one rounding, so every fp32/fp64 operation rounds as the host
+#: build's does (the kernels already spell the exact ops with __fadd_rn/__fmul_rn where it matters);
+#: ``-prec-div``/``-prec-sqrt``: IEEE round-to-nearest division and square root (NVRTC's defaults, stated
+#: so that no later default change can alter the bytes).
+NVRTC_OPTIONS = (
+    "-std=c++17",
+    f"-I{KERNEL_DIR}",
+    "--fmad=false",
+    "-ftz=false",
+    "-prec-div=true",
+    "-prec-sqrt=true",
+)
 
 _lock = threading.Lock()
 
@@ -86,7 +115,7 @@ def host_library(name: str) -> ctypes.CDLL:
 
 
 def check_compile(name: str, archs=CHECK_ARCHS) -> None:
-    """Compile kernels/<name>.cu for each GPU arch (device code only) so type errors fail in CI."""
+    """Compile kernels/<name>.cu for each GPU arch with nvcc (device code only) so type errors fail in CI."""
     for arch in archs:
         cmd = [_nvcc(), "-std=c++17", f"-arch={arch}", f"-I{KERNEL_DIR}", "-c", "-o", os.devnull, str(source(name))]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -94,26 +123,287 @@ def check_compile(name: str, archs=CHECK_ARCHS) -> None:
             raise KernelError(f"{name}.cu does not compile for {arch}:\n{proc.stderr}")
 
 
-_modules: dict[str, object] = {}
+# --------------------------------------------------------------------------------------------------
+# NVRTC through ctypes: the GPU build and the CI check share nvrtc_options() and compile_nvrtc()
 
 
-def cupy_module(name: str):
-    """kernels/<name>.cu compiled by NVRTC as a CuPy RawModule, compiled once per process (CuPy also
-    caches the binary on disk). Imports cupy here, never at ccoll import time."""
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """The complete NVRTC option list for target ``arch`` ("sm_90": a cubin; "compute_90": PTX only).
+    Nothing is appended after it: these are the effective options."""
+    if not re.fullmatch(r"(sm|compute)_\d+[af]?", arch):
+        raise KernelError(f"NVRTC target {arch!r} is not of the form sm_XY or compute_XY")
+    return (*NVRTC_OPTIONS, f"--gpu-architecture={arch}")
+
+
+def _nvrtc_candidates() -> list[str]:
+    """Where libnvrtc may be, best first: $CCOLL_NVRTC; the nvidia-cuda-nvrtc wheels (13.x: nvidia/cu13/lib,
+    12.x: nvidia/cuda_nvrtc/lib) on sys.path; a CUDA toolkit; then the system loader's search."""
+    found = [os.environ["CCOLL_NVRTC"]] if os.environ.get("CCOLL_NVRTC") else []
+    dirs = [Path(p or ".") / sub for p in sys.path for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            dirs += [Path(home) / "lib64", Path(home) / "lib"]
+    for d in dirs:
+        libs = [p for p in d.glob("libnvrtc.so*") if "builtins" not in p.name and "alt" not in p.name]
+        found += [str(p) for p in sorted(libs, key=lambda p: len(p.name), reverse=True)]
+    return found + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+
+
+class _Nvrtc:
+    """The few NVRTC entry points ccoll needs, from one loaded libnvrtc."""
+
+    def __init__(self, path: str):
+        self.path = path
+        lib = self.lib = ctypes.CDLL(path)
+        p, i, sz = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_size_t)
+        for fn, args in {
+            "nvrtcVersion": [i, i],
+            "nvrtcGetNumSupportedArchs": [i],
+            "nvrtcGetSupportedArchs": [i],
+            "nvrtcCreateProgram": [ctypes.POINTER(p), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, p, p],
+            "nvrtcCompileProgram": [p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+            "nvrtcGetProgramLogSize": [p, sz],
+            "nvrtcGetProgramLog": [p, ctypes.c_char_p],
+            "nvrtcGetPTXSize": [p, sz],
+            "nvrtcGetPTX": [p, ctypes.c_char_p],
+            "nvrtcGetCUBINSize": [p, sz],
+            "nvrtcGetCUBIN": [p, ctypes.c_char_p],
+            "nvrtcDestroyProgram": [ctypes.POINTER(p)],
+        }.items():
+            getattr(lib, fn).argtypes = args
+            getattr(lib, fn).restype = ctypes.c_int
+        lib.nvrtcGetErrorString.argtypes, lib.nvrtcGetErrorString.restype = [ctypes.c_int], ctypes.c_char_p
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = (major.value, minor.value)
+        count = ctypes.c_int()
+        self._check(lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)), "nvrtcGetNumSupportedArchs")
+        archs = (ctypes.c_int * count.value)()
+        self._check(lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
+        self.archs = tuple(archs)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise KernelError(f"{what} failed: {self.lib.nvrtcGetErrorString(status).decode()} ({self.path})")
+
+    def _buffer(self, prog, size_fn, get_fn) -> bytes:
+        size = ctypes.c_size_t()
+        self._check(size_fn(prog, ctypes.byref(size)), size_fn.__name__)
+        buf = ctypes.create_string_buffer(size.value)
+        self._check(get_fn(prog, buf), get_fn.__name__)
+        return buf.raw
+
+    def compile(self, text: str, filename: str, options: tuple[str, ...]) -> tuple[bytes, bytes | None, str]:
+        """(PTX with its trailing NUL, cubin or None for a compute_XY target, compile log)."""
+        lib, prog = self.lib, ctypes.c_void_p()
+        self._check(lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), filename.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        try:
+            opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+            status = lib.nvrtcCompileProgram(prog, len(options), opts)
+            log = self._buffer(prog, lib.nvrtcGetProgramLogSize, lib.nvrtcGetProgramLog).rstrip(b"\0").decode(
+                errors="replace")
+            if status != 0:
+                raise KernelError(f"NVRTC {'.'.join(map(str, self.version))} cannot compile {filename} with "
+                                  f"{' '.join(options)}:\n{log}")
+            ptx = self._buffer(prog, lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
+            cubin = None
+            if any(o.startswith("--gpu-architecture=sm_") for o in options):
+                cubin = self._buffer(prog, lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN)
+            return ptx, cubin, log
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc() -> _Nvrtc:
+    """libnvrtc, loaded once; KernelError naming every place looked when there is none."""
+    tried = []
+    for path in _nvrtc_candidates():
+        try:
+            return _Nvrtc(path)
+        except (OSError, AttributeError) as e:
+            tried.append(f"{path}: {e}")
+    raise KernelError("no usable libnvrtc (install the nvidia-cuda-nvrtc wheel, e.g. pip install "
+                      "'ccoll[dev]', or set CCOLL_NVRTC=/path/libnvrtc.so); tried:\n  " + "\n  ".join(tried))
+
+
+@dataclass(frozen=True)
+class NvrtcBuild:
+    """One NVRTC compile of kernels/<name>.cu: the effective options and what came out."""
+
+    name: str
+    arch: str
+    options: tuple[str, ...]
+    ptx: str
+    cubin: bytes | None
+    log: str
+
+    @property
+    def entries(self) -> frozenset[str]:
+        """The kernels' names as the module exports them (``extern "C"`` so: exactly the source names)."""
+        return frozenset(re.findall(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)", self.ptx, flags=re.MULTILINE))
+
+    @property
+    def image(self) -> bytes:
+        """What cuModuleLoadData takes: the cubin, else the NUL-terminated PTX for the driver to JIT."""
+        return self.cubin if self.cubin is not None else self.ptx.encode() + b"\0"
+
+
+def compile_nvrtc(name: str, arch: str) -> NvrtcBuild:
+    """Compile kernels/<name>.cu with NVRTC for ``arch`` using exactly ``nvrtc_options(arch)``."""
+    options = nvrtc_options(arch)
+    path = source(name)
+    ptx, cubin, log = nvrtc().compile(path.read_text(), str(path), options)
+    return NvrtcBuild(name, arch, options, ptx.rstrip(b"\0").decode(), cubin, log)
+
+
+def device_target(capability: tuple[int, int]) -> str:
+    """The NVRTC target for a device: its own sm_XY (a cubin, no JIT) when this NVRTC knows it, else PTX for
+    the newest older compute_XY it knows, which the driver JIT-compiles for the device."""
+    cc = capability[0] * 10 + capability[1]
+    archs = nvrtc().archs
+    if cc in archs:
+        return f"sm_{cc}"
+    older = [a for a in archs if a <= cc]
+    if not older:
+        raise KernelError(f"NVRTC {nvrtc().version} supports {archs}, nothing for compute capability {capability}")
+    return f"compute_{max(older)}"
+
+
+def _cached_build(name: str, arch: str) -> bytes:
+    """The module image for kernels/<name>.cu on ``arch``, cached under build/nvrtc/ keyed by the sources,
+    the options and the NVRTC version (ranks of one job then compile once). Uncached if build/ is read-only."""
+    key = hashlib.sha256(repr((nvrtc().version, nvrtc_options(arch))).encode())
+    for dep in sorted(_deps(name)):
+        key.update(dep.name.encode() + b"\0" + dep.read_bytes())
+    path = BUILD_DIR / "nvrtc" / f"{name}-{arch}-{key.hexdigest()[:20]}.bin"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    image = compile_nvrtc(name, arch).image
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(image)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return image
+
+
+def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
+    """Compile kernels/<name>.cu with NVRTC for compute_XY of each arch, exactly as the GPU path does, and
+    verify each build (``verify_nvrtc_build``)."""
+    builds = [compile_nvrtc(name, arch.replace("sm_", "compute_")) for arch in archs]
+    for build in builds:
+        verify_nvrtc_build(build)
+    return builds
+
+
+def verify_nvrtc_build(build: NvrtcBuild) -> None:
+    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build and
+    no instruction of its PTX flushes subnormals (``.ftz``)."""
+    problems = [
+        f"no entry point matches {pattern!r} (launched by ccoll.codecs.{build.name})"
+        for pattern in launched_kernels(build.name)
+        if not any(re.fullmatch(pattern, entry) for entry in build.entries)
+    ]
+    ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
+    if ftz:
+        problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
+    if problems:
+        raise KernelError(f"{build.name}.cu built by NVRTC for {build.arch}: " + "; ".join(problems)
+                          + f"\nentries: {', '.join(sorted(build.entries))}")
+
+
+def launched_kernels(name: str) -> list[str]:
+    """Regular expressions, one per kernel name that ccoll/codecs/<name>.py launches from kernels/<name>.cu.
+    Its ``CUDA_KERNELS`` tuple when it has one (exact names); otherwise every ``"ccoll_..."`` string or
+    f-string template in its source (``{...}`` parts match any word), host entry points excepted."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"ccoll.codecs.{name}")
+    except ImportError:
+        return []
+    names = getattr(module, "CUDA_KERNELS", None)
+    if names is not None:
+        return [re.escape(n) for n in names]
+    import ast
+
+    patterns = set()
+    tree = ast.parse(Path(module.__file__).read_text())
+    inside_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    for node in ast.walk(tree):
+        if id(node) in inside_fstrings:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            parts = [re.escape(v.value) if isinstance(v, ast.Constant) else r"\w+" for v in node.values]
+            pattern = "".join(parts)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            pattern = re.escape(node.value)
+        else:
+            continue
+        if pattern.startswith("ccoll_") and not pattern.startswith("ccoll_host_") and re.fullmatch(r"[\w\\+]+", pattern):
+            patterns.add(pattern)
+    return sorted(patterns)
+
+
+# --------------------------------------------------------------------------------------------------
+# loading and launching on a GPU (CuPy imported here only)
+
+_modules: dict[tuple[str, int], object] = {}
+
+
+def cupy_module(name: str, device_index: int):
+    """kernels/<name>.cu as a CuPy ``Module`` on CUDA device ``device_index``: NVRTC with
+    ``nvrtc_options(device_target(capability))``, loaded with cuModuleLoadData. Once per process and device."""
     with _lock:
-        mod = _modules.get(name)
+        mod = _modules.get((name, device_index))
         if mod is None:
-            try:
-                import cupy
-            except ImportError as e:
-                raise KernelError("the cupy backend needs CuPy: pip install 'ccoll[gpu]'") from e
-            code = source(name).read_text()
-            mod = cupy.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"))
-            _modules[name] = mod
+            import torch
+
+            cupy = _cupy()
+            image = _cached_build(name, device_target(torch.cuda.get_device_capability(device_index)))
+            with cupy.cuda.Device(device_index):
+                mod = cupy.cuda.function.Module()
+                mod.load(image)
+            _modules[(name, device_index)] = mod
         return mod
 
 
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise KernelError("the cupy backend needs CuPy: pip install 'ccoll[gpu]' (CUDA 13) or 'ccoll[gpu-cu12]'") from e
+    return cupy
+
+
+class _TorchStream:
+    """A raw stream handle in the CUDA stream protocol (``__cuda_stream__``) for ``cupy.cuda.Stream.from_external``."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _cupy_stream(cupy, index: int, ptr: int):
+    """A CuPy view of torch's stream ``ptr`` on device ``index``, made once per stream: ``Stream.from_external``
+    (CuPy >= 14, where ``ExternalStream`` is deprecated), else ``ExternalStream`` (older CuPy)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    with cupy.cuda.Device(index):
+        if from_external is not None:
+            return from_external(_TorchStream(ptr))
+        return cupy.cuda.ExternalStream(ptr, index)
+
+
 _functions: dict[tuple[str, str, int], object] = {}
+#: (device, raw stream) -> CuPy stream view; bounded by the streams torch hands out (its per-device pools)
 _streams: dict[tuple[int, int], object] = {}
 
 
@@ -121,28 +411,30 @@ def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device)
     """Launch ``kernel`` of kernels/<module>.cu with ``grid`` x ``block`` threads on torch's current
     stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
     ``np.uint64`` device addresses of torch-owned memory). The one place that knows how kernels are
-    loaded and launched: codecs call only this. Functions and stream wrappers are cached."""
+    loaded and launched: codecs call only this. Functions are cached per (module, kernel, device) and
+    stream views per raw stream, so a launch costs two dict look-ups and the driver call."""
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    fkey = (module, kernel, index)
-    fn = _functions.get(fkey)
+    fn = _functions.get((module, kernel, index))
+    cupy = _cupy()
     if fn is None:
-        import cupy
-
-        with cupy.cuda.Device(index):
-            fn = cupy_module(module).get_function(kernel)
-        _functions[fkey] = fn
+        mod = cupy_module(module, index)
+        try:
+            with cupy.cuda.Device(index):
+                fn = mod.get_function(kernel)
+        except Exception as e:  # CuPy's driver error type differs across versions
+            raise KernelError(f"kernels/{module}.cu has no kernel {kernel!r}: {e}") from e
+        _functions[(module, kernel, index)] = fn
     ptr = torch.cuda.current_stream(index).cuda_stream
     stream = _streams.get((index, ptr))
     if stream is None:
-        import cupy
-
-        stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
-    import cupy
-
-    with cupy.cuda.Device(index):
+        stream = _streams[(index, ptr)] = _cupy_stream(cupy, index, ptr)
+    if cupy.cuda.runtime.getDevice() == index:
         fn((int(grid),), (int(block),), args, stream=stream)
+    else:
+        with cupy.cuda.Device(index):
+            fn((int(grid),), (int(block),), args, stream=stream)
 
 
 def main(argv: list[str]) -> int:
@@ -157,6 +449,11 @@ def main(argv: list[str]) -> int:
         else:
             check_compile(name)
             print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
+            builds = check_nvrtc(name)
+            print(f"{name}.cu compiles with NVRTC {'.'.join(map(str, nvrtc().version))} for "
+                  f"{', '.join(b.arch for b in builds)}: {len(builds[0].entries)} entry points, every launched "
+                  f"kernel present ({len(launched_kernels(name))} names/patterns), no .ftz; options: "
+                  f"{' '.join(NVRTC_OPTIONS)}")
     return 0
 
 

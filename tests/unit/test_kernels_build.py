@@ -1,18 +1,180 @@
-"""`python -m ccoll.kernels check` (also `make kernels-check`) compiles every kernels/*.cu for sm_80 and
-sm_90 with nvcc, so a syntax or type error in GPU code fails CI instead of a user's GPU job."""
+"""Building kernels/*.cu for GPUs without a GPU.
+
+`python -m ccoll.kernels check` (also `make kernels-check`) compiles every kernels/*.cu for sm_80 and sm_90
+with nvcc, and with NVRTC (the nvidia-cuda-nvrtc wheel, loaded with ctypes) using exactly the options the
+cupy backend compiles with, so a syntax or type error in GPU code, a kernel the Python side launches but
+the module lacks, or a flush-to-zero build fails CI instead of a user's GPU job.
+"""
+from __future__ import annotations
+
+import re
+import shutil
 import subprocess
 import sys
+import types
+
+import pytest
+import torch
 
 from ccoll import kernels
+from ccoll.errors import KernelError
 
 
-def test_given_every_kernel_source_when_checking_expect_it_compiles_for_sm80_and_sm90():
+def _require_nvrtc():
+    try:
+        return kernels.nvrtc()
+    except KernelError as e:
+        pytest.skip(f"no libnvrtc here (CI installs the nvidia-cuda-nvrtc wheel with '.[dev]'): {str(e)[:200]}")
+
+
+@pytest.fixture(scope="module")
+def zfp_build():
+    _require_nvrtc()
+    return kernels.compile_nvrtc("zfp", "compute_90")
+
+
+# a multiply, an add, a max and a division of fp32 values: flush-to-zero would mark each with .ftz
+_TINY = 'extern "C" __global__ void k(float* x) { x[0] = x[1] * x[2] + x[3]; x[4] = fmaxf(x[5], x[6]); x[7] = x[8] / x[9]; }'
+
+
+def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_with_every_launched_kernel():
     names = kernels.kernel_names()
-    assert "quant" in names  # the check must not pass vacuously
+    assert {"quant", "zfp"} <= set(names)  # the check must not pass vacuously
+    if shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("nvcc not found: the check also compiles with nvcc")
+    nv = _require_nvrtc()
     proc = subprocess.run(
         [sys.executable, "-m", "ccoll.kernels", "check"], capture_output=True, text=True, timeout=900,
         cwd=kernels.ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    version = ".".join(map(str, nv.version))
     for name in names:
         assert f"{name}.cu compiles for sm_80, sm_90" in proc.stdout
+        assert f"{name}.cu compiles with NVRTC {version} for compute_80, compute_90" in proc.stdout
+    assert "-ftz=false" in proc.stdout
+
+
+def test_given_the_cupy_build_options_expect_no_flush_to_zero_and_one_rounding_per_operation():
+    for arch in ("sm_90", "compute_80"):
+        options = kernels.nvrtc_options(arch)
+        ftz = [o for o in options if re.match(r"-?-ftz", o)]
+        assert ftz == ["-ftz=false"], options  # NVRTC keeps the last occurrence: there is exactly one
+        assert "--fmad=false" in options and "-prec-div=true" in options and "-prec-sqrt=true" in options
+        assert "-std=c++17" in options and f"-I{kernels.KERNEL_DIR}" in options
+        assert options[-1] == f"--gpu-architecture={arch}"
+    with pytest.raises(KernelError):
+        kernels.nvrtc_options("90")
+
+
+def test_given_fp32_arithmetic_when_compiled_with_the_options_expect_ptx_without_ftz_and_cupys_flag_would_add_it():
+    """The PTX check is sharp: CuPy's trailing -ftz=true (cupy/cuda/compiler.py) turns the same source into
+    flushing instructions, which is what RawModule used to build."""
+    nv = _require_nvrtc()
+    options = kernels.nvrtc_options("compute_90")
+    ptx = nv.compile(_TINY, "tiny.cu", options)[0].decode()
+    assert "mul.rn.f32" in ptx and "div.rn.f32" in ptx and "max.f32" in ptx
+    assert ".ftz" not in ptx and "fma." not in ptx  # --fmad=false: a*b+c rounds twice, as on the host
+    flushed = nv.compile(_TINY, "tiny.cu", (*options, "-ftz=true"))[0].decode()
+    assert "mul.rn.ftz.f32" in flushed and "max.ftz.f32" in flushed
+
+
+def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifying_expect_kernel_error(
+    zfp_build, monkeypatch
+):
+    import ccoll.codecs.zfp as zfp_codec
+
+    kernels.verify_nvrtc_build(zfp_build)  # the real module exports what zfp.py launches
+    assert {"ccoll_zfp_encode_f32", "ccoll_zfp_decode_f64", "ccoll_zfp_decode_sum_f32"} <= zfp_build.entries
+    monkeypatch.setattr(zfp_codec, "CUDA_KERNELS", ("ccoll_zfp_encode_f32", "ccoll_zfp_encode_f128"), raising=False)
+    assert kernels.launched_kernels("zfp") == ["ccoll_zfp_encode_f32", "ccoll_zfp_encode_f128"]
+    with pytest.raises(KernelError, match="ccoll_zfp_encode_f128"):
+        kernels.verify_nvrtc_build(zfp_build)
+
+
+def test_given_a_codec_without_CUDA_KERNELS_expect_its_kernel_name_templates_as_patterns(monkeypatch):
+    import ccoll.codecs.quant as quant_codec
+
+    monkeypatch.delattr(quant_codec, "CUDA_KERNELS", raising=False)
+    patterns = kernels.launched_kernels("quant")
+    assert patterns and all(p.startswith("ccoll_") and "host" not in p for p in patterns)
+    assert any(re.fullmatch(p, "ccoll_int4_decode_sum_bf16") for p in patterns)
+    assert kernels.launched_kernels("no_such_codec") == []
+
+
+def test_given_device_capabilities_expect_own_cubin_else_newest_older_ptx():
+    nv = _require_nvrtc()
+    assert kernels.device_target((9, 0)) == "sm_90"
+    newest = max(nv.archs)
+    assert kernels.device_target((newest // 10 + 5, 0)) == f"compute_{newest}"  # a future GPU: the driver JITs
+    with pytest.raises(KernelError):
+        kernels.device_target((1, 0))
+
+
+def test_given_launches_on_two_torch_streams_expect_one_build_one_lookup_and_no_sync(monkeypatch, tmp_path):
+    """Stand-in for a GPU (CI has none): a recording fake of the CuPy pieces ``kernels.launch`` uses
+    (Module.load, get_function, Stream.from_external, Device, the launch call) and torch's stream/capability
+    queries. What runs for real: the NVRTC build with the options under test, the on-disk cache and the
+    caching and stream logic of ``launch``."""
+    _require_nvrtc()
+    log = {"load": [], "get_function": [], "from_external": [], "launch": []}
+
+    class Function:
+        def __call__(self, grid, block, args, stream=None):
+            log["launch"].append((grid, block, args, stream))
+
+    class Module:
+        def load(self, image):
+            log["load"].append(image)
+
+        def get_function(self, name):
+            log["get_function"].append(name)
+            return Function()
+
+    class Stream:
+        @staticmethod
+        def from_external(obj):
+            log["from_external"].append(obj.__cuda_stream__())
+            return ("cupy-stream", obj.__cuda_stream__()[1])
+
+    class Device:
+        def __init__(self, index):
+            assert index == 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cuda = types.SimpleNamespace(
+        function=types.SimpleNamespace(Module=Module), Stream=Stream, Device=Device,
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+    )  # no synchronize anywhere: calling one would fail
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    current = {"ptr": 0xA000}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: types.SimpleNamespace(cuda_stream=current["ptr"]))
+    monkeypatch.setattr(kernels, "BUILD_DIR", tmp_path)
+    for cache in ("_modules", "_functions", "_streams"):
+        monkeypatch.setattr(kernels, cache, {})
+    device = torch.device("cuda", 0)
+
+    kernels.launch("zfp", "ccoll_zfp_encode_f32", 3, 128, ("a",), device)
+    kernels.launch("zfp", "ccoll_zfp_encode_f32", 4, 128, ("b",), device)
+    current["ptr"] = 0xB000
+    kernels.launch("zfp", "ccoll_zfp_encode_f32", 5, 128, ("c",), device)
+
+    assert len(log["load"]) == 1 and log["load"][0][:4] == b"\x7fELF"  # a sm_90 cubin: no JIT, no -ftz=true
+    assert len(list((tmp_path / "nvrtc").glob("zfp-sm_90-*.bin"))) == 1
+    assert log["get_function"] == ["ccoll_zfp_encode_f32"]
+    assert log["from_external"] == [(0, 0xA000), (0, 0xB000)]
+    assert log["launch"] == [
+        ((3,), (128,), ("a",), ("cupy-stream", 0xA000)),
+        ((4,), (128,), ("b",), ("cupy-stream", 0xA000)),
+        ((5,), (128,), ("c",), ("cupy-stream", 0xB000)),
+    ]
+    monkeypatch.setattr(kernels, "_modules", {})  # a second process: the cached image, no compile
+    monkeypatch.setattr(kernels, "compile_nvrtc", lambda *a: pytest.fail("recompiled despite the cache"))
+    kernels.cupy_module("zfp", 0)
+    assert log["load"][1] == log["load"][0]
