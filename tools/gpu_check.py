@@ -1,108 +1,50 @@
-"""`make gpu-check`: on a CUDA machine, in one command (< 5 minutes), check the GPU kernels and time them.
+"""`make gpu-check`: on a CUDA machine, in one command (< 5 minutes), check the GPU path and time it.
 
-1. Environment: uses the torch in this interpreter if it is a CUDA build; installs what is missing with
-   pip (CuPy matching the CUDA major version -- cupy-cuda12x / cupy-cuda13x, from torch.version.cuda, else
-   `nvcc --version`, else nvidia-smi; a CUDA torch; numpy / zfpy / pyyaml) and prints what it uses.
-2. Bytes: for every deterministic codec spec (zfp at several rates, dims 1 and 2; int8/int4 at several
-   blocks, nearest and seeded stochastic rounding; bf16; fp16; none) and every dtype the codec takes, on
-   sizes with partial blocks: cupy-backend bytes == emulated-backend bytes (when nvcc can build the host
-   library) == torch-backend bytes; decodes equal (NaN positions equal); decode_sum equal.
-3. Throughput: GB/s of input (256 MiB of fp32 and of bf16), encode and decode, CUDA events after warm-up,
-   next to the device's copy bandwidth (a device-to-device copy of the same input; "copy GB/s" counts the
-   input bytes once, like the codec columns), so the fraction of roofline is visible.
-Exit status: 0 all equal, 1 any mismatch, 2 no CUDA device / environment unusable.
+Runs with the interpreter it is started with (``make gpu-check PYTHON=python3``): it never installs
+anything and never builds a venv, because GPU machines usually have no network. What it needs there:
+torch with CUDA, CuPy (cupy-cuda13x / cupy-cuda12x), numpy; optional: zfpy (libzfp comparisons, else
+skipped with a line), nvcc + g++ (the emulated host build, else skipped with a line), mpi4py is not used.
+
+1. Bytes: for every deterministic codec spec (zfp rates, dims 1 and 2; int8/int4 blocks, nearest and seeded
+   stochastic; bf16; fp16; none), every dtype it takes (fp64 included) and inputs that are normal,
+   subnormal, non-finite, and misaligned views, the "device" backend (cupy on CUDA tensors) is compared
+   with each reference backend (torch; emulated, when the host build exists): encode bytes, decode
+   values, decode_sum, and the batched API (encode_rows without and with error feedback -- payload and
+   residuals --, decode_rows).
+2. Throughput: encode / decode / decode_sum GB/s of input at 256 MiB of fp32 and of bf16, CUDA events
+   after warm-up, beside the device's measured copy bandwidth (input bytes counted once, as in the codec
+   columns).
+3. The simulated world (``ccoll.testing.simulated_world``, if present): compressed all_reduce time per
+   element at p = 8, 64, 256 on one GPU.
+4. Two gloo processes all_reduce CUDA tensors; the result bytes must equal the same run on CPU tensors.
+
+One JSON report (``--report``, default results/gpu_check.json) and a summary table on stdout.
+Exit status: 0 all equal, 1 any mismatch or failed check, 2 no CUDA device / CuPy missing.
+
+``--cpu-selftest`` runs the same comparison matrix, gloo check and report on CPU tensors, with the
+emulated backend in the device column, so CI executes the code that runs on the GPU.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import re
+import importlib.util
+import json
+import os
+import platform
 import shutil
-import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-NO_DEVICE = 2
-
-
-def _run(cmd: list[str], timeout: float = 60) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def _pip_install(*packages: str) -> bool:
-    print(f"# pip install {' '.join(packages)}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], timeout=900)
-    importlib.invalidate_caches()
-    return proc.returncode == 0
-
-
-def _importable(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return True
-    except ImportError:
-        return False
-
-
-def _cuda_major(torch_mod) -> str | None:
-    if torch_mod is not None and torch_mod.version.cuda:
-        return torch_mod.version.cuda.split(".")[0]
-    m = re.search(r"release (\d+)\.", _run(["nvcc", "--version"])) if shutil.which("nvcc") else None
-    if m:
-        return m.group(1)
-    m = re.search(r"CUDA Version:\s*(\d+)\.", _run(["nvidia-smi"])) if shutil.which("nvidia-smi") else None
-    return m.group(1) if m else None
-
-
-def setup_environment():
-    """Return (torch, cupy) ready for CUDA, or exit NO_DEVICE with the reason."""
-    gpu_listed = bool(shutil.which("nvidia-smi")) and "GPU" in _run(["nvidia-smi", "-L"])
-    torch_mod = importlib.import_module("torch") if _importable("torch") else None
-    if torch_mod is not None and torch_mod.cuda.is_available():
-        pass
-    elif not gpu_listed:
-        print("gpu-check: no CUDA device (torch.cuda.is_available() is False and nvidia-smi lists no GPU)")
-        sys.exit(NO_DEVICE)
-    else:  # a GPU, but no CUDA torch in this interpreter: PyPI's Linux torch wheel is a CUDA build
-        version = torch_mod.__version__.split("+")[0] if torch_mod is not None else None
-        pkg = f"torch=={version}" if version else "torch"
-        print(f"# this interpreter's torch ({getattr(torch_mod, '__version__', 'none')}) has no CUDA; installing {pkg}")
-        if not _pip_install("--force-reinstall", "--no-deps", pkg) and not _pip_install(pkg):
-            print("gpu-check: could not install a CUDA build of torch; run with a Python that has one, e.g. "
-                  "`make gpu-check PY=python3`")
-            sys.exit(NO_DEVICE)
-        print("# re-running with the new torch", flush=True)
-        sys.exit(subprocess.call([sys.executable, *sys.argv]))
-    for module, package in (("numpy", "numpy"), ("yaml", "pyyaml"), ("zfpy", "zfpy")):
-        if not _importable(module) and not _pip_install(package):
-            print(f"gpu-check: {package} is missing and could not be installed")
-            sys.exit(NO_DEVICE)
-    if not _importable("cupy"):
-        major = _cuda_major(torch_mod)
-        if major not in ("11", "12", "13"):
-            print(f"gpu-check: cannot tell which CuPy to install (CUDA major version {major!r})")
-            sys.exit(NO_DEVICE)
-        if not _pip_install(f"cupy-cuda{major}x"):
-            print(f"gpu-check: could not install cupy-cuda{major}x")
-            sys.exit(NO_DEVICE)
-    import cupy
-
-    return torch_mod, cupy
-
-
-# --------------------------------------------------------------------------------------------------
-# byte checks
+EXIT_OK, EXIT_MISMATCH, EXIT_NO_DEVICE = 0, 1, 2
 
 CHECK_SPECS = [
-    *(f"zfp:rate={r}" for r in (2.125, 4, 8, 12.5, 16, 32)),
-    *(f"zfp:rate={r},dims=2" for r in (0.53125, 1, 4, 8, 16, 32)),
+    *(f"zfp:rate={r}" for r in (2.875, 4, 8, 12.5, 16, 32)),
+    *(f"zfp:rate={r},dims=2" for r in (0.71875, 1, 4, 8, 16, 32)),
     *(f"int8:block={b}" for b in (8, 24, 64, 256, 4096)),
     *(f"int4:block={b}" for b in (8, 24, 64, 256, 4096)),
     "int8:block=64,round=stochastic,seed=3",
@@ -111,21 +53,59 @@ CHECK_SPECS = [
     "fp16",
     "none",
 ]
-CHECK_SIZES = [1, 3, 5, 16, 255, 1023, 4099, (1 << 20) + 3]
+INPUTS = ("normal", "subnormal", "nonfinite", "misaligned")
+SIZES = (1, 5, 255, 4099, (1 << 20) + 3)
+QUICK_SIZES = (1, 5, 255, 4099)
+ROWS = 3  # rows of the batched checks (the last one partly padding)
+FEEDBACK_SALT = 0x5EED_0001_2345
 
 
-def _data(torch, n: int, dtype, seed: int):
+def _dtypes(torch):
+    return (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+
+
+def make_input(torch, kind: str, n: int, dtype, seed: int):
+    """A CPU tensor of ``n`` values of ``dtype``. ``subnormal`` spans the dtype's smallest normals and its
+    subnormals (zfp's tiny-block threshold 2^-98 and int8's absmax/127 underflow included for fp32/bf16);
+    ``nonfinite`` holds NaN and +-Inf; ``misaligned`` is a view one element past an aligned start."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, generator=g) * torch.exp(2 * torch.randn(n, generator=g))
+    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(2 * torch.randn(n, generator=g, dtype=torch.float64))
     x[torch.rand(n, generator=g) < 0.05] = 0.0
     if n > 40:
         x[17:33] = 0.0  # whole zero blocks
+    info = torch.finfo(dtype)
+    if kind == "subnormal":
+        # per 16-value run, an exponent from ~30 binades above the smallest normal down past the smallest
+        # subnormal (fp32: 2^-96 .. 2^-150, covering zfp's tiny-block threshold and int8's scale underflow)
+        runs = -(-n // 16)
+        min_exp = int(torch.log2(torch.tensor(info.tiny, dtype=torch.float64)))  # -126, -1022, -14
+        digits = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}[dtype]
+        span = 10 if dtype == torch.float16 else 30
+        shift = torch.randint(min_exp - digits, min_exp + span, (runs,), generator=g).repeat_interleave(16)[:n]
+        x = torch.randn(n, generator=g, dtype=torch.float64) * torch.pow(2.0, shift.to(torch.float64))
+    elif kind == "nonfinite":
+        for i, v in zip(range(3, n, 37), (float("nan"), float("inf"), float("-inf")) * n):
+            x[i] = v
     if dtype == torch.float16:
         x = x.clamp(-6e4, 6e4)
-    return x.to(dtype)
+    x = x.to(dtype)
+    if kind == "misaligned":
+        base = torch.zeros(n + 1, dtype=dtype)
+        base[1:] = x
+        x = base[1:]
+    return x
 
 
-def _same_values(torch, a, b) -> bool:
+def same_values(torch, a, b) -> bool:
+    """Equal dtype, shape and values, NaN at the same places (NaN payload bits may differ)."""
     a, b = a.cpu(), b.cpu()
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
@@ -133,75 +113,183 @@ def _same_values(torch, a, b) -> bool:
     return bool(torch.equal(na, nb)) and bool(torch.equal(a[~na], b[~nb]))
 
 
-def check_bytes(torch, quick: bool) -> tuple[int, int]:
+# --------------------------------------------------------------------------------------------------
+# the comparison matrix
+
+
+@dataclass
+class Matrix:
+    """What was compared, what differed, what was skipped (and why)."""
+
+    compared: int = 0
+    groups: list = field(default_factory=list)
+    mismatches: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+
+def _row_numel(codec, n: int) -> int:
+    """Rows of whole codec blocks such that ROWS of them cover n (the last row partly padding)."""
+    per_row = -(-n // ROWS)
+    return -(-per_row // codec.align_numel) * codec.align_numel
+
+
+def compare_one(torch, spec: str, dtype, kind: str, n: int, device_backend: str, refs: dict, device) -> tuple[int, list]:
+    """All comparisons of one (spec, dtype, input, size): the device backend on ``device`` against each
+    reference backend on the CPU. Returns (comparisons made, mismatch descriptions)."""
     import ccoll
+
+    dev = ccoll.get_codec(spec, backend=device_backend)
+    x = make_input(torch, kind, n, dtype, seed=n)
+    xd = x.to(device) if device.type != "cpu" else x
+    if kind == "misaligned" and device.type != "cpu":  # keep the device copy misaligned too
+        base = torch.zeros(n + 1, dtype=dtype, device=device)
+        base[1:] = xd
+        xd = base[1:]
+    others = [make_input(torch, kind, n, dtype, seed=n + 1 + i) for i in range(2)]
+    made, bad = 0, []
+
+    def check(ok: bool, what: str) -> None:
+        nonlocal made
+        made += 1
+        if not ok:
+            bad.append(what)
+
+    got = dev.encode(xd).cpu()
+    row_numel = _row_numel(dev, n)
+    nbytes_row = dev.encoded_nbytes(row_numel, dtype)
+    src = x.contiguous()
+    fb_dtype = dev.feedback_dtype(dtype)
+    fb0 = (torch.randn(ROWS * row_numel, generator=torch.Generator().manual_seed(n), dtype=torch.float64) * 1e-3).to(fb_dtype)
+    fb0[n:] = 0
+    for name, ref in refs.items():
+        pair = f"{device_backend} vs {name}"
+        want = ref.encode(x)
+        check(torch.equal(got, want), f"{pair}: encode bytes differ ({int((got != want).sum())} of {want.numel()})")
+        want_dec = ref.decode(want, n, dtype)
+        check(same_values(torch, dev.decode(want.to(device), n, dtype), want_dec), f"{pair}: decode differs")
+        rows = torch.stack([want, *(ref.encode(o) for o in others)])
+        check(same_values(torch, dev.decode_sum(rows.to(device), n, dtype), ref.decode_sum(rows, n, dtype)),
+              f"{pair}: decode_sum differs")
+        # batched API
+        out_d = torch.empty(ROWS, nbytes_row, dtype=torch.uint8, device=device)
+        out_r = torch.empty(ROWS, nbytes_row, dtype=torch.uint8)
+        dev.encode_rows(src.to(device), out_d, row_numel, salt=FEEDBACK_SALT)
+        ref.encode_rows(src, out_r, row_numel, salt=FEEDBACK_SALT)
+        check(torch.equal(out_d.cpu(), out_r), f"{pair}: encode_rows bytes differ")
+        fb_d, fb_r = fb0.to(device), fb0.clone()
+        dev.encode_rows(src.to(device), out_d, row_numel, feedback=fb_d, salt=FEEDBACK_SALT)
+        ref.encode_rows(src, out_r, row_numel, feedback=fb_r, salt=FEEDBACK_SALT)
+        check(torch.equal(out_d.cpu(), out_r), f"{pair}: encode_rows(feedback) bytes differ")
+        check(same_values(torch, fb_d, fb_r), f"{pair}: encode_rows(feedback) residuals differ")
+        back_d = torch.empty(n, dtype=dtype, device=device)
+        back_r = torch.empty(n, dtype=dtype)
+        dev.decode_rows(out_r.to(device), back_d, row_numel)
+        ref.decode_rows(out_r, back_r, row_numel)
+        check(same_values(torch, back_d, back_r), f"{pair}: decode_rows differs")
+    return made, bad
+
+
+def run_matrix(torch, device_backend: str, device, refs_for, sizes, specs=CHECK_SPECS, inputs=INPUTS,
+               log=print) -> Matrix:
+    """The comparison matrix. ``refs_for(spec)`` gives {name: CPU reference codec} for a spec and may omit
+    references it cannot run (the reason goes in the report's skipped list through the codec factory)."""
+    import ccoll
+    from ccoll.errors import CcollError, KernelError
+
+    m = Matrix()
+    for spec in specs:
+        probe = ccoll.get_codec(spec, backend="torch")
+        refs = refs_for(spec)
+        if not refs:
+            continue
+        for dtype in _dtypes(torch):
+            if dtype not in probe.dtypes:
+                continue
+            group = {"spec": spec, "dtype": _dtype_name(dtype), "references": sorted(refs), "inputs": list(inputs),
+                     "sizes": list(sizes), "compared": 0, "mismatches": []}
+            for kind in inputs:
+                for n in sizes if kind == "normal" else [s for s in sizes if s < (1 << 20)]:
+                    try:
+                        made, bad = compare_one(torch, spec, dtype, kind, n, device_backend, refs, device)
+                    except KernelError as e:  # the device build or launch failed: a finding, not a skip
+                        group["compared"] += 1
+                        group["mismatches"].append(f"{kind} n={n}: {type(e).__name__}: {str(e)[:300]}")
+                        break
+                    except CcollError as e:  # e.g. a rate below float64's minimum: refused everywhere
+                        m.skipped.append(f"{spec} {_dtype_name(dtype)}: {str(e).splitlines()[0]}")
+                        break
+                    group["compared"] += made
+                    group["mismatches"] += [f"{kind} n={n}: {b}" for b in bad]
+                else:
+                    continue
+                break
+            if group["compared"]:
+                m.groups.append(group)
+                m.compared += group["compared"]
+                m.mismatches += [f"{spec} {group['dtype']} {b}" for b in group["mismatches"]]
+                status = "OK" if not group["mismatches"] else "MISMATCH"
+                log(f"{status:8s} {spec:38s} {group['dtype']:9s} {group['compared']:4d} comparisons vs "
+                    f"{', '.join(group['references'])}")
+                for b in group["mismatches"][:6]:
+                    log(f"         {b}")
+    return m
+
+
+def reference_factory(torch, emulated: bool, zfpy: bool, skipped: list):
+    """refs_for(spec): the CPU references that can run here; notes each one left out once in ``skipped``."""
+    import ccoll
+
+    noted = set()
+
+    def note(line: str) -> None:
+        if line not in noted:
+            noted.add(line)
+            skipped.append(line)
+            print(f"# skip: {line}")
+
+    def refs_for(spec: str) -> dict:
+        refs = {}
+        if spec.startswith("zfp") and not zfpy:
+            note("libzfp comparisons (zfp vs its torch backend): zfpy is not installed (carry a zfpy wheel)")
+        else:
+            refs["torch"] = ccoll.get_codec(spec, backend="torch")
+        if emulated:
+            refs["emulated"] = ccoll.get_codec(spec, backend="emulated")
+        return refs
+
+    return refs_for
+
+
+def emulated_available(skipped: list) -> bool:
+    """Whether the host build of kernels/*.cu exists or can be built here (nvcc and g++)."""
+    from ccoll import kernels
     from ccoll.errors import CcollError
 
+    if not all(kernels.host_library_path(n).exists() for n in kernels.kernel_names()):
+        missing = [tool for tool in ("nvcc", "g++") if shutil.which(tool) is None
+                   and not (tool == "nvcc" and os.path.exists("/usr/local/cuda/bin/nvcc"))]
+        if missing:
+            line = f"emulated backend: {' and '.join(missing)} not found, so no host build of kernels/*.cu"
+            skipped.append(line)
+            print(f"# skip: {line}")
+            return False
     try:
-        from ccoll import kernels
-
         for name in kernels.kernel_names():
             kernels.host_library(name)
-        emulated = True
+        return True
     except (CcollError, OSError) as e:
-        print(f"# note: no emulated backend here ({str(e).splitlines()[0]}); comparing cupy with torch only")
-        emulated = False
-    sizes = CHECK_SIZES[:-1] if quick else CHECK_SIZES
-    checks = mismatches = 0
-    t0 = time.perf_counter()
-    for spec in CHECK_SPECS:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            codec_t = ccoll.get_codec(spec, backend="torch")
-            if dtype not in codec_t.dtypes:
-                continue
-            codec_c = ccoll.get_codec(spec, backend="cupy")
-            codec_e = ccoll.get_codec(spec, backend="emulated") if emulated else None
-            bad = []
-            for n in sizes:
-                x = _data(torch, n, dtype, seed=n)
-                try:
-                    ref = codec_t.encode(x)
-                except CcollError as e:
-                    print(f"# skip {spec} {dtype} n={n}: {e}")
-                    break
-                got = codec_c.encode(x.cuda()).cpu()
-                checks += 1
-                if not torch.equal(got, ref):
-                    bad.append(f"n={n}: cupy bytes != torch bytes ({int((got != ref).sum())} of {ref.numel()} differ)")
-                if codec_e is not None and not torch.equal(codec_e.encode(x), ref):
-                    bad.append(f"n={n}: emulated bytes != torch bytes")
-                y_ref = codec_t.decode(ref, n, dtype)
-                if not _same_values(torch, codec_c.decode(ref.cuda(), n, dtype), y_ref):
-                    bad.append(f"n={n}: cupy decode != torch decode")
-                if codec_e is not None and not _same_values(torch, codec_e.decode(ref, n, dtype), y_ref):
-                    bad.append(f"n={n}: emulated decode != torch decode")
-                rows = torch.stack([ref, codec_t.encode(_data(torch, n, dtype, seed=n + 1)), ref])
-                s_ref = codec_t.decode_sum(rows, n, dtype)
-                if not _same_values(torch, codec_c.decode_sum(rows.cuda(), n, dtype), s_ref):
-                    bad.append(f"n={n}: cupy decode_sum != torch decode_sum")
-            torch.cuda.synchronize()
-            status = "OK" if not bad else "MISMATCH"
-            print(f"{status:8s} {spec:42s} {str(dtype).replace('torch.', ''):9s} {len(sizes)} sizes", flush=True)
-            for line in bad:
-                print(f"         {line}")
-            mismatches += len(bad)
-    print(f"# {checks} encodes compared in {time.perf_counter() - t0:.1f} s, {mismatches} mismatches")
-    return checks, mismatches
+        line = f"emulated backend: host build failed: {str(e).splitlines()[0]}"
+        skipped.append(line)
+        print(f"# skip: {line}")
+        return False
 
 
 # --------------------------------------------------------------------------------------------------
-# throughput
+# throughput (CUDA only)
 
-TP_SPECS = [
-    "zfp:rate=8",
-    "zfp:rate=8,dims=2",
-    "int8:block=256",
-    "int4:block=64",
-    "int4:block=64,round=stochastic",
-    "bf16",
-    "fp16",
-    "none",
-]
+TP_SPECS = ["zfp:rate=8", "zfp:rate=8,dims=2", "int8:block=256", "int4:block=64",
+            "int4:block=64,round=stochastic", "bf16", "fp16", "none"]
+TP_ROWS = 4  # decode_sum rows
 
 
 def _gpu_seconds(torch, fn, iters: int) -> float:
@@ -216,19 +304,21 @@ def _gpu_seconds(torch, fn, iters: int) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
-def throughput(torch, nbytes: int, iters: int) -> None:
+def throughput(torch, nbytes: int, iters: int) -> list[dict]:
+    """GB/s of input bytes: encode reads nbytes, decode writes nbytes, decode_sum decodes TP_ROWS payloads
+    of nbytes each (counted TP_ROWS * nbytes). ``of_copy``: the fraction of the measured copy bandwidth."""
     import ccoll
     from ccoll.errors import CcollError
 
-    print(f"\n### GPU throughput: GB/s of input ({nbytes >> 20} MiB), CUDA events, mean of {iters} after warm-up\n")
-    print("| codec | dtype | encode GB/s | decode GB/s | encode / copy | decode / copy |")
-    print("|---|---|---:|---:|---:|---:|")
+    rows = []
     for dtype in (torch.float32, torch.bfloat16):
         numel = nbytes // torch.tensor([], dtype=dtype).element_size()
         x = torch.randn(numel, device="cuda").to(dtype)
         dst = torch.empty_like(x)
-        copy_gbs = nbytes / _gpu_seconds(torch, lambda: dst.copy_(x), iters) / 1e9
-        print(f"| device copy | {str(dtype).replace('torch.', '')} | {copy_gbs:.0f} | {copy_gbs:.0f} | 1.00 | 1.00 |")
+        copy = nbytes / _gpu_seconds(torch, lambda: dst.copy_(x), iters) / 1e9
+        rows.append({"codec": "device copy", "dtype": _dtype_name(dtype), "encode_GBps": copy, "decode_GBps": copy,
+                     "decode_sum_GBps": copy, "copy_GBps": copy})
+        del dst
         for spec in TP_SPECS:
             codec = ccoll.get_codec(spec, backend="cupy")
             if dtype not in codec.dtypes:
@@ -236,32 +326,234 @@ def throughput(torch, nbytes: int, iters: int) -> None:
             try:
                 payload = codec.encode(x)
             except CcollError as e:
-                print(f"| {spec} | {dtype} | skipped: {e} | | | |")
+                rows.append({"codec": spec, "dtype": _dtype_name(dtype), "skipped": str(e)})
                 continue
+            payloads = payload.unsqueeze(0).expand(TP_ROWS, -1).contiguous()
+            acc = torch.empty(numel, dtype=torch.float32, device="cuda")
             enc = nbytes / _gpu_seconds(torch, lambda: codec.encode(x), iters) / 1e9
             dec = nbytes / _gpu_seconds(torch, lambda: codec.decode(payload, numel, dtype), iters) / 1e9
-            print(f"| {spec} | {str(dtype).replace('torch.', '')} | {enc:.0f} | {dec:.0f} | {enc / copy_gbs:.2f} | "
-                  f"{dec / copy_gbs:.2f} |", flush=True)
-        del x, dst
+            dsum = TP_ROWS * nbytes / _gpu_seconds(torch, lambda: codec.decode_sum(payloads, numel, dtype, out=acc), iters) / 1e9
+            rows.append({"codec": spec, "dtype": _dtype_name(dtype), "encode_GBps": enc, "decode_GBps": dec,
+                         "decode_sum_GBps": dsum, "copy_GBps": copy})
+            del payload, payloads, acc
+        del x
         torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# simulated world and gloo
+
+SIM_CODEC = "int8:block=256"
+SIM_NUMEL_PER_RANK = 1 << 20
+
+
+def simulated_world_times(torch, device, world_sizes=(8, 64, 256), numel=SIM_NUMEL_PER_RANK, codec=SIM_CODEC) -> dict:
+    """Compressed all_reduce time per element at each world size, via ccoll.testing.simulated_world."""
+    try:
+        from ccoll.testing import simulated_world
+    except ImportError as e:
+        return {"status": "not available", "reason": f"ccoll.testing.simulated_world: {e}"}
+    out = {"status": "measured", "codec": codec, "numel_per_rank": numel, "ns_per_element": {}}
+    for p in world_sizes:
+        def fn(rank, group):
+            x = torch.full((numel,), float(rank + 1), device=device)
+            import ccoll
+
+            ccoll.all_reduce(x, group=group, codec=codec)
+
+        try:
+            simulated_world(p, fn, device=device)  # warm-up: kernels built, buffers allocated
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            simulated_world(p, fn, device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            out["ns_per_element"][str(p)] = seconds / numel * 1e9
+        except Exception as e:  # report, do not hide: a failure here is a finding
+            out["ns_per_element"][str(p)] = None
+            out.setdefault("errors", {})[str(p)] = f"{type(e).__name__}: {e}"
+    return out
+
+
+GLOO_SPECS = ("int8:block=256", "int4:block=64", "zfp:rate=8", "bf16", "none")
+GLOO_NUMEL = 100_003
+
+
+def gloo_rank(rank: int, world_size: int, device_type: str) -> dict:
+    """One gloo rank: all_reduce of a seeded tensor per codec on ``device_type``; returns result bytes."""
+    import torch
+
+    import ccoll
+
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    results = {}
+    for spec in GLOO_SPECS:
+        g = torch.Generator().manual_seed(1000 + rank)
+        x = torch.randn(GLOO_NUMEL, generator=g).to(device)
+        ccoll.all_reduce(x, codec=spec)
+        results[spec] = x.cpu().view(torch.uint8).numpy().tobytes()
+    return results
+
+
+def gloo_check(torch, device_type: str) -> dict:
+    """2 gloo processes on ``device_type`` tensors vs the same on CPU tensors: result bytes per codec."""
+    sys.path.insert(0, str(ROOT / "tests" / "dist"))
+    try:
+        from launch import run_gloo
+    except ImportError as e:
+        return {"status": "failed", "reason": f"tests/dist/launch.py: {e}"}
+    try:
+        cpu = run_gloo(2, gloo_rank, "cpu", timeout_s=240)
+        dev = run_gloo(2, gloo_rank, device_type, timeout_s=240) if device_type != "cpu" else cpu
+    except AssertionError as e:  # RankError: a rank raised or timed out
+        return {"status": "failed", "reason": str(e)[-2000:]}
+    equal = {spec: all(dev[r][spec] == cpu[r][spec] for r in range(2)) and dev[0][spec] == dev[1][spec]
+             for spec in GLOO_SPECS}
+    return {"status": "equal" if all(equal.values()) else "mismatch", "device": device_type,
+            "numel": GLOO_NUMEL, "equal": equal}
+
+
+# --------------------------------------------------------------------------------------------------
+# report
+
+
+def build_report(env: dict, matrix: Matrix, extra: dict, seconds: float) -> dict:
+    gloo = extra.get("gloo", {})
+    sim = extra.get("simulated_world", {})
+    failed = bool(matrix.mismatches) or gloo.get("status") not in (None, "equal") or bool(sim.get("errors"))
+    return {
+        "status": "failed" if failed else "passed",
+        "exit_code": EXIT_MISMATCH if failed else EXIT_OK,
+        "seconds": round(seconds, 1),
+        "environment": env,
+        "bytes": {"compared": matrix.compared, "mismatches": matrix.mismatches, "skipped": matrix.skipped,
+                  "groups": matrix.groups},
+        **extra,
+    }
+
+
+def summary_lines(report: dict) -> list[str]:
+    b = report["bytes"]
+    lines = ["", "### gpu-check summary", "", "| check | result |", "|---|---|",
+             f"| bytes: {b['compared']} comparisons in {len(b['groups'])} (spec, dtype) groups | "
+             f"{len(b['mismatches'])} mismatches |"]
+    for s in b["skipped"]:
+        lines.append(f"| skipped | {s} |")
+    sim = report.get("simulated_world")
+    if sim:
+        if sim.get("status") == "measured":
+            per = ", ".join(f"p={p}: {v:.3f} ns" if v is not None else f"p={p}: error" for p, v in sim["ns_per_element"].items())
+            lines.append(f"| simulated world all_reduce ({sim['codec']}), time per element | {per} |")
+        else:
+            lines.append(f"| simulated world | {sim.get('status')}: {sim.get('reason', '')} |")
+    gloo = report.get("gloo")
+    if gloo:
+        lines.append(f"| 2-process gloo on {gloo.get('device', '?')} tensors vs CPU | {gloo['status']} "
+                     f"{gloo.get('equal', gloo.get('reason', ''))} |")
+    tp = report.get("throughput")
+    if tp:
+        lines += ["", "| codec | dtype | encode GB/s | decode GB/s | decode_sum GB/s | enc/copy | dec/copy | sum/copy |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in tp:
+            if "skipped" in r:
+                lines.append(f"| {r['codec']} | {r['dtype']} | skipped: {r['skipped']} | | | | | |")
+                continue
+            c = r["copy_GBps"]
+            lines.append(f"| {r['codec']} | {r['dtype']} | {r['encode_GBps']:.0f} | {r['decode_GBps']:.0f} | "
+                         f"{r['decode_sum_GBps']:.0f} | {r['encode_GBps'] / c:.2f} | {r['decode_GBps'] / c:.2f} | "
+                         f"{r['decode_sum_GBps'] / c:.2f} |")
+    lines.append(f"\n# gpu-check {report['status']} in {report['seconds']:.0f} s (exit {report['exit_code']})")
+    return lines
+
+
+def write_report(report: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1, default=str))
+    print(f"# report: {path}")
+
+
+def environment(torch, device_type: str) -> dict:
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "device_type": device_type,
+           "zfpy": importlib.util.find_spec("zfpy") is not None}
+    if device_type == "cuda":
+        import cupy
+
+        from ccoll import kernels
+
+        from ccoll.errors import KernelError
+
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, memory_GiB=props.total_memory >> 30, capability=f"{props.major}.{props.minor}",
+                   cupy=cupy.__version__)
+        try:
+            target = kernels.device_target((props.major, props.minor))
+            env.update(nvrtc=".".join(map(str, kernels.nvrtc().version)), nvrtc_library=kernels.nvrtc().path,
+                       nvrtc_target=target, nvrtc_options=list(kernels.nvrtc_options(target)))
+        except KernelError as e:
+            env.update(nvrtc=f"unavailable: {e}")
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="skip the 2^20+3 size, 64 MiB throughput")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--report", default="results/gpu_check.json", help="where to write the JSON report")
+    ap.add_argument("--quick", action="store_true", help="no 2^20+3 size, 64 MiB throughput, p up to 64")
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations per throughput figure")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-gloo", action="store_true")
+    ap.add_argument("--cpu-selftest", action="store_true",
+                    help="no GPU: the same matrix with the emulated backend as the device column, on CPU tensors")
+    ap.add_argument("--specs", help="';'-separated subset of the codec specs (default: all deterministic ones)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    torch, cupy = setup_environment()
-    props = torch.cuda.get_device_properties(0)
-    print(f"# gpu-check: {props.name} ({props.total_memory >> 30} GiB, sm_{props.major}{props.minor}), "
-          f"torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy.__version__}, python {sys.version.split()[0]}")
-    _, mismatches = check_bytes(torch, args.quick)
-    if not args.skip_throughput:
-        throughput(torch, (64 if args.quick else 256) << 20, args.iters)
-    print(f"\n# gpu-check {'FAILED' if mismatches else 'passed'} in {time.perf_counter() - t0:.0f} s")
-    return 1 if mismatches else 0
+    import torch
+
+    skipped: list[str] = []
+    specs = args.specs.split(";") if args.specs else CHECK_SPECS
+    if args.cpu_selftest:
+        device, device_backend = torch.device("cpu"), "emulated"
+        if not emulated_available(skipped):
+            print("gpu-check --cpu-selftest: needs the emulated backend (nvcc and g++)")
+            return EXIT_NO_DEVICE
+        refs_base = reference_factory(torch, emulated=False, zfpy=importlib.util.find_spec("zfpy") is not None,
+                                      skipped=skipped)
+    else:
+        reason = None
+        if not torch.cuda.is_available():
+            reason = (f"no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda}) reports "
+                      f"torch.cuda.is_available() == False; run it on a GPU machine with its own python3, e.g. "
+                      f"`make gpu-check PYTHON=python3` (nothing is installed), or use --cpu-selftest")
+        elif importlib.util.find_spec("cupy") is None:
+            reason = ("CuPy is not importable in this interpreter; it launches the kernels. Install "
+                      "cupy-cuda13x (CUDA 13) or cupy-cuda12x, or carry its wheel; nothing is installed here")
+        if reason:
+            print(f"gpu-check: {reason}")
+            write_report({"status": "no_cuda", "exit_code": EXIT_NO_DEVICE, "reason": reason}, args.report)
+            return EXIT_NO_DEVICE
+        device, device_backend = torch.device("cuda", 0), "cupy"
+        refs_base = reference_factory(torch, emulated=emulated_available(skipped),
+                                      zfpy=importlib.util.find_spec("zfpy") is not None, skipped=skipped)
+    env = environment(torch, device.type)
+    print(f"# gpu-check: {json.dumps(env)}", flush=True)
+    sizes = QUICK_SIZES if (args.quick or args.cpu_selftest) else SIZES
+    matrix = run_matrix(torch, device_backend, device, refs_base, sizes, specs=specs)
+    matrix.skipped[:0] = skipped
+    extra: dict = {}
+    if device.type == "cuda" and not args.skip_throughput:
+        extra["throughput"] = throughput(torch, (64 if args.quick else 256) << 20, args.iters)
+    world_sizes = (8, 64) if (args.quick or args.cpu_selftest) else (8, 64, 256)
+    extra["simulated_world"] = simulated_world_times(
+        torch, device, world_sizes, numel=(1 << 14) if args.cpu_selftest else SIM_NUMEL_PER_RANK)
+    if not args.skip_gloo:
+        extra["gloo"] = gloo_check(torch, device.type)
+    report = build_report(env, matrix, extra, time.perf_counter() - t0)
+    print("\n".join(summary_lines(report)))
+    write_report(report, args.report)
+    return report["exit_code"]
 
 
 if __name__ == "__main__":
