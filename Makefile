@@ -63,7 +63,7 @@ bench-shaped: venv kernels-host
 # tensors; one JSON report. Exit 0 all equal, 1 a mismatch, 2 no CUDA. e.g. make gpu-check PYTHON=python3
 GPU_CHECK_REPORT ?= results/gpu_check.json
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(PYTHON) tools/gpu_check.py --report $(GPU_CHECK_REPORT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) tools/gpu_check.py --report $(GPU_CHECK_REPORT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build .pytest_cache results

@@ -349,18 +349,20 @@ SIM_NUMEL_PER_RANK = 1 << 20
 
 
 def simulated_world_times(torch, device, world_sizes=(8, 64, 256), numel=SIM_NUMEL_PER_RANK, codec=SIM_CODEC) -> dict:
-    """Compressed all_reduce time per element at each world size, via ccoll.testing.simulated_world."""
+    """Compressed all_reduce wall time per element of the per-rank tensor at each world size (all p ranks of
+    one call, as threads of this process on ``device``), via ccoll.testing.simulated_world."""
     try:
         from ccoll.testing import simulated_world
     except ImportError as e:
         return {"status": "not available", "reason": f"ccoll.testing.simulated_world: {e}"}
     out = {"status": "measured", "codec": codec, "numel_per_rank": numel, "ns_per_element": {}}
-    for p in world_sizes:
-        def fn(rank, group):
-            x = torch.full((numel,), float(rank + 1), device=device)
-            import ccoll
+    import ccoll
 
-            ccoll.all_reduce(x, group=group, codec=codec)
+    for p in world_sizes:
+        xs = [torch.full((numel,), float(r + 1), device=device) for r in range(p)]  # allocated outside the timing
+
+        def fn(rank, group):
+            ccoll.all_reduce(xs[rank], group=group, codec=codec)
 
         try:
             simulated_world(p, fn, device=device)  # warm-up: kernels built, buffers allocated
@@ -375,6 +377,7 @@ def simulated_world_times(torch, device, world_sizes=(8, 64, 256), numel=SIM_NUM
         except Exception as e:  # report, do not hide: a failure here is a finding
             out["ns_per_element"][str(p)] = None
             out.setdefault("errors", {})[str(p)] = f"{type(e).__name__}: {e}"
+        del xs
     return out
 
 
