@@ -22,8 +22,8 @@ import ctypes
 import fcntl
 import functools
 import hashlib
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
