@@ -253,7 +253,7 @@ def reference_factory(torch, emulated: bool, zfpy: bool, skipped: list):
     def refs_for(spec: str) -> dict:
         refs = {}
         if spec.startswith("zfp") and not zfpy:
-            note("libzfp comparisons (zfp vs its torch backend): zfpy is not installed (carry a zfpy wheel)")
+            note("libzfp comparisons (zfp vs its torch backend): zfpy is not importable here (carry a zfpy wheel)")
         else:
             refs["torch"] = ccoll.get_codec(spec, backend="torch")
         if emulated:
@@ -261,6 +261,15 @@ def reference_factory(torch, emulated: bool, zfpy: bool, skipped: list):
         return refs
 
     return refs_for
+
+
+def zfpy_usable() -> bool:
+    """Whether libzfp's Python binding imports here (a carried wheel may not match this numpy)."""
+    try:
+        import zfpy  # noqa: F401
+    except Exception:  # ImportError, or a binary built against another numpy
+        return False
+    return True
 
 
 def emulated_available(skipped: list) -> bool:
@@ -484,7 +493,7 @@ def write_report(report: dict, path: str) -> None:
 def environment(torch, device_type: str) -> dict:
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "device_type": device_type,
-           "zfpy": importlib.util.find_spec("zfpy") is not None}
+           "zfpy": zfpy_usable()}
     if device_type == "cuda":
         import cupy
 
@@ -525,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         if not emulated_available(skipped):
             print("gpu-check --cpu-selftest: needs the emulated backend (nvcc and g++)")
             return EXIT_NO_DEVICE
-        refs_base = reference_factory(torch, emulated=False, zfpy=importlib.util.find_spec("zfpy") is not None,
+        refs_base = reference_factory(torch, emulated=False, zfpy=zfpy_usable(),
                                       skipped=skipped)
     else:
         reason = None
@@ -542,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_NO_DEVICE
         device, device_backend = torch.device("cuda", 0), "cupy"
         refs_base = reference_factory(torch, emulated=emulated_available(skipped),
-                                      zfpy=importlib.util.find_spec("zfpy") is not None, skipped=skipped)
+                                      zfpy=zfpy_usable(), skipped=skipped)
     env = environment(torch, device.type)
     print(f"# gpu-check: {json.dumps(env)}", flush=True)
     sizes = QUICK_SIZES if (args.quick or args.cpu_selftest) else SIZES

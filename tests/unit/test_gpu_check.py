@@ -94,3 +94,11 @@ def test_given_cpu_selftest_expect_every_comparison_equal_and_one_json_report(tm
     assert all(g["inputs"] == list(gpu_check.INPUTS) and g["compared"] > 0 for g in data["bytes"]["groups"])
     assert data["gloo"]["status"] == "equal" and set(data["gloo"]["equal"]) == set(gpu_check.GLOO_SPECS)
     assert "simulated_world" in data
+
+
+def test_given_no_zfpy_expect_zfp_compared_only_with_the_emulated_build_and_one_skip_line():
+    skipped = []
+    refs_for = gpu_check.reference_factory(torch, emulated=True, zfpy=False, skipped=skipped)
+    assert sorted(refs_for("zfp:rate=8")) == ["emulated"] and sorted(refs_for("zfp:rate=4,dims=2")) == ["emulated"]
+    assert sorted(refs_for("int8:block=64")) == ["emulated", "torch"]
+    assert len(skipped) == 1 and "zfpy" in skipped[0]
