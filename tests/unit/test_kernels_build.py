@@ -7,6 +7,7 @@ the module lacks, or a flush-to-zero build fails CI instead of a user's GPU job.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -40,7 +41,7 @@ _TINY = 'extern "C" __global__ void k(float* x) { x[0] = x[1] * x[2] + x[3]; x[4
 def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_with_every_launched_kernel():
     names = kernels.kernel_names()
     assert {"quant", "zfp"} <= set(names)  # the check must not pass vacuously
-    if shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"):
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
         pytest.skip("nvcc not found: the check also compiles with nvcc")
     nv = _require_nvrtc()
     proc = subprocess.run(
