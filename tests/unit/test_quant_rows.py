@@ -87,9 +87,10 @@ def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed
         yg = yt.clone()
         assert ct.decode_rows(pt, yt, row_numel) is yt
         ce.decode_rows(pt, ye, row_numel)
-        Codec._decode_rows_generic(ct, pt, yg, row_numel)
         _assert_same_values(yt, ye)
-        _assert_same_values(yt, yg)
+        if reference:
+            Codec._decode_rows_generic(ct, pt, yg, row_numel)
+            _assert_same_values(yt, yg)
     return src, pt, ft
 
 
@@ -117,10 +118,10 @@ def test_given_rows_of_every_shape_when_encoding_expect_backends_and_reference_b
 def test_given_rows_larger_than_a_torch_piece_expect_identical_bytes(name):
     """Long rows split into several pieces, and many short rows grouped into several pieces (torch vs
     emulated only: the reference loop would take as long as the rest of this file)."""
-    for rounding in ("nearest", "stochastic"):
-        spec = f"{name}:block=64,round={rounding},seed=9"
-        _check_rows(spec, torch.float32, (1 << 20) + 3000, 2, (1 << 20) + 2000, True, salt=3, reference=False)
-        _check_rows(spec, torch.bfloat16, 1100 * 1000 - 7, 1100, 1000, True, salt=4, reference=False)
+    _check_rows(f"{name}:block=64", torch.float32, (1 << 20) + 3000, 2, (1 << 20) + 2000, True, salt=3,
+                reference=False)
+    _check_rows(f"{name}:block=64,round=stochastic,seed=9", torch.bfloat16, 1100 * 1000 - 7, 1100, 1000, True,
+                salt=4, reference=False)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
