@@ -83,67 +83,33 @@ CQ_HD cq_u32 cq_f2u(float f) {
 #endif
 }
 
-// IEEE fp32 operations, each rounded once to nearest even, never fused, subnormals kept (see the header)
-CQ_HD float cq_add(float a, float b) {
+// IEEE fp32 operations, each rounded once to nearest even, never fused, subnormals kept (see the header):
+// on the device one PTX instruction without .ftz, on the host the C operator / libm function
 #ifdef __CUDA_ARCH__
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
+#define CQ_FP32_BINARY(NAME, PTX, OP)                                                 \
+    CQ_HD float NAME(float a, float b) {                                              \
+        float r;                                                                      \
+        asm(PTX " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                           \
+        return r;                                                                     \
+    }
+#define CQ_FP32_UNARY(NAME, PTX, LIBM)                                                \
+    CQ_HD float NAME(float a) {                                                       \
+        float r;                                                                      \
+        asm(PTX " %0, %1;" : "=f"(r) : "f"(a));                                       \
+        return r;                                                                     \
+    }
 #else
-    return a + b;
+#define CQ_FP32_BINARY(NAME, PTX, OP) \
+    CQ_HD float NAME(float a, float b) { return a OP b; }
+#define CQ_FP32_UNARY(NAME, PTX, LIBM) \
+    CQ_HD float NAME(float a) { return LIBM(a); }
 #endif
-}
-
-CQ_HD float cq_sub(float a, float b) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
-    return a - b;
-#endif
-}
-
-CQ_HD float cq_mul(float a, float b) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
-    return a * b;
-#endif
-}
-
-CQ_HD float cq_div(float a, float b) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
-    return a / b;
-#endif
-}
-
-// round to the nearest integer, ties to even (rintf)
-CQ_HD float cq_rint(float a) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("cvt.rni.f32.f32 %0, %1;" : "=f"(r) : "f"(a));
-    return r;
-#else
-    return rintf(a);
-#endif
-}
-
-CQ_HD float cq_floor(float a) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("cvt.rmi.f32.f32 %0, %1;" : "=f"(r) : "f"(a));
-    return r;
-#else
-    return floorf(a);
-#endif
-}
+CQ_FP32_BINARY(cq_add, "add.rn.f32", +)
+CQ_FP32_BINARY(cq_sub, "sub.rn.f32", -)
+CQ_FP32_BINARY(cq_mul, "mul.rn.f32", *)
+CQ_FP32_BINARY(cq_div, "div.rn.f32", /)
+CQ_FP32_UNARY(cq_rint, "cvt.rni.f32.f32", rintf)  // to the nearest integer, ties to even
+CQ_FP32_UNARY(cq_floor, "cvt.rmi.f32.f32", floorf)
 
 // an integer-valued float as int (a plain (int) cast is a .ftz conversion under -ftz)
 CQ_HD int cq_f2i(float a) {

@@ -372,47 +372,30 @@ class BlockQuantCodec(Codec):
             for row in v:
                 acc.add_(row)
 
-    def _new_payload(self, flat: torch.Tensor) -> torch.Tensor:
+    # plain encode / decode: one row, on every backend
+    def _encode_one_row(self, backend: str, flat: torch.Tensor) -> torch.Tensor:
         nbytes = self.encoded_nbytes(flat.numel(), flat.dtype)
         if flat.device.type == "cpu":
-            return _empty_cpu(nbytes, torch.uint8).view(1, nbytes)
-        return torch.empty(1, nbytes, dtype=torch.uint8, device=flat.device)
+            out = _empty_cpu(nbytes, torch.uint8).view(1, nbytes)
+        else:
+            out = torch.empty(1, nbytes, dtype=torch.uint8, device=flat.device)
+        getattr(self, f"_encode_rows_{backend}")(flat, out, flat.numel(), None, 0)
+        return out.view(-1)
 
-    def _new_output(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_one_row(self, backend: str, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         if payload.device.type == "cpu":
-            return _empty_cpu(numel, dtype)
-        return torch.empty(numel, dtype=dtype, device=payload.device)
-
-    # plain encode / decode: one row, on every backend
-    def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
-        out = self._new_payload(flat)
-        self._encode_rows_torch(flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = self._new_output(payload, numel, dtype)
-        self._decode_rows_torch(payload.view(1, -1), out, numel)
+            out = _empty_cpu(numel, dtype)
+        else:
+            out = torch.empty(numel, dtype=dtype, device=payload.device)
+        getattr(self, f"_decode_rows_{backend}")(payload.view(1, -1), out, numel)
         return out
 
-    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
-        out = self._new_payload(flat)
-        self._encode_rows_emulated(flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = self._new_output(payload, numel, dtype)
-        self._decode_rows_emulated(payload.view(1, -1), out, numel)
-        return out
-
-    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
-        out = self._new_payload(flat)
-        self._encode_rows_cupy(flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = self._new_output(payload, numel, dtype)
-        self._decode_rows_cupy(payload.view(1, -1), out, numel)
-        return out
+    _encode_torch = functools.partialmethod(_encode_one_row, "torch")
+    _decode_torch = functools.partialmethod(_decode_one_row, "torch")
+    _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
+    _decode_emulated = functools.partialmethod(_decode_one_row, "emulated")
+    _encode_cupy = functools.partialmethod(_encode_one_row, "cupy")
+    _decode_cupy = functools.partialmethod(_decode_one_row, "cupy")
 
     # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
     def _host_fn(self, op: str, dtype: torch.dtype):
