@@ -565,8 +565,12 @@ struct CqDecodeRows {
     }
 
     CQ_HD void word(cq_i64 word_index) const {
-        const cq_i64 row = row_of_word(word_index);
-        const cq_i64 w = word_index - row * g.words_per_row;
+        const cq_i64 row = g.rows == 1 ? 0 : row_of_word(word_index);  // no division per word for one row
+        word_of_row(row, word_index - row * g.words_per_row);
+    }
+
+    // q word w of payload row `row`
+    CQ_HD void word_of_row(cq_i64 row, cq_i64 w) const {
         const cq_i64 e = row * g.row_numel + w * G;
         const cq_i64 count = cq_min(cq_min(G, g.row_numel - w * G), g.numel - e);
         if (count <= 0) return;
@@ -676,6 +680,15 @@ static void cq_host_words(const Op& op) {
     const cq_i64 n = op.nwords();
 #pragma omp parallel for schedule(static)
     for (cq_i64 w = 0; w < n; ++w) op.word(w);
+}
+
+template <class Tr, int BITS>
+static void cq_host_words(const CqDecodeRows<Tr, BITS>& op) {  // row by row: no division per word
+    const cq_i64 rows = op.nwords() / op.g.words_per_row;
+    for (cq_i64 row = 0; row < rows; ++row) {
+#pragma omp parallel for schedule(static)
+        for (cq_i64 w = 0; w < op.g.words_per_row; ++w) op.word_of_row(row, w);
+    }
 }
 
 #define CQ_HOST(BITS, NAME, TR)                                                                           \

@@ -266,3 +266,49 @@ def test_given_cuda_rows_when_cupy_backend_expect_torch_bytes(name, rounding, dt
         y = torch.empty(numel, dtype=dtype, device="cuda")
         cc.decode_rows(out, y, row_numel)
         _assert_same_values(y.cpu(), ct.decode_rows(pt, torch.empty(numel, dtype=dtype), row_numel))
+
+
+def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(monkeypatch):
+    """The cupy backend's argument lists and grid sizes, checked without a GPU: ``kernels.launch`` is
+    replaced by a stand-in that runs the same-named host entry point of the same .cu (the CUDA kernel
+    minus its ``team`` argument) and asserts the grid covers the work. The kernels themselves are
+    checked on a GPU by test_given_cuda_rows_when_cupy_backend_expect_torch_bytes."""
+    import numpy as np
+
+    launched = []
+    dtypes = {name: dtype for dtype, name in quant._DTYPE_NAMES.items()}
+
+    def fake_launch(module, kernel, grid, block, args, device):
+        assert module == "quant" and kernel in quant.CUDA_KERNELS
+        assert all(isinstance(a, np.generic) for a in args)
+        bits, op, dtype_name = re.fullmatch(r"ccoll_int(\d)_(\w+)_(f32|bf16|f16)", kernel).groups()
+        values = [int(a) for a in args]
+        if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
+            rows, row_numel, block_numel, team = values[2], values[3], values[4], values.pop(5)
+            assert grid * block >= rows * -(-row_numel // block_numel) * team
+        host = ccoll.get_codec(f"int{bits}:block=8", backend="emulated")._host_fn(op, dtypes[dtype_name])
+        host(*values)
+        launched.append(op)
+
+    monkeypatch.setattr(kernels, "launch", fake_launch)
+    for spec in ["int8:block=32", "int4:block=16,round=stochastic,seed=4"]:
+        ct = ccoll.get_codec(spec, backend="torch")
+        cc = ccoll.get_codec(spec, backend="torch")  # the cupy methods, called directly on CPU tensors
+        for dtype in (torch.float32, torch.bfloat16):
+            numel, rows, row_numel = 500, 3, 180
+            src = _mixed(numel, dtype, 1)
+            fb = _feedback(rows, row_numel, 2)
+            pt, ft = _encode(ct, src, rows, row_numel, fb, 5)
+            out = torch.empty_like(pt)
+            fc = fb.clone()
+            cc._encode_rows_cupy(src, out, row_numel, fc, 5)
+            assert torch.equal(out, pt) and torch.equal(fc, ft)
+            y, yt = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+            cc._decode_rows_cupy(out, y, row_numel)
+            _assert_same_values(y, ct.decode_rows(pt, yt, row_numel))
+            s, st_ = torch.empty(row_numel), torch.empty(row_numel)
+            cc._decode_sum_cupy(out, row_numel, dtype, s)
+            ct._decode_sum_torch(out, row_numel, dtype, st_)
+            _assert_same_values(s, st_)
+    assert set(launched) == {"encode_rows", "decode_rows", "decode_sum"}
+
