@@ -19,9 +19,13 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
   Seed design note: the same seed on every call gives the same u at the same index, so repeated calls on
   similar data round the same way (errors stop averaging out over steps) and all ranks encoding equal-sized
   chunks use the same u sequence (errors correlate across ranks instead of cancelling in the sum). The
-  codec itself is stateless -- callers that encode repeatedly (collectives, error feedback) should derive a
-  per-call seed, e.g. ``codec.with_seed(hash32(base_seed, call_counter, rank))``; the seed does not
-  travel, so receivers do not need it.
+  codec itself is stateless -- callers that encode repeatedly (collectives, error feedback) pass a per-call
+  ``salt=`` (from step, call key, rank) to ``encode_rows``, which mixes it into the seed (``_salted``); the
+  seed does not travel, so receivers do not need it. In ``encode_rows`` the index of element j of row i is
+  i * row_numel + j, so rows never share a draw and block-aligned rows encode exactly like the whole tensor.
+- Batches: ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and ``decode_sum`` are one
+  kernel launch (cupy, emulated) / one vectorised pass (torch) for any number of rows; plain
+  ``encode`` / ``decode`` are the one-row case of the same code.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
 - Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
 - Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
@@ -249,7 +253,16 @@ class BlockQuantCodec(Codec):
         if dst is not out:
             out.copy_(dst)
 
-    def _encode_pieces(self, src: torch.Tensor, out: torch.Tensor, row_numel: int, feedback: torch.Tensor | None) -> None:
+    def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
+        """``encode(x)`` (torch backend) with the stochastic index of x[0] at ``index0``: row i of
+        ``encode_rows`` is this of the padded row with index0 = i * row_numel (the per-row reference)."""
+        out = _empty_cpu(self.encoded_nbytes(x.numel(), x.dtype), torch.uint8).view(1, -1)
+        self._encode_pieces(x, out, x.numel(), None, index0)
+        return out.view(-1)
+
+    def _encode_pieces(
+        self, src: torch.Tensor, out: torch.Tensor, row_numel: int, feedback: torch.Tensor | None, index0: int = 0
+    ) -> None:
         numel, dtype, rows, block = src.numel(), src.dtype, out.shape[0], self.block
         nb, scale_nbytes, _ = self._layout(row_numel)
         q_used = -(-row_numel * self.bits // 8)
@@ -291,7 +304,7 @@ class BlockQuantCodec(Codec):
                 even = length + length % 2
                 qb = qbuf[: nr * even].view(nr, even)
                 q = qb[:, :length]
-            self._quantize(sent.view(nr, length), v, scales, q, e0)
+            self._quantize(sent.view(nr, length), v, scales, q, index0 + e0)
             scales_all[r0:r1, j0 // block : j0 // block + nbs].copy_(scales)
             if feedback is not None:  # residual = c - what the receivers decode (rounded to dtype)
                 dec = v.copy_(q)  # before int4 packing overwrites q
