@@ -12,9 +12,19 @@ Algorithm (written once, templated on BITS in {8, 4} and on the input type f32 /
     +inf, so every q is exactly 0 and the block decodes to exact zeros.
   - a block holding NaN or +-Inf stores NaN as its scale and q = 0: it decodes to NaN for the whole block
     (ccoll's non-finite rule, ccoll/codecs/base.py).
-  Every fp32 operation is a single IEEE round-to-nearest operation in a fixed order (divisions are true
-  divisions, device adds/multiplies use __fadd_rn/__fmul_rn so nvcc/NVRTC cannot contract them into
-  FMAs), so the GPU, the host build and the torch backend produce the same bytes.
+  Every fp32 operation is a single IEEE round-to-nearest operation in a fixed order, so the GPU, the host
+  build and the torch backend produce the same bytes. On the device each one is an explicit inline-PTX
+  instruction without .ftz (cq_add, cq_sub, cq_mul, cq_div, cq_rint, cq_floor, cq_clamp): the compiler can
+  neither contract it into an FMA nor flush subnormals, whatever -ftz / -fmad flags the module is built
+  with (CuPy appends -ftz=true). Comparisons that could see a subnormal (absmax, scale > 0, finiteness)
+  are done on the bit patterns.
+
+Batches of rows (encode_rows / decode_rows; ccoll/codecs/base.py): a 1-D tensor of numel values is read
+as `rows` rows of row_numel values, zero past its end; row i is one payload of row_numel values (layout
+below) at byte i * row_nbytes of a [rows, row_nbytes] buffer. Error feedback (optional, fp32 residuals r of
+rows * row_numel values): c = x + r in fp32, rounded to the input type, is what is encoded; then
+r = c - decode (the decode rounded to the input type), non-finite residuals -> 0, residuals of padding
+(index >= numel) -> 0. The stochastic index of element j of row i is i * row_numel + j.
 
 Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
   [scales: nblocks fp32, zero-padded to a multiple of 16 bytes]
@@ -24,13 +34,14 @@ Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
   values) and no two blocks share a byte or a word; the 16-byte padding keeps every row of a [p, nbytes]
   batch of payloads 16-byte aligned for vector loads, and lets the last word be written whole.
 
-Thread mapping (GPU):
-  encode: a "team" of T lanes (T = min(32, next_pow2(B / G)), a power of two, so teams never straddle a
-          warp) per quant block; each lane handles whole 32-bit q words (G consecutive inputs, one 16- or
+Thread mapping (GPU; each `__global__` only maps threads to work, the per-block / per-word functions are
+shared with the host build):
+  encode_rows: a "team" of T lanes (T = min(32, next_pow2(B / G)), a power of two, so teams never straddle a
+          warp) per quant block of any row (grid over rows * blocks_per_row blocks); each lane handles whole 32-bit q words (G consecutive inputs, one 16- or
           32-byte vector load when aligned), absmax by __shfl_xor_sync within the team, then a second pass
           over the same (L1/L2-resident) inputs writes the q words. Coalesced: consecutive lanes touch
           consecutive words, consecutive teams consecutive blocks.
-  decode: one thread per q word (G outputs, vector store when aligned); pure streaming.
+  decode_rows: one thread per q word of any row (G outputs, vector store when aligned); pure streaming.
   decode_sum: one thread per q word of the output, looping over the p payload rows in order 0..p-1.
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
@@ -72,26 +83,60 @@ CQ_HD cq_u32 cq_f2u(float f) {
 #endif
 }
 
-// a + b and a * b, each rounded once (never fused into an FMA)
-CQ_HD float cq_add(float a, float b) {
+// IEEE fp32 operations, each rounded once to nearest even, never fused, subnormals kept (see the header):
+// on the device one PTX instruction without .ftz, on the host the C operator / libm function
 #ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
+#define CQ_FP32_BINARY(NAME, PTX, OP)                                                 \
+    CQ_HD float NAME(float a, float b) {                                              \
+        float r;                                                                      \
+        asm(PTX " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                           \
+        return r;                                                                     \
+    }
+#define CQ_FP32_UNARY(NAME, PTX, LIBM)                                                \
+    CQ_HD float NAME(float a) {                                                       \
+        float r;                                                                      \
+        asm(PTX " %0, %1;" : "=f"(r) : "f"(a));                                       \
+        return r;                                                                     \
+    }
 #else
-    return a + b;
+#define CQ_FP32_BINARY(NAME, PTX, OP) \
+    CQ_HD float NAME(float a, float b) { return a OP b; }
+#define CQ_FP32_UNARY(NAME, PTX, LIBM) \
+    CQ_HD float NAME(float a) { return LIBM(a); }
+#endif
+CQ_FP32_BINARY(cq_add, "add.rn.f32", +)
+CQ_FP32_BINARY(cq_sub, "sub.rn.f32", -)
+CQ_FP32_BINARY(cq_mul, "mul.rn.f32", *)
+CQ_FP32_BINARY(cq_div, "div.rn.f32", /)
+CQ_FP32_UNARY(cq_rint, "cvt.rni.f32.f32", rintf)  // to the nearest integer, ties to even
+CQ_FP32_UNARY(cq_floor, "cvt.rmi.f32.f32", floorf)
+
+// an integer-valued float as int (a plain (int) cast is a .ftz conversion under -ftz)
+CQ_HD int cq_f2i(float a) {
+#ifdef __CUDA_ARCH__
+    int r;
+    asm("cvt.rzi.s32.f32 %0, %1;" : "=r"(r) : "f"(a));
+    return r;
+#else
+    return (int)a;
 #endif
 }
 
-CQ_HD float cq_mul(float a, float b) {
+// min(max(a, -m), m) for non-NaN a
+CQ_HD float cq_clamp(float a, float m) {
 #ifdef __CUDA_ARCH__
-    return __fmul_rn(a, b);
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(-m));
+    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(r), "f"(m));
+    return r;
 #else
-    return a * b;
+    return fminf(fmaxf(a, -m), m);
 #endif
 }
 
 #define CQ_INF_BITS 0x7f800000u
 #define CQ_NAN_BITS 0x7fc00000u
-#define CQ_FLT_MAX 3.40282346638528859812e+38f
+#define CQ_FLT_MAX_BITS 0x7f7fffffu
 
 // ------------------------------------------------------------------------------------------------
 // element types: conversion to / from fp32 by hand (no cuda_bf16.h / cuda_fp16.h under NVRTC), with
@@ -122,7 +167,7 @@ struct CqF16 {
         const cq_u32 mant = (cq_u32)h & 0x3ffu;
         if (expo == 0x1fu) return cq_u2f(sign | CQ_INF_BITS | (mant << 13));
         if (expo == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
-            const float v = (float)mant * 5.9604644775390625e-08f;
+            const float v = cq_mul((float)mant, 5.9604644775390625e-08f);
             return cq_u2f(sign | cq_f2u(v));
         }
         return cq_u2f(sign | ((expo + 112u) << 23) | (mant << 13));
@@ -135,8 +180,8 @@ struct CqF16 {
         if (a >= 0x477ff000u) return (storage)(sign | 0x7c00u);  // >= 65520 rounds to +-Inf
         if (a < 0x38800000u) {                                   // below 2^-14: fp16 subnormal or zero
             // |f| * 2^24 is exact (power-of-two scaling inside the normal range); rint = ties-to-even
-            const float m = rintf(cq_mul(cq_u2f(a), 16777216.0f));
-            return (storage)(sign | (cq_u32)m);
+            const float m = cq_rint(cq_mul(cq_u2f(a), 16777216.0f));
+            return (storage)(sign | (cq_u32)cq_f2i(m));
         }
         a += 0xc8000fffu + ((a >> 13) & 1u);  // rebias exponent (-112 << 23), round to nearest even
         return (storage)(sign | (a >> 13));
@@ -170,7 +215,7 @@ CQ_HD cq_u32 cq_mix32(cq_u32 x) {
     return x;
 }
 
-// one key per (seed, 2^32-element segment); segments never split a q word (G divides 2^32)
+// one key per (seed, 2^32-element segment)
 CQ_HD cq_u32 cq_stream_key(cq_u32 seed, cq_u64 index) {
     return cq_mix32(seed ^ cq_mix32((cq_u32)(index >> 32) + 0x9e3779b9u));
 }
@@ -178,18 +223,15 @@ CQ_HD cq_u32 cq_stream_key(cq_u32 seed, cq_u64 index) {
 // u in [0, 1): 24 random bits, exact in fp32
 CQ_HD float cq_uniform(cq_u32 key, cq_u64 index) {
     const cq_u32 h = cq_mix32(cq_mix32((cq_u32)index ^ key) + key);
-    return (float)(h >> 8) * 5.9604644775390625e-08f;
+    return cq_mul((float)(h >> 8), 5.9604644775390625e-08f);
 }
 
 // ------------------------------------------------------------------------------------------------
 // per-block and per-word logic (shared by the GPU kernels and the host entry points)
 
-// running max of |x| in which NaN counts as +Inf, so "absmax is not finite" detects both
-CQ_HD float cq_absmax_acc(float acc, float x) {
-    float a = fabsf(x);
-    if (!(a == a)) a = cq_u2f(CQ_INF_BITS);
-    return fmaxf(acc, a);
-}
+// |x| as a bit pattern: ordered like |x| for every x, NaN above +Inf, so the max over a block is exact,
+// needs no fp32 operation and "absmax is not finite" is one comparison
+CQ_HD cq_u32 cq_abs_bits(float x) { return cq_f2u(x) & 0x7fffffffu; }
 
 struct CqBlock {
     float scale;    // stored in the payload
@@ -198,18 +240,19 @@ struct CqBlock {
 };
 
 template <int BITS>
-CQ_HD CqBlock cq_block_params(float absmax) {
+CQ_HD CqBlock cq_block_params(cq_u32 absmax_bits) {
+    const float qmax = (float)CqBits<BITS>::QMAX;
     CqBlock b;
-    b.finite = absmax <= CQ_FLT_MAX;
+    b.finite = absmax_bits <= CQ_FLT_MAX_BITS;
     if (!b.finite) {
         b.scale = cq_u2f(CQ_NAN_BITS);
         b.divisor = cq_u2f(CQ_INF_BITS);
     } else {
-        b.scale = absmax / (float)CqBits<BITS>::QMAX;
+        b.scale = cq_div(cq_u2f(absmax_bits), qmax);
         // absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; take the next smaller scale
         // (the clamp then maps absmax to qmax)
-        if (!(cq_mul(b.scale, (float)CqBits<BITS>::QMAX) <= CQ_FLT_MAX)) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
-        b.divisor = b.scale > 0.0f ? b.scale : cq_u2f(CQ_INF_BITS);
+        if (cq_f2u(cq_mul(b.scale, qmax)) > CQ_FLT_MAX_BITS) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
+        b.divisor = cq_f2u(b.scale) != 0u ? b.scale : cq_u2f(CQ_INF_BITS);
     }
     return b;
 }
@@ -217,11 +260,9 @@ CQ_HD CqBlock cq_block_params(float absmax) {
 template <int BITS>
 CQ_HD int cq_quantize(float x, const CqBlock& b, bool stochastic, float u) {
     if (!b.finite) return 0;
-    const float qmax = (float)CqBits<BITS>::QMAX;
-    float v = x / b.divisor;
-    v = stochastic ? floorf(cq_add(v, u)) : rintf(v);
-    v = fminf(fmaxf(v, -qmax), qmax);
-    return (int)v;
+    float v = cq_div(x, b.divisor);
+    v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
+    return cq_f2i(cq_clamp(v, (float)CqBits<BITS>::QMAX));
 }
 
 // G inputs starting at global element index i0 (count valid ones) -> one q word
@@ -229,11 +270,14 @@ template <int BITS>
 CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool stochastic, cq_u32 seed, cq_i64 i0) {
     constexpr int G = CqBits<BITS>::G;
     constexpr cq_u32 MASK = (1u << BITS) - 1u;
-    const cq_u32 key = stochastic ? cq_stream_key(seed, (cq_u64)i0) : 0u;
+    cq_u32 key = stochastic ? cq_stream_key(seed, (cq_u64)i0) : 0u;
     cq_u32 w = 0;
 #pragma unroll
     for (int k = 0; k < G; ++k) {
         if (k < count) {
+            // a word of a row that is not word-aligned may straddle a 2^32-element segment (rare)
+            if (stochastic && k > 0 && ((cq_u64)(i0 + k) >> 32) != ((cq_u64)i0 >> 32))
+                key = cq_stream_key(seed, (cq_u64)(i0 + k));
             const float u = stochastic ? cq_uniform(key, (cq_u64)(i0 + k)) : 0.0f;
             w |= ((cq_u32)cq_quantize<BITS>(v[k], b, stochastic, u) & MASK) << (BITS * k);
         }
@@ -348,21 +392,21 @@ CQ_HD void cq_zero_padding(cq_u8* payload, cq_i64 numel, cq_i64 block) {
     for (cq_i64 i = (numel + G - 1) / G; i < cq_q_nbytes<BITS>(numel) / 4; ++i) qwords[i] = 0;
 }
 
-// block index of q word w without a 64-bit division per word: a shift when the block's word count is a
-// power of two (log2_words >= 0), else a 32-bit division while the indices fit (always, below 2^32 words)
-struct CqWordToBlock {
-    cq_i64 words;   // q words per block (block / G)
-    int log2_words; // -1 if words is not a power of two
-    CQ_HD CqWordToBlock(cq_i64 block, int G) : words(block / G), log2_words(-1) {
-        if ((words & (words - 1)) == 0) {
-            log2_words = 0;
-            while (((cq_i64)1 << log2_words) < words) ++log2_words;
+// n / d without a 64-bit division per call: a shift when d is a power of two, else a 32-bit division
+// while n fits (always, below 2^32 words or blocks)
+struct CqDiv {
+    cq_i64 d;
+    int log2_d;  // -1 if d is not a power of two
+    CQ_HD explicit CqDiv(cq_i64 divisor) : d(divisor), log2_d(-1) {
+        if ((d & (d - 1)) == 0) {
+            log2_d = 0;
+            while (((cq_i64)1 << log2_d) < d) ++log2_d;
         }
     }
-    CQ_HD cq_i64 operator()(cq_i64 w) const {
-        if (log2_words >= 0) return w >> log2_words;
-        if (w <= 0xffffffffll) return (cq_i64)((cq_u32)w / (cq_u32)words);
-        return w / words;
+    CQ_HD cq_i64 operator()(cq_i64 n) const {
+        if (log2_d >= 0) return n >> log2_d;
+        if (n <= 0xffffffffll && d <= 0xffffffffll) return (cq_i64)((cq_u32)n / (cq_u32)d);
+        return n / d;
     }
 };
 
@@ -379,76 +423,186 @@ CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 scale_nbytes, cq_i64 w, c
 }
 
 // ------------------------------------------------------------------------------------------------
-// GPU kernels: only the thread -> block/word mapping and the warp reduction live here
+// batches of rows: the per-block encode and the per-word decode, shared by the GPU and the host build
+
+// `rows` rows of row_numel values read from a 1-D tensor of numel values (zero past its end)
+template <int BITS>
+struct CqRows {
+    cq_i64 numel, rows, row_numel, block;
+    cq_i64 blocks_per_row, words_per_row, scale_nbytes, row_nbytes;
+    CQ_HD CqRows(cq_i64 numel_, cq_i64 rows_, cq_i64 row_numel_, cq_i64 block_)
+        : numel(numel_), rows(rows_), row_numel(row_numel_), block(block_),
+          blocks_per_row(cq_nblocks(row_numel_, block_)),
+          words_per_row((row_numel_ + CqBits<BITS>::G - 1) / CqBits<BITS>::G),
+          scale_nbytes(cq_scale_nbytes(row_numel_, block_)),
+          row_nbytes(cq_scale_nbytes(row_numel_, block_) + cq_q_nbytes<BITS>(row_numel_)) {}
+    // every row starts on a q word of the tensor: whole words are aligned vector accesses
+    CQ_HD bool word_aligned() const { return row_numel % CqBits<BITS>::G == 0; }
+};
+
+CQ_HD bool cq_aligned16(const void* p) { return (reinterpret_cast<cq_u64>(p) & 15u) == 0; }
+
+// the lanes that encode one quant block: a serial "team" of one on the host, T lanes of a warp on the GPU
+struct CqTeam {
+    int lane, size;
+    // max over the team's lanes (every lane of the warp must call it)
+    CQ_HD cq_u32 max(cq_u32 v) const {
+#ifdef __CUDA_ARCH__
+        for (int off = size >> 1; off > 0; off >>= 1) {
+            const cq_u32 o = __shfl_xor_sync(0xffffffffu, v, off);
+            v = o > v ? o : v;
+        }
+#endif
+        return v;
+    }
+};
 
 template <class Tr, int BITS>
-__device__ void cq_encode_kernel(const typename Tr::storage* x, cq_i64 numel, cq_i64 block, int team,
-                                 int stochastic, cq_u32 seed, cq_u8* payload) {
-    constexpr int G = CqBits<BITS>::G;
-    const cq_i64 nblocks = cq_nblocks(numel, block);
-    float* scales = reinterpret_cast<float*>(payload);
-    cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + cq_scale_nbytes(numel, block));
-    const bool vec = (reinterpret_cast<cq_u64>(x) & 15u) == 0;
-    const int lane = threadIdx.x & 31;
-    const int tlane = lane & (team - 1);
-    const int teams_per_warp = 32 / team;
-    const cq_i64 warp = ((cq_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const cq_i64 nwarps = ((cq_i64)gridDim.x * blockDim.x) >> 5;
-    if (blockIdx.x == 0 && threadIdx.x == 0) cq_zero_padding<BITS>(payload, numel, block);
-    // the loop bound is warp-uniform, so every lane reaches every shuffle
-    for (cq_i64 base = warp * teams_per_warp; base < nblocks; base += nwarps * teams_per_warp) {
-        const cq_i64 b = base + lane / team;
-        const cq_i64 start = b * block;
-        const cq_i64 len = b < nblocks ? cq_min(block, numel - start) : 0;
-        float absmax = 0.0f;
-        for (cq_i64 w = tlane; w * G < len; w += team) {
-            float v[G];
-            cq_load_word<Tr, G>(x, start + w * G, (int)cq_min(G, len - w * G), vec, v);
+struct CqEncodeRows {
+    typedef typename Tr::storage S;
+    static constexpr int G = CqBits<BITS>::G;
+    const S* x;
+    float* feedback;  // rows * row_numel fp32 residuals, or null
+    cq_u8* out;       // [rows, row_nbytes]
+    CqRows<BITS> g;
+    CqDiv row_of_block;
+    bool stochastic;
+    cq_u32 seed;
+    bool vec_x, vec_fb;
+
+    CQ_HD CqEncodeRows(const S* x_, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int stochastic_,
+                       cq_u32 seed_, float* feedback_, cq_u8* out_)
+        : x(x_), feedback(feedback_), out(out_), g(numel, rows, row_numel, block),
+          row_of_block(cq_nblocks(row_numel, block)), stochastic(stochastic_ != 0), seed(seed_),
+          vec_x(cq_aligned16(x_) && g.word_aligned()), vec_fb(cq_aligned16(feedback_) && g.word_aligned()) {}
+
+    // the `count` values at padded index e: c = x (+ residual) in fp32 and sent = c rounded to the input type
+    CQ_HD void load(cq_i64 e, int count, float* c, float* sent) const {
+        const cq_i64 have = g.numel - e;
+        const int count_x = have <= 0 ? 0 : (int)cq_min(count, have);
+        cq_load_word<Tr, G>(x, e, count_x, vec_x, c);
+        if (feedback == nullptr) {
 #pragma unroll
-            for (int k = 0; k < G; ++k) absmax = cq_absmax_acc(absmax, v[k]);
+            for (int k = 0; k < G; ++k) sent[k] = c[k];
+            return;
         }
-        for (int off = team >> 1; off > 0; off >>= 1)
-            absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, off));
-        if (len == 0) continue;
+        float r[G];
+        cq_load_word<CqF32, G>(reinterpret_cast<const cq_u32*>(feedback), e, count, vec_fb, r);
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+            c[k] = cq_add(c[k], r[k]);
+            sent[k] = Tr::to_f(Tr::from_f(c[k]));
+        }
+    }
+
+    // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max
+    CQ_HD void block(cq_i64 unit, const CqTeam& t) const {
+        const bool valid = unit < g.rows * g.blocks_per_row;
+        const cq_i64 row = valid ? row_of_block(unit) : 0;
+        const cq_i64 b = unit - row * g.blocks_per_row;
+        const cq_i64 start = b * g.block;  // in the row
+        const cq_i64 len = valid ? cq_min(g.block, g.row_numel - start) : 0;
+        const cq_i64 e0 = row * g.row_numel + start;
+        cq_u32 absmax = 0;
+        for (cq_i64 w = t.lane; w * G < len; w += t.size) {
+            float c[G], sent[G];
+            load(e0 + w * G, (int)cq_min(G, len - w * G), c, sent);
+#pragma unroll
+            for (int k = 0; k < G; ++k) {
+                const cq_u32 a = cq_abs_bits(sent[k]);
+                absmax = a > absmax ? a : absmax;
+            }
+        }
+        absmax = t.max(absmax);
+        if (len == 0) return;
         const CqBlock bp = cq_block_params<BITS>(absmax);
-        if (tlane == 0) scales[b] = bp.scale;
-        for (cq_i64 w = tlane; w * G < len; w += team) {
-            float v[G];
+        cq_u8* payload = out + row * g.row_nbytes;
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
+        if (t.lane == 0) {
+            reinterpret_cast<float*>(payload)[b] = bp.scale;
+            if (b == g.blocks_per_row - 1) cq_zero_padding<BITS>(payload, g.row_numel, g.block);
+        }
+        for (cq_i64 w = t.lane; w * G < len; w += t.size) {
+            const cq_i64 e = e0 + w * G;
             const int count = (int)cq_min(G, len - w * G);
-            cq_load_word<Tr, G>(x, start + w * G, count, vec, v);
-            qwords[start / G + w] = cq_encode_word<BITS>(v, count, bp, stochastic != 0, seed, start + w * G);
+            float c[G], sent[G];
+            load(e, count, c, sent);
+            const cq_u32 word = cq_encode_word<BITS>(sent, count, bp, stochastic, seed, e);
+            qwords[start / G + w] = word;
+            if (feedback != nullptr) {  // residual = c - what the receivers decode
+                float r[G];
+                cq_decode_word<BITS>(word, bp.scale, r);
+#pragma unroll
+                for (int k = 0; k < G; ++k) {
+                    r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(r[k])));
+                    if (cq_abs_bits(r[k]) >= CQ_INF_BITS || e + k >= g.numel) r[k] = 0.0f;
+                }
+                cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
+            }
         }
     }
-}
+};
 
 template <class Tr, int BITS>
-__device__ void cq_decode_kernel(const cq_u8* payload, cq_i64 numel, cq_i64 block, typename Tr::storage* y) {
-    constexpr int G = CqBits<BITS>::G;
-    const float* scales = reinterpret_cast<const float*>(payload);
-    const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + cq_scale_nbytes(numel, block));
-    const bool vec = (reinterpret_cast<cq_u64>(y) & 15u) == 0;
-    const cq_i64 nwords = (numel + G - 1) / G;
-    const CqWordToBlock block_of(block, G);
-    for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < nwords; w += (cq_i64)gridDim.x * blockDim.x) {
-        float v[G];
-        cq_decode_word<BITS>(qwords[w], scales[block_of(w)], v);
-        cq_store_word<Tr, G>(y, w * G, (int)cq_min(G, numel - w * G), vec, v);
+struct CqDecodeRows {
+    typedef typename Tr::storage S;
+    static constexpr int G = CqBits<BITS>::G;
+    const cq_u8* payloads;  // [rows, row_nbytes]
+    S* y;                   // numel values
+    CqRows<BITS> g;
+    CqDiv row_of_word, block_of_word;
+    bool vec;
+
+    CQ_HD CqDecodeRows(const cq_u8* payloads_, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, S* y_)
+        : payloads(payloads_), y(y_), g(numel, rows, row_numel, block),
+          row_of_word((row_numel + G - 1) / G), block_of_word(block / G),
+          vec(cq_aligned16(y_) && g.word_aligned()) {}
+
+    // q words of every row whose values lie (at least partly) below numel
+    CQ_HD cq_i64 nwords() const {
+        const cq_i64 rows = cq_min(g.rows, (g.numel + g.row_numel - 1) / g.row_numel);
+        return rows * g.words_per_row;
     }
-}
 
+    CQ_HD void word(cq_i64 word_index) const {
+        const cq_i64 row = g.rows == 1 ? 0 : row_of_word(word_index);  // no division per word for one row
+        word_of_row(row, word_index - row * g.words_per_row);
+    }
+
+    // q word w of payload row `row`
+    CQ_HD void word_of_row(cq_i64 row, cq_i64 w) const {
+        const cq_i64 e = row * g.row_numel + w * G;
+        const cq_i64 count = cq_min(cq_min(G, g.row_numel - w * G), g.numel - e);
+        if (count <= 0) return;
+        const cq_u8* payload = payloads + row * g.row_nbytes;
+        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
+        float v[G];
+        cq_decode_word<BITS>(qwords[w], reinterpret_cast<const float*>(payload)[block_of_word(w)], v);
+        cq_store_word<Tr, G>(y, e, (int)count, vec, v);
+    }
+};
+
+// fp32 row-order sum of the decodes of p payloads of numel values each, per q word
 template <class Tr, int BITS>
-__device__ void cq_decode_sum_kernel(const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel,
-                                     cq_i64 block, float* out) {
-    constexpr int G = CqBits<BITS>::G;
-    const bool vec = (reinterpret_cast<cq_u64>(out) & 15u) == 0;
-    const cq_i64 nwords = (numel + G - 1) / G;
-    const cq_i64 scale_nbytes = cq_scale_nbytes(numel, block);
-    const CqWordToBlock block_of(block, G);
-    for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < nwords; w += (cq_i64)gridDim.x * blockDim.x) {
+struct CqDecodeSum {
+    static constexpr int G = CqBits<BITS>::G;
+    const cq_u8* payloads;
+    cq_i64 p, row_nbytes, numel, scale_nbytes;
+    CqDiv block_of_word;
+    float* out;
+    bool vec;
+
+    CQ_HD CqDecodeSum(const cq_u8* payloads_, cq_i64 p_, cq_i64 row_nbytes_, cq_i64 numel_, cq_i64 block, float* out_)
+        : payloads(payloads_), p(p_), row_nbytes(row_nbytes_), numel(numel_),
+          scale_nbytes(cq_scale_nbytes(numel_, block)), block_of_word(block / G), out(out_), vec(cq_aligned16(out_)) {}
+
+    CQ_HD cq_i64 nwords() const { return (numel + G - 1) / G; }
+
+    CQ_HD void word(cq_i64 w) const {
         float acc[G];
 #pragma unroll
         for (int k = 0; k < G; ++k) acc[k] = 0.0f;
-        const cq_i64 b = block_of(w);
+        const cq_i64 b = block_of_word(w);
         for (cq_i64 r = 0; r < p; ++r) {
             float v[G];
             cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
@@ -457,23 +611,49 @@ __device__ void cq_decode_sum_kernel(const cq_u8* payloads, cq_i64 p, cq_i64 row
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), vec, acc);
     }
+};
+
+// ------------------------------------------------------------------------------------------------
+// GPU kernels: only the thread -> block/word mapping lives here
+
+template <class Tr, int BITS>
+__device__ void cq_encode_rows_kernel(const CqEncodeRows<Tr, BITS>& a, int team) {
+    const int lane = threadIdx.x & 31;
+    const CqTeam t = {lane & (team - 1), team};
+    const int teams_per_warp = 32 / team;
+    const cq_i64 warp = ((cq_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const cq_i64 nwarps = ((cq_i64)gridDim.x * blockDim.x) >> 5;
+    const cq_i64 units = a.g.rows * a.g.blocks_per_row;
+    // the loop bound is warp-uniform, so every lane reaches the team max
+    for (cq_i64 base = warp * teams_per_warp; base < units; base += nwarps * teams_per_warp)
+        a.block(base + lane / team, t);
 }
 
-// extern "C" entry points: ccoll_int{8,4}_{encode,decode,decode_sum}_{f32,bf16,f16}
+// one thread per q word (decode_rows, decode_sum)
+template <class Op>
+__device__ void cq_words_kernel(const Op& op) {
+    const cq_i64 n = op.nwords();
+    for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < n; w += (cq_i64)gridDim.x * blockDim.x)
+        op.word(w);
+}
+
+// extern "C" entry points: ccoll_int{8,4}_{encode_rows,decode_rows,decode_sum}_{f32,bf16,f16}
+// (ccoll/codecs/quant.py CUDA_KERNELS lists them)
 #define CQ_GLOBALS(BITS, NAME, TR)                                                                        \
-    extern "C" __global__ void ccoll_int##BITS##_encode_##NAME(const TR::storage* x, cq_i64 numel,        \
-                                                               cq_i64 block, int team, int stochastic,   \
-                                                               cq_u32 seed, cq_u8* payload) {            \
-        cq_encode_kernel<TR, BITS>(x, numel, block, team, stochastic, seed, payload);                    \
+    extern "C" __global__ void ccoll_int##BITS##_encode_rows_##NAME(                                      \
+        const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
+        int stochastic, cq_u32 seed, float* feedback, cq_u8* out) {                                       \
+        cq_encode_rows_kernel<TR, BITS>(                                                                  \
+            CqEncodeRows<TR, BITS>(x, numel, rows, row_numel, block, stochastic, seed, feedback, out), team); \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_int##BITS##_decode_##NAME(const cq_u8* payload, cq_i64 numel,        \
-                                                               cq_i64 block, TR::storage* y) {            \
-        cq_decode_kernel<TR, BITS>(payload, numel, block, y);                                            \
+    extern "C" __global__ void ccoll_int##BITS##_decode_rows_##NAME(                                      \
+        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
+        cq_words_kernel(CqDecodeRows<TR, BITS>(payloads, rows, row_numel, numel, block, y));             \
     }                                                                                                     \
     extern "C" __global__ void ccoll_int##BITS##_decode_sum_##NAME(const cq_u8* payloads, cq_i64 p,       \
                                                                    cq_i64 row_nbytes, cq_i64 numel,      \
                                                                    cq_i64 block, float* out) {           \
-        cq_decode_sum_kernel<TR, BITS>(payloads, p, row_nbytes, numel, block, out);                      \
+        cq_words_kernel(CqDecodeSum<TR, BITS>(payloads, p, row_nbytes, numel, block, out));              \
     }
 
 CQ_GLOBALS(8, f32, CqF32)
@@ -484,90 +664,53 @@ CQ_GLOBALS(4, bf16, CqBF16)
 CQ_GLOBALS(4, f16, CqF16)
 
 // ------------------------------------------------------------------------------------------------
-// host build: the "emulated" backend
+// host build: the "emulated" backend (OpenMP over the same blocks / words)
 
 #ifdef CCOLL_HOST
 template <class Tr, int BITS>
-static void cq_host_encode(const typename Tr::storage* x, cq_i64 numel, cq_i64 block, int stochastic,
-                           cq_u32 seed, cq_u8* payload) {
-    constexpr int G = CqBits<BITS>::G;
-    const cq_i64 nblocks = cq_nblocks(numel, block);
-    float* scales = reinterpret_cast<float*>(payload);
-    cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + cq_scale_nbytes(numel, block));
-    cq_zero_padding<BITS>(payload, numel, block);
+static void cq_host_encode_rows(const CqEncodeRows<Tr, BITS>& a) {
+    const cq_i64 units = a.g.rows * a.g.blocks_per_row;
+    const CqTeam t = {0, 1};
 #pragma omp parallel for schedule(static)
-    for (cq_i64 b = 0; b < nblocks; ++b) {
-        const cq_i64 start = b * block;
-        const cq_i64 len = cq_min(block, numel - start);
-        float absmax = 0.0f;
-        for (cq_i64 w = 0; w * G < len; ++w) {
-            float v[G];
-            cq_load_word<Tr, G>(x, start + w * G, (int)cq_min(G, len - w * G), false, v);
-            for (int k = 0; k < G; ++k) absmax = cq_absmax_acc(absmax, v[k]);
-        }
-        const CqBlock bp = cq_block_params<BITS>(absmax);
-        scales[b] = bp.scale;
-        for (cq_i64 w = 0; w * G < len; ++w) {
-            float v[G];
-            const int count = (int)cq_min(G, len - w * G);
-            cq_load_word<Tr, G>(x, start + w * G, count, false, v);
-            qwords[start / G + w] = cq_encode_word<BITS>(v, count, bp, stochastic != 0, seed, start + w * G);
-        }
-    }
+    for (cq_i64 u = 0; u < units; ++u) a.block(u, t);
+}
+
+template <class Op>
+static void cq_host_words(const Op& op) {
+    const cq_i64 n = op.nwords();
+#pragma omp parallel for schedule(static)
+    for (cq_i64 w = 0; w < n; ++w) op.word(w);
 }
 
 template <class Tr, int BITS>
-static void cq_host_decode(const cq_u8* payload, cq_i64 numel, cq_i64 block, typename Tr::storage* y) {
-    constexpr int G = CqBits<BITS>::G;
-    const float* scales = reinterpret_cast<const float*>(payload);
-    const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + cq_scale_nbytes(numel, block));
-    const cq_i64 nwords = (numel + G - 1) / G;
-    const CqWordToBlock block_of(block, G);
+static void cq_host_words(const CqDecodeRows<Tr, BITS>& op) {  // row by row: no division per word
+    const cq_i64 rows = op.nwords() / op.g.words_per_row;
+    for (cq_i64 row = 0; row < rows; ++row) {
 #pragma omp parallel for schedule(static)
-    for (cq_i64 w = 0; w < nwords; ++w) {
-        float v[G];
-        cq_decode_word<BITS>(qwords[w], scales[block_of(w)], v);
-        cq_store_word<Tr, G>(y, w * G, (int)cq_min(G, numel - w * G), false, v);
-    }
-}
-
-template <class Tr, int BITS>
-static void cq_host_decode_sum(const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block,
-                               float* out) {
-    constexpr int G = CqBits<BITS>::G;
-    const cq_i64 nwords = (numel + G - 1) / G;
-    const cq_i64 scale_nbytes = cq_scale_nbytes(numel, block);
-    const CqWordToBlock block_of(block, G);
-#pragma omp parallel for schedule(static)
-    for (cq_i64 w = 0; w < nwords; ++w) {
-        float acc[G];
-        for (int k = 0; k < G; ++k) acc[k] = 0.0f;
-        const cq_i64 b = block_of(w);
-        for (cq_i64 r = 0; r < p; ++r) {
-            float v[G];
-            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
-            for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
-        }
-        cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), false, acc);
+        for (cq_i64 w = 0; w < op.g.words_per_row; ++w) op.word_of_row(row, w);
     }
 }
 
 #define CQ_HOST(BITS, NAME, TR)                                                                           \
-    extern "C" void ccoll_host_int##BITS##_encode_##NAME(const void* x, cq_i64 numel, cq_i64 block,       \
-                                                         int stochastic, cq_u32 seed, void* payload) {   \
-        cq_host_encode<TR, BITS>(static_cast<const TR::storage*>(x), numel, block, stochastic, seed,     \
-                                 static_cast<cq_u8*>(payload));                                          \
+    extern "C" void ccoll_host_int##BITS##_encode_rows_##NAME(const void* x, cq_i64 numel, cq_i64 rows,   \
+                                                              cq_i64 row_numel, cq_i64 block,            \
+                                                              int stochastic, cq_u32 seed,               \
+                                                              void* feedback, void* out) {               \
+        cq_host_encode_rows(CqEncodeRows<TR, BITS>(static_cast<const TR::storage*>(x), numel, rows,      \
+                                                   row_numel, block, stochastic, seed,                   \
+                                                   static_cast<float*>(feedback), static_cast<cq_u8*>(out))); \
     }                                                                                                     \
-    extern "C" void ccoll_host_int##BITS##_decode_##NAME(const void* payload, cq_i64 numel, cq_i64 block, \
-                                                         void* y) {                                      \
-        cq_host_decode<TR, BITS>(static_cast<const cq_u8*>(payload), numel, block,                       \
-                                 static_cast<TR::storage*>(y));                                          \
+    extern "C" void ccoll_host_int##BITS##_decode_rows_##NAME(const void* payloads, cq_i64 rows,          \
+                                                              cq_i64 row_numel, cq_i64 numel,            \
+                                                              cq_i64 block, void* y) {                   \
+        cq_host_words(CqDecodeRows<TR, BITS>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel, \
+                                             block, static_cast<TR::storage*>(y)));                      \
     }                                                                                                     \
     extern "C" void ccoll_host_int##BITS##_decode_sum_##NAME(const void* payloads, cq_i64 p,              \
                                                              cq_i64 row_nbytes, cq_i64 numel,            \
                                                              cq_i64 block, void* out) {                  \
-        cq_host_decode_sum<TR, BITS>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel, block,   \
-                                     static_cast<float*>(out));                                          \
+        cq_host_words(CqDecodeSum<TR, BITS>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,   \
+                                            block, static_cast<float*>(out)));                           \
     }
 
 CQ_HOST(8, f32, CqF32)

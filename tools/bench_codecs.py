@@ -7,6 +7,11 @@
     1 and 2 threads. "wall" is elapsed time (best of --repeat); "cpu" is input bytes per CPU-second of this
     process (user + sys, so page faults count) -- on a loaded machine that is the per-core figure.
 
+(c) With --rows P: the batched API at P rows of the same tensor (1 thread unless --threads), GB/s of fp32
+    input per CPU-second: encode_rows, encode_rows with error feedback, decode_rows, decode_sum (P payloads of numel/P
+    values), each beside the per-row loop it replaces (the base class's reference loop: one encode /
+    decode per row; with feedback compensate + encode + decode + subtract as separate ops per row).
+
 Only the generic API is used (ccoll.get_codec(spec, backend=...)); specs whose codec is not registered
 are skipped with a note. Fresh-page faults dominate decode on machines where they are expensive (VMs):
 run with THP_MEM_ALLOC_ENABLE=1 (torch then asks for transparent huge pages) to see the codec itself.
@@ -155,6 +160,44 @@ def throughput(numel: int, threads: list[int], backends: list[str], repeat: int,
     return rows
 
 
+def rows_throughput(numel: int, p: int, specs: list[str], backends: list[str], repeat: int) -> list[dict]:
+    from ccoll.codecs.base import Codec
+
+    x = torch.randn(numel)
+    row = -(-numel // p)
+    nbytes = numel * x.element_size()
+    print(f"\n### batched API, {p} rows of a {nbytes >> 20} MiB fp32 tensor: GB/s per CPU-second (a loaded machine's "
+          f"per-core figure), batched vs per-row loop\n")
+    print("| codec | backend | op | batched | per-row loop | speedup |")
+    print("|---|---|---|---:|---:|---:|")
+    out_rows = []
+    for spec in [s for s in specs if available(s)]:
+        for backend in backends:
+            c = ccoll.get_codec(spec, backend=backend)
+            enc = torch.empty(p, c.encoded_nbytes(row, x.dtype), dtype=torch.uint8)
+            fb = torch.zeros(p * row)
+            y = torch.empty(numel)
+            c.encode_rows(x, enc, row)
+            ops = {  # name: (batched, per-row loop)
+                "encode_rows": (lambda: c.encode_rows(x, enc, row),
+                                lambda: Codec._encode_rows_generic(c, x, enc, row, None, 0)),
+                "encode_rows+feedback": (lambda: c.encode_rows(x, enc, row, feedback=fb),
+                                         lambda: Codec._encode_rows_generic(c, x, enc, row, fb, 0)),
+                "decode_rows": (lambda: c.decode_rows(enc, y, row),
+                                lambda: Codec._decode_rows_generic(c, enc, y, row)),
+                "decode_sum": (lambda: c.decode_sum(enc, row, x.dtype, out=y[:row]),
+                               lambda: sum(c.decode(r, row, x.dtype) for r in enc)),
+            }
+            for op, (batched, loop) in ops.items():
+                tb, tl = _time(batched, repeat)[1], _time(loop, repeat)[1]
+                r = {"spec": spec, "backend": backend, "op": op, "rows": p,
+                     "batched_gbs": nbytes / tb / 1e9, "loop_gbs": nbytes / tl / 1e9}
+                out_rows.append(r)
+                print(f"| {spec} | {backend} | {op} | {r['batched_gbs']:.2f} | {r['loop_gbs']:.2f} | {tl / tb:.2f}x |",
+                      flush=True)
+    return out_rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rd-numel", type=int, default=1 << 22, help="values per rate-distortion data set")
@@ -165,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specs", help="semicolon-separated codec specs for the throughput table (default: all)")
     ap.add_argument("--skip-rd", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--rows", type=int, help="also measure the batched API at this many rows (table c)")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = ap.parse_args(argv)
@@ -180,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         threads = [int(t) for t in args.threads.split(",") if t]
         only = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else None
         result["throughput"] = throughput(args.tp_numel, threads, args.backends.split(","), args.repeat, only)
+    if args.rows:
+        _set_threads(int(args.threads.split(",")[0]))
+        specs = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else ["int8:block=256", "int4:block=64"]
+        result["rows"] = rows_throughput(args.tp_numel, args.rows, specs, args.backends.split(","), args.repeat)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -19,9 +19,13 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
   Seed design note: the same seed on every call gives the same u at the same index, so repeated calls on
   similar data round the same way (errors stop averaging out over steps) and all ranks encoding equal-sized
   chunks use the same u sequence (errors correlate across ranks instead of cancelling in the sum). The
-  codec itself is stateless -- callers that encode repeatedly (collectives, error feedback) should derive a
-  per-call seed, e.g. ``codec.with_seed(hash32(base_seed, call_counter, rank))``; the seed does not
-  travel, so receivers do not need it.
+  codec itself is stateless -- callers that encode repeatedly (collectives, error feedback) pass a per-call
+  ``salt=`` (from step, call key, rank) to ``encode_rows``, which mixes it into the seed (``_salted``); the
+  seed does not travel, so receivers do not need it. In ``encode_rows`` the index of element j of row i is
+  i * row_numel + j, so rows never share a draw and block-aligned rows encode exactly like the whole tensor.
+- Batches: ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and ``decode_sum`` are one
+  kernel launch (cupy, emulated) / one vectorised pass (torch) for any number of rows; plain
+  ``encode`` / ``decode`` are the one-row case of the same code.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
 - Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
 - Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
@@ -44,8 +48,10 @@ from .base import CODECS, Codec, Param
 MAX_BLOCK = 1 << 20
 _FLT_MIN_NORMAL = 2.0**-126
 _U32 = 0xFFFFFFFF
-#: elements per torch-backend chunk: temporaries stay cache-resident and no large scratch is allocated
+#: elements per torch-backend piece: temporaries stay cache-resident and no large scratch is allocated
 _CHUNK_NUMEL = 1 << 20
+#: least elements per row of one decode_sum span (fewer, longer adds when there are many rows)
+_SUM_SPAN_NUMEL = 1 << 14
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through int16 views
     raise ImportError("ccoll.codecs.quant needs a little-endian host")
@@ -164,65 +170,53 @@ class BlockQuantCodec(Codec):
         _, scale_nbytes, q_nbytes = self._layout(numel)
         return scale_nbytes + q_nbytes
 
-    # --- torch backend --------------------------------------------------------------------------
+    # --- batches of rows, torch backend ----------------------------------------------------------
+    # One implementation: plain encode/decode are one row of numel values. The work is cut into pieces
+    # of ~_CHUNK_NUMEL values (whole rows, or whole blocks of one long row), each contiguous in the padded
+    # flat array, so temporaries stay cache-resident and the number of torch ops grows with the data, not
+    # with the number of rows.
     def _chunk_numel(self) -> int:
         return max(self.block, _CHUNK_NUMEL // self.block * self.block)
 
-    def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
-        numel = flat.numel()
-        nblocks, scale_nbytes, q_nbytes = self._layout(numel)
-        payload = _empty_cpu(scale_nbytes + q_nbytes, torch.uint8)
-        scales = payload[: 4 * nblocks].view(torch.float32)
-        payload[4 * nblocks : scale_nbytes].zero_()
-        qsec = payload[scale_nbytes:]
+    def _pieces(self, row_numel: int, limit: int):
+        """(r0, r1, j0, j1): rows r0..r1-1, row elements j0..j1-1 (j0 a multiple of ``block``) of a
+        [rows, row_numel] array, covering its flat indices below ``limit``."""
         chunk = self._chunk_numel()
-        work = _empty_cpu(min(chunk, numel), torch.float32)
-        wide = None if flat.dtype == torch.float32 else torch.empty_like(work)
-        if self.bits == 8:
-            qsec[numel:].zero_()
-            qbuf = qsec[:numel].view(torch.int8)
+        if row_numel <= chunk:
+            per, full = chunk // row_numel, limit // row_numel
+            for r0 in range(0, full, per):
+                yield r0, min(r0 + per, full), 0, row_numel
+            if limit % row_numel:
+                yield full, full + 1, 0, limit % row_numel
         else:
-            qsec[(numel + 1) // 2 :].zero_()
-            qbuf = torch.empty(min(chunk, numel) + 1, dtype=torch.int8)
-            pack_tmp = torch.empty((min(chunk, numel) + 1) // 2, dtype=torch.int16)
-        for start in range(0, numel, chunk):
-            stop = min(numel, start + chunk)
-            n = stop - start
-            q = qbuf[start:stop] if self.bits == 8 else qbuf[:n]
-            x = flat[start:stop] if wide is None else wide[:n].copy_(flat[start:stop])  # bf16/fp16: exact
-            self._quantize_chunk(x, scales[start // self.block : -(-stop // self.block)], q, work[:n], start)
-            if self.bits == 4:
-                if n % 2:
-                    qbuf[n] = 0
-                # pack through int16 words (little-endian: low byte = even element):
-                # byte = (low byte & 0x0F) | (high byte << 4), i.e. (word & 0x0F) | ((word >> 4) & 0xF0)
-                words = qbuf[: n + n % 2].view(torch.int16)
-                high = torch.bitwise_right_shift(words, 4, out=pack_tmp[: words.numel()]).bitwise_and_(0xF0)
-                words.bitwise_and_(0x0F).bitwise_or_(high)
-                qsec[start // 2 : start // 2 + words.numel()].copy_(words)
-        return payload
+            for r in range(-(-limit // row_numel)):
+                end = min(row_numel, limit - r * row_numel)
+                for j0 in range(0, end, chunk):
+                    yield r, r + 1, j0, min(j0 + chunk, end)
 
-    def _rows(self, t: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
-        """[full blocks as a [nfull, block] view, the partial tail block as [1, tail]] with row slices."""
-        n, block = t.numel(), self.block
-        nfull = n // block
+    def _blocks(self, t: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
+        """A [nr, L] view whose rows start on a block, as [(full blocks [nr, nfull, block], their block
+        slice), (the partial last block [nr, 1, tail], its slice)]."""
+        nr, length = t.shape
+        block = self.block
+        nfull = length // block
         parts = []
         if nfull:
-            parts.append((t[: nfull * block].view(nfull, block), slice(0, nfull)))
-        if n % block:
-            parts.append((t[nfull * block :].view(1, n % block), slice(nfull, nfull + 1)))
+            parts.append((t[:, : nfull * block].view(nr, nfull, block), slice(0, nfull)))
+        if length % block:
+            parts.append((t[:, nfull * block :].view(nr, 1, length % block), slice(nfull, nfull + 1)))
         return parts
 
-    def _quantize_chunk(self, x: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, v: torch.Tensor, index0: int) -> None:
-        """Quantize one chunk (a whole number of blocks, except possibly the tensor's tail) into q (int8),
-        writing its scales; x is fp32, v is fp32 scratch of the chunk's size."""
+    def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> None:
+        """Quantize x ([nr, L] fp32, rows starting on a block) into q ([nr, L] int8) and scales ([nr,
+        ceil(L/block)] fp32, contiguous). v: contiguous fp32 scratch [nr, L]; index0: stochastic index of
+        x[0, 0] (the rows are consecutive in the flat array)."""
         qmax = float(self.qmax)
         torch.abs(x, out=v)
-        absmax = torch.empty_like(scales)
-        for rows, sl in self._rows(v):
-            torch.amax(rows, dim=1, out=absmax[sl])  # NaN propagates, Inf stays Inf
-        finite = torch.isfinite(absmax)
-        torch.div(absmax, qmax, out=scales)
+        for rows, sl in self._blocks(v):
+            scales[:, sl] = rows.amax(dim=2)  # NaN propagates, Inf stays Inf
+        finite = torch.isfinite(scales)
+        scales.div_(qmax)
         # absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; use the next smaller scale
         overflow = torch.isinf(scales * qmax) & finite
         must_clamp = bool(overflow.any())
@@ -232,13 +226,13 @@ class BlockQuantCodec(Codec):
         all_finite = bool(finite.all())
         if not all_finite:
             scales.masked_fill_(~finite, math.nan)
-        for (rows_x, sl), (rows_v, _) in zip(self._rows(x), self._rows(v)):
-            torch.div(rows_x, divisor[sl, None], out=rows_v)
+        for (rows_x, sl), (rows_v, _) in zip(self._blocks(x), self._blocks(v)):
+            torch.div(rows_x, divisor[:, sl, None], out=rows_v)
         if not all_finite:  # Inf/Inf and NaN/Inf are NaN: those blocks quantize to 0
-            for rows_v, sl in self._rows(v):
-                rows_v.masked_fill_(~finite[sl, None], 0.0)
+            for rows_v, sl in self._blocks(v):
+                rows_v.masked_fill_(~finite[:, sl, None], 0.0)
         if self.stochastic:
-            v.add_(_uniform(self.params["seed"], index0, v.numel()))
+            v.add_(_uniform(self.params["seed"], index0, v.numel()).view_as(v))
             v.floor_().clamp_(-qmax, qmax)
         else:
             v.round_()  # half to even, as rintf
@@ -248,62 +242,173 @@ class BlockQuantCodec(Codec):
                 v.clamp_(-qmax, qmax)
         q.copy_(v)
 
-    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = _empty_cpu(numel, dtype)
-        payload = _aligned(payload)
-        chunk = self._chunk_numel()
-        work = None if dtype == torch.float32 else _empty_cpu(min(chunk, numel), torch.float32)
-        qwork = self._unpack_scratch(min(chunk, numel))
-        for start in range(0, numel, chunk):
-            stop = min(numel, start + chunk)
-            v = out[start:stop] if work is None else work[: stop - start]
-            self._dequantize_chunk(payload, numel, start, stop, v, qwork)
-            if work is not None:
-                out[start:stop].copy_(v)
-        return out
+    def _scale(self, v: torch.Tensor, scales: torch.Tensor) -> None:
+        """v ([nr, L] q values as fp32) *= its blocks' scales ([nr, >= ceil(L/block)]): the fp32 decode."""
+        for rows, sl in self._blocks(v):
+            rows.mul_(scales[:, sl, None])
 
-    def _dequantize_chunk(
-        self, payload: torch.Tensor, numel: int, start: int, stop: int, v: torch.Tensor, qwork: torch.Tensor | None
+    def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
+        dst = _aligned_like(out)
+        self._salted(salt)._encode_pieces(src, dst, row_numel, feedback)
+        if dst is not out:
+            out.copy_(dst)
+
+    def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
+        """``encode(x)`` (torch backend) with the stochastic index of x[0] at ``index0``: row i of
+        ``encode_rows`` is this of the padded row with index0 = i * row_numel (the per-row reference)."""
+        out = _empty_cpu(self.encoded_nbytes(x.numel(), x.dtype), torch.uint8).view(1, -1)
+        self._encode_pieces(x, out, x.numel(), None, index0)
+        return out.view(-1)
+
+    def _encode_pieces(
+        self, src: torch.Tensor, out: torch.Tensor, row_numel: int, feedback: torch.Tensor | None, index0: int = 0
     ) -> None:
-        """fp32 decode of elements [start, stop) of one payload into v (qwork: int4 scratch, _unpack_scratch)."""
+        numel, dtype, rows, block = src.numel(), src.dtype, out.shape[0], self.block
+        nb, scale_nbytes, _ = self._layout(row_numel)
+        q_used = -(-row_numel * self.bits // 8)
+        out[:, 4 * nb : scale_nbytes].zero_()
+        out[:, scale_nbytes + q_used :].zero_()
+        scales_all = out[:, : 4 * nb].view(torch.float32)
+        qsec = out[:, scale_nbytes : scale_nbytes + q_used]
+        cap = min(self._chunk_numel(), rows * row_numel)
+        f32 = torch.float32
+        work = _empty_cpu(cap, f32)  # |x|, x / scale, q; then the decode (feedback)
+        comp = None  # x (+ residual) when x cannot be read in place
+        if dtype != f32 or feedback is not None or numel < rows * row_numel:
+            comp = _empty_cpu(cap, f32)
+        narrow = None if dtype == f32 or feedback is None else torch.empty(cap, dtype=dtype)
+        sent_buf = None if narrow is None else torch.empty(cap, dtype=f32)
+        scale_buf = torch.empty(-(-cap // block) + cap // row_numel + 1, dtype=f32)
+        if self.bits == 4:
+            qbuf = torch.empty(cap + cap // row_numel + 1, dtype=torch.int8)
+            pack_tmp = torch.empty(cap // 2 + cap // row_numel + 1, dtype=torch.int16)
+        for r0, r1, j0, j1 in self._pieces(row_numel, rows * row_numel):
+            nr, length = r1 - r0, j1 - j0
+            e0, count = r0 * row_numel + j0, (r1 - r0) * (j1 - j0)
+            have = max(0, min(count, numel - e0))
+            if comp is None or (dtype == f32 and feedback is None and have == count):
+                x = src[e0 : e0 + count]
+            else:  # bf16/fp16 widen exactly; padding is zeros
+                x = comp[:count]
+                x[:have].copy_(src[e0 : e0 + have])
+                x[have:].zero_()
+                if feedback is not None:
+                    x.add_(feedback[e0 : e0 + count])
+            sent = x if narrow is None else sent_buf[:count].copy_(narrow[:count].copy_(x))  # c rounded to dtype
+            nbs = -(-length // block)
+            scales = scale_buf[: nr * nbs].view(nr, nbs)
+            v = work[:count].view(nr, length)
+            if self.bits == 8:
+                q = qsec[r0:r1, j0:j1].view(torch.int8)
+            else:
+                even = length + length % 2
+                qb = qbuf[: nr * even].view(nr, even)
+                q = qb[:, :length]
+            self._quantize(sent.view(nr, length), v, scales, q, index0 + e0)
+            scales_all[r0:r1, j0 // block : j0 // block + nbs].copy_(scales)
+            if feedback is not None:  # residual = c - what the receivers decode (rounded to dtype)
+                dec = v.copy_(q)  # before int4 packing overwrites q
+                self._scale(dec, scales)
+                if narrow is not None:
+                    dec.view(-1).copy_(narrow[:count].copy_(dec.view(-1)))
+                r = feedback[e0 : e0 + count]
+                torch.sub(x, dec.view(-1), out=r)
+                r.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                r[have:].zero_()
+            if self.bits == 4:
+                if length % 2:
+                    qb[:, length] = 0
+                # pack through int16 words (little-endian: low byte = even element):
+                # byte = (low byte & 0x0F) | (high byte << 4), i.e. (word & 0x0F) | ((word >> 4) & 0xF0)
+                words = qb.view(torch.int16)
+                high = torch.bitwise_right_shift(words, 4, out=pack_tmp[: words.numel()].view_as(words))
+                words.bitwise_and_(0x0F).bitwise_or_(high.bitwise_and_(0xF0))
+                qsec[r0:r1, j0 // 2 : j0 // 2 + even // 2].copy_(words)
+
+    def _dequantize(self, rows: torch.Tensor, numel: int, j0: int, j1: int, v: torch.Tensor, qwork) -> None:
+        """fp32 decode of elements j0..j1-1 (j0 a multiple of block) of each payload row of ``rows``
+        ([nr, nbytes], payloads of ``numel`` values) into v ([nr, j1 - j0], last dim contiguous)."""
         nblocks, scale_nbytes, _ = self._layout(numel)
-        scales = payload[: 4 * nblocks].view(torch.float32)[start // self.block : -(-stop // self.block)]
-        qsec = payload[scale_nbytes:]
-        n = stop - start
+        scales = rows[:, : 4 * nblocks].view(torch.float32)[:, j0 // self.block : -(-j1 // self.block)]
+        qsec = rows[:, scale_nbytes:]
         if self.bits == 8:
-            v.copy_(qsec[start:stop].view(torch.int8))
+            v.copy_(qsec[:, j0:j1].view(torch.int8))
         else:
             # unpack through int16 words (contiguous ops; little-endian: low byte = even element):
             # word = (sext(high nibble) << 8) | (sext(low nibble) & 0xFF)
-            packed = qsec[start // 2 : (stop + 1) // 2].view(torch.int8)
-            low = qwork[1][: packed.numel()].copy_(packed)  # the byte, sign-extended to int16
-            words = torch.bitwise_right_shift(low, 4, out=qwork[0][: packed.numel()])
+            packed = qsec[:, j0 // 2 : (j1 + 1) // 2].view(torch.int8)
+            shape, n = packed.shape, packed.numel()
+            low = qwork[1][:n].view(shape).copy_(packed)  # the byte, sign-extended to int16
+            words = torch.bitwise_right_shift(low, 4, out=qwork[0][:n].view(shape))
             words.bitwise_left_shift_(8)
             low.bitwise_left_shift_(12).bitwise_right_shift_(12).bitwise_and_(0xFF)
             words.bitwise_or_(low)
-            v.copy_(words.view(torch.int8)[:n])
-        for rows, sl in self._rows(v):
-            rows.mul_(scales[sl, None])
+            v.copy_(words.view(torch.int8)[:, : j1 - j0])
+        self._scale(v, scales)
 
     def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
-        return None if self.bits == 8 else torch.empty(2, (numel + 1) // 2, dtype=torch.int16)
+        return None if self.bits == 8 else torch.empty(2, numel, dtype=torch.int16)
+
+    def _decode_rows_torch(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        """Decode straight into ``out`` (fp32), or through one cache-sized fp32 piece (bf16/fp16)."""
+        payloads = _aligned(payloads)
+        numel, dtype = out.numel(), out.dtype
+        cap = min(self._chunk_numel(), numel)
+        work = None if dtype == torch.float32 else _empty_cpu(cap, torch.float32)
+        qwork = self._unpack_scratch(cap)
+        for r0, r1, j0, j1 in self._pieces(row_numel, numel):
+            nr, length = r1 - r0, j1 - j0
+            e0 = r0 * row_numel + j0
+            dst = out[e0 : e0 + nr * length].view(nr, length)
+            v = dst if work is None else work[: nr * length].view(nr, length)
+            self._dequantize(payloads[r0:r1], row_numel, j0, j1, v, qwork)
+            if work is not None:
+                dst.copy_(v)
 
     def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-        """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them),
-        chunk by chunk so the accumulator stays in cache."""
+        """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them).
+        All p rows of a span are decoded in one pass; the sum is p in-place adds per span (torch has no
+        fp32 reduction with a fixed order), each over a span that stays in cache."""
         payloads = _aligned(payloads)
-        acc = out.zero_()
-        chunk = self._chunk_numel()
-        work = _empty_cpu(min(chunk, numel), torch.float32)
-        qwork = self._unpack_scratch(min(chunk, numel))
-        for start in range(0, numel, chunk):
-            stop = min(numel, start + chunk)
-            v = work[: stop - start]
-            for row in payloads:
-                self._dequantize_chunk(row, numel, start, stop, v, qwork)
-                if dtype != torch.float32:
-                    v.copy_(v.to(dtype))
-                acc[start:stop].add_(v)
+        p, block = payloads.shape[0], self.block
+        span = min(numel, max(_SUM_SPAN_NUMEL, self._chunk_numel() // p) // block * block or block)
+        work = _empty_cpu(p * span, torch.float32)
+        narrow = None if dtype == torch.float32 else torch.empty(p * span, dtype=dtype)
+        qwork = self._unpack_scratch(p * span)
+        for j0 in range(0, numel, span):
+            j1 = min(numel, j0 + span)
+            v = work[: p * (j1 - j0)].view(p, j1 - j0)
+            self._dequantize(payloads, numel, j0, j1, v, qwork)
+            if narrow is not None:
+                v.view(-1).copy_(narrow[: v.numel()].copy_(v.view(-1)))
+            acc = out[j0:j1].zero_()
+            for row in v:
+                acc.add_(row)
+
+    # plain encode / decode: one row, on every backend
+    def _encode_one_row(self, backend: str, flat: torch.Tensor) -> torch.Tensor:
+        nbytes = self.encoded_nbytes(flat.numel(), flat.dtype)
+        if flat.device.type == "cpu":
+            out = _empty_cpu(nbytes, torch.uint8).view(1, nbytes)
+        else:
+            out = torch.empty(1, nbytes, dtype=torch.uint8, device=flat.device)
+        getattr(self, f"_encode_rows_{backend}")(flat, out, flat.numel(), None, 0)
+        return out.view(-1)
+
+    def _decode_one_row(self, backend: str, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if payload.device.type == "cpu":
+            out = _empty_cpu(numel, dtype)
+        else:
+            out = torch.empty(numel, dtype=dtype, device=payload.device)
+        getattr(self, f"_decode_rows_{backend}")(payload.view(1, -1), out, numel)
+        return out
+
+    _encode_torch = functools.partialmethod(_encode_one_row, "torch")
+    _decode_torch = functools.partialmethod(_decode_one_row, "torch")
+    _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
+    _decode_emulated = functools.partialmethod(_decode_one_row, "emulated")
+    _encode_cupy = functools.partialmethod(_encode_one_row, "cupy")
+    _decode_cupy = functools.partialmethod(_decode_one_row, "cupy")
 
     # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
     def _host_fn(self, op: str, dtype: torch.dtype):
@@ -311,25 +416,27 @@ class BlockQuantCodec(Codec):
         if fn.argtypes is None:
             i64, vp = ctypes.c_longlong, ctypes.c_void_p
             fn.argtypes = {
-                "encode": [vp, i64, i64, ctypes.c_int, ctypes.c_uint32, vp],
-                "decode": [vp, i64, i64, vp],
+                "encode_rows": [vp, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint32, vp, vp],
+                "decode_rows": [vp, i64, i64, i64, i64, vp],
                 "decode_sum": [vp, i64, i64, i64, i64, vp],
             }[op]
             fn.restype = None
         return fn
 
-    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
-        payload = _empty_cpu(self.encoded_nbytes(flat.numel(), flat.dtype), torch.uint8)
-        self._host_fn("encode", flat.dtype)(
-            flat.data_ptr(), flat.numel(), self.block, int(self.stochastic), self.params["seed"], payload.data_ptr()
+    def _encode_rows_emulated(self, src, out, row_numel, feedback, salt) -> None:
+        enc, dst = self._salted(salt), _aligned_like(out)
+        self._host_fn("encode_rows", src.dtype)(
+            src.data_ptr(), src.numel(), out.shape[0], row_numel, self.block, int(enc.stochastic),
+            enc.params["seed"], None if feedback is None else feedback.data_ptr(), dst.data_ptr(),
         )
-        return payload
+        if dst is not out:
+            out.copy_(dst)
 
-    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = _empty_cpu(numel, dtype)
-        payload = _aligned(payload)  # keep the (possibly copied) payload alive during the call
-        self._host_fn("decode", dtype)(payload.data_ptr(), numel, self.block, out.data_ptr())
-        return out
+    def _decode_rows_emulated(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        payloads = _aligned(payloads)  # keep the (possibly copied) payloads alive during the call
+        self._host_fn("decode_rows", out.dtype)(
+            payloads.data_ptr(), payloads.shape[0], row_numel, out.numel(), self.block, out.data_ptr()
+        )
 
     def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         payloads = _aligned(payloads)
@@ -338,6 +445,8 @@ class BlockQuantCodec(Codec):
         )
 
     # --- cupy backend (kernels/quant.cu through NVRTC, on torch's current stream) ---------------
+    # One launch per call whatever the number of rows; temporaries (aligned copies) are freed after
+    # the launch, which the caching allocator orders on the same stream.
     _THREADS = 256
 
     def _launch(self, op: str, dtype: torch.dtype, device: torch.device, nthreads: int, args: tuple) -> None:
@@ -354,27 +463,27 @@ class BlockQuantCodec(Codec):
         words = self.block * self.bits // 32
         return min(32, 1 << (words - 1).bit_length())
 
-    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
+    def _encode_rows_cupy(self, src, out, row_numel, feedback, salt) -> None:
         import numpy as np
 
-        numel = flat.numel()
-        nblocks = self._layout(numel)[0]
-        payload = torch.empty(self.encoded_nbytes(numel, flat.dtype), dtype=torch.uint8, device=flat.device)
-        team = self._team()
+        enc, dst = self._salted(salt), _aligned_like(out)
+        rows, team = out.shape[0], self._team()
         self._launch(
-            "encode", flat.dtype, flat.device, nblocks * team,
-            (_Ptr(flat.data_ptr()), numel, self.block, np.int32(team), np.int32(self.stochastic),
-             np.uint32(self.params["seed"]), _Ptr(payload.data_ptr())),
+            "encode_rows", src.dtype, src.device, rows * -(-row_numel // self.block) * team,
+            (_Ptr(src.data_ptr()), src.numel(), rows, row_numel, self.block, np.int32(team),
+             np.int32(enc.stochastic), np.uint32(enc.params["seed"]),
+             _Ptr(0 if feedback is None else feedback.data_ptr()), _Ptr(dst.data_ptr())),
         )
-        return payload
+        if dst is not out:
+            out.copy_(dst)
 
-    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.empty(numel, dtype=dtype, device=payload.device)
-        nwords = -(-numel * self.bits // 32)
-        payload = _aligned(payload)  # kept alive (the caching allocator reuses freed blocks on the stream)
-        self._launch("decode", dtype, payload.device, nwords,
-                     (_Ptr(payload.data_ptr()), numel, self.block, _Ptr(out.data_ptr())))
-        return out
+    def _decode_rows_cupy(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        payloads = _aligned(payloads)
+        rows = min(payloads.shape[0], -(-out.numel() // row_numel))
+        nwords = rows * -(-row_numel * self.bits // 32)
+        self._launch("decode_rows", out.dtype, out.device, nwords,
+                     (_Ptr(payloads.data_ptr()), payloads.shape[0], row_numel, out.numel(), self.block,
+                      _Ptr(out.data_ptr())))
 
     def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         payloads = _aligned(payloads)
@@ -423,6 +532,12 @@ class _Ptr(int):
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
+#: every kernel of kernels/quant.cu this module launches (the NVRTC build check asserts each exists)
+CUDA_KERNELS = tuple(
+    f"ccoll_int{bits}_{op}_{name}"
+    for bits in (8, 4) for op in ("encode_rows", "decode_rows", "decode_sum") for name in _DTYPE_NAMES.values()
+)
+
 
 def _round16(n: int) -> int:
     return (n + 15) // 16 * 16
@@ -431,6 +546,12 @@ def _round16(n: int) -> int:
 def _aligned(payload: torch.Tensor) -> torch.Tensor:
     """Payload sections are read as fp32 / 32-bit words: a view at an odd byte offset is copied once."""
     return payload if payload.data_ptr() % 16 == 0 else payload.clone()
+
+
+def _aligned_like(out: torch.Tensor) -> torch.Tensor:
+    """``out`` if payloads can be written into it as fp32 / 32-bit words, else a fresh buffer of its
+    shape (the caller copies it over)."""
+    return out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
 
 
 @CODECS.register("int8")

@@ -1,0 +1,345 @@
+"""The batched quantization API (encode_rows with and without error feedback, decode_rows, decode_sum into
+out): the torch backend, the GPU kernels' own logic built for the host ("emulated") and the base class's
+reference loop (Codec._encode_rows_generic / _decode_rows_generic, ccoll/codecs/base.py; for stochastic
+rounding with the contract's row index, see _RowIndexed) agree byte for
+byte -- payloads and residuals -- on partial blocks, rows wholly past the end, numel < row_numel, and
+zero / subnormal / huge / non-finite blocks. Also: the kernels carry no flush-to-zero instruction when
+compiled as CuPy compiles them (-ftz=true), and every kernel the module launches exists."""
+import math
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ccoll
+from ccoll import kernels
+from ccoll.codecs import quant
+from ccoll.codecs.base import Codec
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _mixed(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Gradient-like values with blocks of the awkward kinds: all zeros, subnormal, huge, and (rarely)
+    NaN / +-Inf, at random positions."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp(2 * torch.randn(n, generator=g))
+    kind = torch.randint(0, 12, (n // 8 + 1,), generator=g).repeat_interleave(8)[:n]
+    x = torch.where(kind == 0, torch.zeros(()), x)
+    x = torch.where(kind == 1, x * 1e-41, x)  # fp32 subnormals (bf16 keeps them, fp16 flushes them)
+    x = torch.where(kind == 2, x.clamp(-1, 1) * 3e38, x)
+    special = torch.rand(n, generator=g)
+    x = torch.where(special < 0.002, torch.tensor(math.nan), x)
+    x = torch.where((special > 0.998), torch.tensor(math.inf) * x.sign(), x)
+    return x.to(dtype)
+
+
+def _feedback(rows: int, row_numel: int, seed: int) -> torch.Tensor:
+    """A residual buffer as a caller might hand it over: small values, a few non-finite ones, and
+    non-zero entries in the padding (the reference compensates padding with them too)."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(rows * row_numel, generator=g) * 0.1
+    r[torch.rand(r.numel(), generator=g) < 0.001] = math.nan
+    return r
+
+
+def _codecs(spec: str):
+    return ccoll.get_codec(spec, backend="torch"), ccoll.get_codec(spec, backend="emulated")
+
+
+def _encode(codec, src, rows, row_numel, feedback, salt, generic=False):
+    out = torch.full((rows, codec.encoded_nbytes(row_numel, src.dtype)), 0xA5, dtype=torch.uint8)  # no stale zeros
+    fb = None if feedback is None else feedback.clone()
+    if generic:
+        Codec._encode_rows_generic(codec, src, out, row_numel, fb, salt)
+    else:
+        assert codec.encode_rows(src, out, row_numel, feedback=fb, salt=salt) is out
+    return out, fb
+
+
+class _RowIndexed:
+    """The salted codec as the base-class reference loop sees it, but with the contract's stochastic index
+    (element j of row i draws at i * row_numel + j): the loop encodes rows in order 0, 1, ..., and this
+    encodes the k-th call's row at index k * row_numel. (Codec._encode_rows_generic itself encodes every
+    row from index 0; for deterministic codecs the two are the same.)"""
+
+    def __init__(self, codec, row_numel: int):
+        self.codec, self.row_numel, self.row = codec, row_numel, 0
+
+    def resolve_backend(self, device):
+        return "torch"
+
+    def _impl(self, op, backend):
+        assert op == "encode"
+
+        def encode(x):
+            payload = self.codec._encode_row_at(x, self.row * self.row_numel)
+            self.row += 1
+            return payload
+
+        return encode
+
+
+def _with_row_index(codec, row_numel: int):
+    salted = codec._salted
+    clone = ccoll.get_codec(codec.spec, backend=codec.backend)
+    clone._salted = lambda salt: _RowIndexed(salted(salt), row_numel)
+    return clone
+
+
+def _assert_same_values(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal values and NaN positions (NaN payload bits may differ between torch and C casts)."""
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    assert torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
+def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed=0, reference=True):
+    ct, ce = _codecs(spec)
+    src = _mixed(numel, dtype, seed)
+    fb = _feedback(rows, row_numel, seed) if with_feedback else None
+    pt, ft = _encode(ct, src, rows, row_numel, fb, salt)
+    pe, fe = _encode(ce, src, rows, row_numel, fb, salt)
+    assert torch.equal(pt, pe), "torch and emulated payloads differ"
+    if with_feedback:
+        assert torch.equal(ft, fe), "torch and emulated residuals differ"
+        assert bool(torch.isfinite(ft).all()) and bool((ft[numel:] == 0).all())
+    if reference:
+        pg, fg = _encode(_with_row_index(ct, row_numel), src, rows, row_numel, fb, salt, generic=True)
+        assert torch.equal(pt, pg), "payload differs from the base-class reference"
+        if with_feedback:
+            assert torch.equal(ft, fg), "residuals differ from the base-class reference"
+    for out_numel in {numel, min(rows * row_numel, numel + 3)}:
+        yt = torch.full((out_numel,), 7.0, dtype=dtype)
+        ye = yt.clone()
+        yg = yt.clone()
+        assert ct.decode_rows(pt, yt, row_numel) is yt
+        ce.decode_rows(pt, ye, row_numel)
+        _assert_same_values(yt, ye)
+        if reference:
+            Codec._decode_rows_generic(ct, pt, yg, row_numel)
+            _assert_same_values(yt, yg)
+    return src, pt, ft
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_feedback", [False, True])
+def test_given_rows_of_every_shape_when_encoding_expect_backends_and_reference_byte_identical(
+    name, rounding, dtype, with_feedback
+):
+    spec = f"{name}:block=24,round={rounding},seed=5"
+    shapes = [  # (numel, rows, row_numel)
+        (96, 4, 24),     # aligned rows, no padding
+        (1000, 4, 256),  # last row partly padding; 256 = 10 blocks + a partial one
+        (100, 4, 64),    # rows 2 and 3 wholly past the end
+        (5, 3, 64),      # numel < row_numel
+        (77, 7, 11),     # rows shorter than a block and than an int4 word, odd lengths
+        (301, 2, 151),   # odd row length: int4 rows end in a half byte
+    ]
+    for i, (numel, rows, row_numel) in enumerate(shapes):
+        _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=12345 + i, seed=i)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_given_rows_larger_than_a_torch_piece_expect_identical_bytes(name):
+    """Long rows split into several pieces, and many short rows grouped into several pieces (torch vs
+    emulated only: the reference loop would take as long as the rest of this file)."""
+    _check_rows(f"{name}:block=64", torch.float32, (1 << 20) + 3000, 2, (1 << 20) + 2000, True, salt=3,
+                reference=False)
+    _check_rows(f"{name}:block=64,round=stochastic,seed=9", torch.bfloat16, 1100 * 1000 - 7, 1100, 1000, True,
+                salt=4, reference=False)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("with_feedback", [False, True])
+def test_stochastic_rows_index_rule(name, with_feedback):
+    """The stochastic index of element j of row i is i * row_numel + j: block-aligned rows encode exactly
+    like the whole padded tensor (scales and q bytes), and the salt changes the draw reproducibly."""
+    block, rows, row_numel, numel = 32, 5, 96, 430
+    codec = ccoll.get_codec(f"{name}:block={block},round=stochastic,seed=77", backend="torch")
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    padded = torch.zeros(rows * row_numel)
+    padded[:numel] = src
+    fb = torch.randn(rows * row_numel, generator=torch.Generator().manual_seed(2)) * 0.01 if with_feedback else None
+    if fb is not None:
+        fb[numel:] = 0
+        padded = (padded + fb).to(src.dtype)
+    salted = codec._salted(99)
+    whole = salted.encode(padded)
+    out, _ = _encode(codec, src, rows, row_numel, fb, 99)
+    nb, scale_nbytes, _ = codec._layout(row_numel)
+    _, whole_scale_nbytes, _ = codec._layout(rows * row_numel)
+    qrow = row_numel * codec.bits // 8
+    for i in range(rows):
+        assert torch.equal(out[i, : 4 * nb], whole[4 * nb * i : 4 * nb * (i + 1)])
+        assert torch.equal(out[i, scale_nbytes : scale_nbytes + qrow],
+                           whole[whole_scale_nbytes + qrow * i : whole_scale_nbytes + qrow * (i + 1)])
+    again, _ = _encode(codec, src, rows, row_numel, fb, 99)
+    other, _ = _encode(codec, src, rows, row_numel, fb, 100)
+    assert torch.equal(out, again) and not torch.equal(out, other)
+
+
+def test_given_feedback_when_encoding_twice_expect_residual_is_what_was_dropped():
+    """residual = (x + previous residual) - decode, for bf16 input (c is rounded to bf16 before encoding,
+    the residual keeps the rounding error too)."""
+    for backend in ("torch", "emulated"):
+        c = ccoll.get_codec("int4:block=16", backend=backend)
+        x = torch.randn(200, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        fb = torch.zeros(2 * 128)
+        out = torch.empty(2, c.encoded_nbytes(128, x.dtype), dtype=torch.uint8)
+        dec = torch.empty(200, dtype=torch.bfloat16)
+        previous = fb.clone()
+        for _ in range(2):
+            c.encode_rows(x, out, 128, feedback=fb)
+            c.decode_rows(out, dec, 128)
+            assert torch.equal(fb[:200], (x.float() + previous[:200]) - dec.float())
+            assert bool((fb[200:] == 0).all())
+            previous = fb.clone()
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_given_many_payloads_when_decode_sum_into_out_expect_row_order_sum_on_both_backends(name, dtype):
+    """p = 70 rows: the torch backend sums in several spans; the result is written into the caller's out."""
+    ct, ce = _codecs(f"{name}:block=64")
+    numel, p = 33001, 70
+    payloads = torch.empty(p, ct.encoded_nbytes(numel, dtype), dtype=torch.uint8)
+    ct.encode_rows(_mixed(p * numel, dtype, 4), payloads, numel)
+    expected = torch.zeros(numel)
+    for r in range(p):
+        expected += ct.decode(payloads[r], numel, dtype).float()
+    for codec in (ct, ce):
+        out = torch.full((numel,), 3.0)
+        assert codec.decode_sum(payloads, numel, dtype, out=out) is out
+        _assert_same_values(out, expected)
+
+
+def test_given_misaligned_payload_buffers_expect_same_bytes():
+    """A [rows, nbytes] view at an odd byte offset of a larger buffer: written through an aligned copy."""
+    for backend in ("torch", "emulated"):
+        c = ccoll.get_codec("int8:block=32", backend=backend)
+        src = torch.randn(150, generator=torch.Generator().manual_seed(6))
+        nbytes = c.encoded_nbytes(64, src.dtype)
+        aligned = torch.empty(3, nbytes, dtype=torch.uint8)
+        c.encode_rows(src, aligned, 64)
+        buf = torch.zeros(3 * nbytes + 1, dtype=torch.uint8)
+        view = buf[1:].view(3, nbytes)
+        c.encode_rows(src, view, 64)
+        assert torch.equal(view, aligned)
+        y = torch.empty(150)
+        c.decode_rows(view, y, 64)
+        assert torch.equal(y, c.decode_rows(aligned, torch.empty(150), 64))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["int8", "int4"]),
+    block=st.sampled_from([8, 16, 40, 64]),
+    rounding=st.sampled_from(["nearest", "stochastic"]),
+    dtype=st.sampled_from(DTYPES),
+    rows=st.integers(1, 6),
+    row_numel=st.integers(1, 300),
+    fill=st.floats(0.01, 1.0),
+    with_feedback=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_rows_backends_identical(name, block, rounding, dtype, rows, row_numel, fill, with_feedback, seed):
+    numel = max(1, int(rows * row_numel * fill))
+    _check_rows(f"{name}:block={block},round={rounding},seed={seed}", dtype, numel, rows, row_numel,
+                with_feedback, salt=seed * 7919, seed=seed)
+
+
+def test_cuda_kernels_list_names_every_entry_point():
+    source = kernels.source("quant").read_text()
+    assert len(quant.CUDA_KERNELS) == 18
+    for name in quant.CUDA_KERNELS:
+        bits, op = re.fullmatch(r"ccoll_int(\d)_(\w+)_(?:f32|bf16|f16)", name).groups()
+        assert f"ccoll_int##BITS##_{op}_##NAME" in source, name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_given_ftz_compile_flag_expect_no_flushing_instruction_in_the_kernels():
+    """CuPy appends -ftz=true to NVRTC builds; every fp32 operation of quant.cu is explicit PTX without
+    .ftz, so even such a build keeps subnormals and matches the host build byte for byte."""
+    proc = subprocess.run(
+        ["nvcc", "-std=c++17", "-arch=sm_80", "-ftz=true", "-ptx", "-o", "-", str(kernels.source("quant"))],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ptx = proc.stdout
+    for name in quant.CUDA_KERNELS:
+        assert f".entry {name}(" in ptx, name
+    assert "div.rn.f32" in ptx  # the check is not vacuous: the fp32 arithmetic is there
+    assert ".ftz" not in ptx, sorted(set(re.findall(r"\b\S+\.ftz\S*", ptx)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_given_cuda_rows_when_cupy_backend_expect_torch_bytes(name, rounding, dtype):
+    pytest.importorskip("cupy")
+    spec = f"{name}:block=64,round={rounding},seed=3"
+    ct, cc = ccoll.get_codec(spec, backend="torch"), ccoll.get_codec(spec, backend="cupy")
+    for numel, rows, row_numel in [(1000, 4, 256), (100, 4, 64), (77, 7, 11), ((1 << 20) + 3, 3, 350000)]:
+        src = _mixed(numel, dtype, numel)
+        fb = _feedback(rows, row_numel, 1)
+        pt, ft = _encode(ct, src, rows, row_numel, fb, 11)
+        out = torch.empty(rows, ct.encoded_nbytes(row_numel, dtype), dtype=torch.uint8, device="cuda")
+        fc = fb.cuda()
+        cc.encode_rows(src.cuda(), out, row_numel, feedback=fc, salt=11)
+        assert torch.equal(out.cpu(), pt) and torch.equal(fc.cpu(), ft)
+        y = torch.empty(numel, dtype=dtype, device="cuda")
+        cc.decode_rows(out, y, row_numel)
+        _assert_same_values(y.cpu(), ct.decode_rows(pt, torch.empty(numel, dtype=dtype), row_numel))
+
+
+def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(monkeypatch):
+    """The cupy backend's argument lists and grid sizes, checked without a GPU: ``kernels.launch`` is
+    replaced by a stand-in that runs the same-named host entry point of the same .cu (the CUDA kernel
+    minus its ``team`` argument) and asserts the grid covers the work. The kernels themselves are
+    checked on a GPU by test_given_cuda_rows_when_cupy_backend_expect_torch_bytes."""
+    import numpy as np
+
+    launched = []
+    dtypes = {name: dtype for dtype, name in quant._DTYPE_NAMES.items()}
+
+    def fake_launch(module, kernel, grid, block, args, device):
+        assert module == "quant" and kernel in quant.CUDA_KERNELS
+        assert all(isinstance(a, np.generic) for a in args)
+        bits, op, dtype_name = re.fullmatch(r"ccoll_int(\d)_(\w+)_(f32|bf16|f16)", kernel).groups()
+        values = [int(a) for a in args]
+        if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
+            rows, row_numel, block_numel, team = values[2], values[3], values[4], values.pop(5)
+            assert grid * block >= rows * -(-row_numel // block_numel) * team
+        host = ccoll.get_codec(f"int{bits}:block=8", backend="emulated")._host_fn(op, dtypes[dtype_name])
+        host(*values)
+        launched.append(op)
+
+    monkeypatch.setattr(kernels, "launch", fake_launch)
+    for spec in ["int8:block=32", "int4:block=16,round=stochastic,seed=4"]:
+        ct = ccoll.get_codec(spec, backend="torch")
+        cc = ccoll.get_codec(spec, backend="torch")  # the cupy methods, called directly on CPU tensors
+        for dtype in (torch.float32, torch.bfloat16):
+            numel, rows, row_numel = 500, 3, 180
+            src = _mixed(numel, dtype, 1)
+            fb = _feedback(rows, row_numel, 2)
+            pt, ft = _encode(ct, src, rows, row_numel, fb, 5)
+            out = torch.empty_like(pt)
+            fc = fb.clone()
+            cc._encode_rows_cupy(src, out, row_numel, fc, 5)
+            assert torch.equal(out, pt) and torch.equal(fc, ft)
+            y, yt = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+            cc._decode_rows_cupy(out, y, row_numel)
+            _assert_same_values(y, ct.decode_rows(pt, yt, row_numel))
+            s, st_ = torch.empty(row_numel), torch.empty(row_numel)
+            cc._decode_sum_cupy(out, row_numel, dtype, s)
+            ct._decode_sum_torch(out, row_numel, dtype, st_)
+            _assert_same_values(s, st_)
+    assert set(launched) == {"encode_rows", "decode_rows", "decode_sum"}
+
