@@ -186,6 +186,10 @@ class Codec:
                     f"got {out.numel()} of {out.dtype} on {out.device}"
                 )
         backend = self.resolve_backend(payload.device)
+        if out is not None and out.is_contiguous() and hasattr(self, f"_decode_rows_{backend}"):
+            # straight into the caller's memory (one row), no decode-then-copy
+            self.decode_rows(payload.contiguous().view(1, -1), out.view(-1), numel)
+            return out
         result = self._impl("decode", backend)(payload.contiguous(), numel, dtype)
         if out is None:
             return result
@@ -311,6 +315,11 @@ class Codec:
         """The codec that encodes one call with ``salt`` (stochastic codecs override)."""
         return self
 
+    def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
+        """Encode one padded row whose first element has global index ``index0`` (the index stochastic
+        rounding draws for; deterministic codecs ignore it)."""
+        return self._impl("encode", self.resolve_backend(x.device))(x)
+
     def _encode_rows_generic(self, src, out, row_numel, feedback, salt) -> None:
         enc = self._salted(salt)
         n = src.numel()
@@ -320,13 +329,12 @@ class Codec:
             if hi > lo:
                 x[: hi - lo] = src[lo:hi]
             if feedback is None:
-                out[i].copy_(enc._impl("encode", enc.resolve_backend(src.device))(x))
+                out[i].copy_(enc._encode_row_at(x, i * row_numel))
                 continue
             r = feedback[i * row_numel:(i + 1) * row_numel]
             comp = x.to(r.dtype) + r
             sent = comp.to(src.dtype)
-            payload = enc._impl("encode", enc.resolve_backend(src.device))(sent)
-            out[i].copy_(payload)
+            out[i].copy_(enc._encode_row_at(sent, i * row_numel))
             res = comp - self.decode(out[i], row_numel, src.dtype).to(r.dtype)
             res = torch.where(torch.isfinite(res), res, torch.zeros((), dtype=r.dtype, device=r.device))
             if hi - lo < row_numel:

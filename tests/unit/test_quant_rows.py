@@ -1,7 +1,6 @@
 """The batched quantization API (encode_rows with and without error feedback, decode_rows, decode_sum into
 out): the torch backend, the GPU kernels' own logic built for the host ("emulated") and the base class's
-reference loop (Codec._encode_rows_generic / _decode_rows_generic, ccoll/codecs/base.py; for stochastic
-rounding with the contract's row index, see _RowIndexed) agree byte for
+reference loop (Codec._encode_rows_generic / _decode_rows_generic, ccoll/codecs/base.py) agree byte for
 byte -- payloads and residuals -- on partial blocks, rows wholly past the end, numel < row_numel, and
 zero / subnormal / huge / non-finite blocks. Also: the kernels carry no flush-to-zero instruction when
 compiled as CuPy compiles them (-ftz=true), and every kernel the module launches exists."""
@@ -61,36 +60,6 @@ def _encode(codec, src, rows, row_numel, feedback, salt, generic=False):
     return out, fb
 
 
-class _RowIndexed:
-    """The salted codec as the base-class reference loop sees it, but with the contract's stochastic index
-    (element j of row i draws at i * row_numel + j): the loop encodes rows in order 0, 1, ..., and this
-    encodes the k-th call's row at index k * row_numel. (Codec._encode_rows_generic itself encodes every
-    row from index 0; for deterministic codecs the two are the same.)"""
-
-    def __init__(self, codec, row_numel: int):
-        self.codec, self.row_numel, self.row = codec, row_numel, 0
-
-    def resolve_backend(self, device):
-        return "torch"
-
-    def _impl(self, op, backend):
-        assert op == "encode"
-
-        def encode(x):
-            payload = self.codec._encode_row_at(x, self.row * self.row_numel)
-            self.row += 1
-            return payload
-
-        return encode
-
-
-def _with_row_index(codec, row_numel: int):
-    salted = codec._salted
-    clone = ccoll.get_codec(codec.spec, backend=codec.backend)
-    clone._salted = lambda salt: _RowIndexed(salted(salt), row_numel)
-    return clone
-
-
 def _assert_same_values(a: torch.Tensor, b: torch.Tensor) -> None:
     """Equal values and NaN positions (NaN payload bits may differ between torch and C casts)."""
     assert torch.equal(torch.isnan(a), torch.isnan(b))
@@ -108,7 +77,7 @@ def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed
         assert torch.equal(ft, fe), "torch and emulated residuals differ"
         assert bool(torch.isfinite(ft).all()) and bool((ft[numel:] == 0).all())
     if reference:
-        pg, fg = _encode(_with_row_index(ct, row_numel), src, rows, row_numel, fb, salt, generic=True)
+        pg, fg = _encode(ct, src, rows, row_numel, fb, salt, generic=True)
         assert torch.equal(pt, pg), "payload differs from the base-class reference"
         if with_feedback:
             assert torch.equal(ft, fg), "residuals differ from the base-class reference"
