@@ -765,7 +765,7 @@ CCOLL_HD void decode_row_block(const ccoll_u64* in, ccoll_u64 row_words, ccoll_u
 }
 
 // Reduce step of all_reduce: out[block b] = sum over rows r = 0..rows-1 (in order, from +0) of
-// decode(row r) rounded to the tensor's dtype, in fp32.
+// decode(row r) rounded to the tensor's dtype, in fp32; a NaN sum is the canonical quiet NaN.
 template <class St, int D>
 CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 n, ccoll_u64 b,
                                int maxbits, float* out) {
@@ -780,6 +780,10 @@ CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int row
 #pragma unroll
     for (int i = 0; i < S; i++) acc[i] = add_rn(acc[i], to_f32(round_to<St>(v[i])));
   }
+  // which NaN an addition returns differs between x86 and the GPU: every NaN sum is the canonical one
+#pragma unroll
+  for (int i = 0; i < S; i++)
+    if ((Traits<float>::bits(acc[i]) & 0x7fffffffu) > 0x7f800000u) acc[i] = Traits<float>::from_bits(0x7fc00000u);
   Span sp(n, n, 0, b, S);
   store_block<StF32, D>(acc, sp, out);
 }

@@ -257,6 +257,8 @@ class ZfpCodec(Codec):
         out.zero_()
         for row in decoded:  # in row order, each decode rounded to dtype then to fp32 (as the contract)
             out.add_(row if dtype in (torch.float32, torch.bfloat16, torch.float16) else row.to(torch.float32))
+        # which NaN an addition returns differs between x86 and the GPU: every NaN sum is the canonical one
+        out.masked_fill_(out.isnan(), float("nan"))
 
     # --- emulated (kernels/zfp.cu built for the host) and cupy (the same kernels on the GPU) ---------------
     def _encode_rows_kernel(self, backend, src, out, row_numel, feedback) -> None:
