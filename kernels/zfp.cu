@@ -1,10 +1,16 @@
 // ZFP fixed-rate encode/decode for 1-D and 2-D blocks of float32/float64, bit-exact with libzfp 1.0.1
 // (zfpy.compress_numpy(x, rate=R, write_header=False)) for finite blocks; see shared ZFP_FIXED_RATE.md.
 //
-// One algorithm, written once: per-block functions templated on a traits struct (float / double) and on
-// the number of dimensions (1 or 2); 1-D and 2-D differ only in gather/scatter and the transform loop.
-// The same functions serve the CUDA kernels (one thread per block), NVRTC (CuPy RawModule) and the host
-// build (-DCCOLL_HOST, OpenMP loop over blocks) that backs the "emulated" backend.
+// One algorithm, written once: per-block functions templated on a traits struct (float / double), on a
+// storage struct (the tensor's dtype: fp32, bf16, f16 read and written directly, coded as zfp float; fp64
+// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (one
+// thread per block), NVRTC (CuPy RawModule) and the host build (-DCCOLL_HOST, OpenMP loop over blocks)
+// that backs the "emulated" backend.
+//
+// The API is batched (ccoll/codecs/base.py): encode_rows / decode_rows / decode_sum each code every
+// block of every row in ONE launch. encode_rows optionally fuses error feedback per block in the same
+// thread (compensate, encode, decode the block back, store the residual). A plain encode/decode is one
+// row.
 //
 // Where libzfp has no defined result we define one, identically on every backend:
 //  * Non-finite block (any NaN/Inf among its values): written as header bit 1 followed by a biased
@@ -14,6 +20,11 @@
 //    libzfp's scale factor 2^(P-2-emax) overflows to inf and its output is garbage (it differs between
 //    x86 and GPU). Such blocks are written as all-zero blocks and decode to +0. The error is below the
 //    threshold, far below anything a gradient cares about.
+//  * NaN bits: a decoded NaN is the canonical quiet NaN, narrowed as torch (CPU) narrows it; a NaN
+//    decode_sum is the canonical fp32 NaN (x86 and the GPU propagate different NaNs through additions).
+//
+// Flush-to-zero: results never depend on it (CuPy compiles with -ftz=true); see "exact float
+// arithmetic" below for how.
 //
 // Dims=2 reads a flat array as rows of 4 values (nx = 4, ny = ceil(n/4)), so 2-D block b holds the 16
 // consecutive values [16b, 16b+16). A partial last row (n % 4 != 0) is padded along x with zfp's
@@ -728,12 +739,11 @@ CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, cc
   // encode into a private buffer, decode it back from there (what every receiver will see), then
   // publish the words as the direct writer would
   ccoll_u64 local[CCOLL_ZFP_LOCAL_WORDS];
-#pragma unroll
-  for (int j = 0; j < CCOLL_ZFP_LOCAL_WORDS; j++) local[j] = 0;
   int off = (int)(begin & 63);
+  int nwords = (off + maxbits + 63) >> 6;
+  for (int j = 0; j <= nwords && j < CCOLL_ZFP_LOCAL_WORDS; j++) local[j] = 0;  // +1: the reader's lookahead
   BlockWriter<true> lw(local, (ccoll_u64)off, (ccoll_u64)(off + maxbits));
   encode_values<Code, D>(v, maxbits, lw);
-  int nwords = (off + maxbits + 63) >> 6;
   ccoll_u64 end = begin + (ccoll_u64)maxbits;
   for (int j = 0; j < nwords; j++) {
     ccoll_u64 word = local[j], widx = (begin >> 6) + j;

@@ -28,9 +28,20 @@ coefficient budget underflow and write past its buffer; they are refused (Policy
 for float32, CodecError when a float64 tensor needs the higher minimum). Rates above 64 bits per value
 (more than even float64's raw size) are refused as absurd.
 
+Batched API (base.py): ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and
+``decode_sum`` code all rows at once; a plain ``encode``/``decode`` is the one-row case of the same code.
+Row i is coded exactly as a standalone encode of the zero-padded ``row_numel``-value row i.
+
 Backends: "torch" runs libzfp through zfpy (single-threaded: zfpy holds the GIL) with vectorised
-pre/post-processing; "emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU
-kernel's own per-block code); "cupy" runs the same kernels on the caller's torch stream.
+pre/post-processing: one libzfp call for all rows when rows lie back to back in one zfp stream (no
+partial block in a row and whole 64-bit words per row, see ``_one_stream``), one call per row otherwise.
+"emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU kernel's own per-block
+code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
+(``CUDA_KERNELS`` lists them). bf16/f16 tensors are read and written by the kernels directly, and no
+result depends on the GPU's flush-to-zero mode (kernels/zfp.cu, "exact float arithmetic").
+
+NaN bits, so that every backend writes the same bytes: decoded NaNs are the canonical quiet NaN
+narrowed as torch narrows it on the CPU (bf16 0xffff, f16 0x7e00); a NaN decode_sum is fp32 0x7fc00000.
 """
 from __future__ import annotations
 
