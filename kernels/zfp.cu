@@ -202,7 +202,7 @@ struct BlockReader {
 //    are integer bit manipulation, exact and rounded as IEEE does (round to nearest even, subnormals);
 //  * dtype conversions (fp32 <-> bf16 / f16, fp64 -> fp32) are integer bit manipulation;
 //  * the few fp32 additions (decode-sum accumulation, error-feedback compensation and residual) are
-//    explicit PTX add.rn.f32 / sub.rn.f32 on the GPU: without the .ftz modifier whatever the compile
+//    explicit PTX add.rn.f32 on the GPU: without the .ftz modifier whatever the compile
 //    options say (and .rn also keeps them from being contracted into FMAs). fp64 never flushes.
 // Nothing else in this file does floating-point arithmetic.
 
@@ -289,15 +289,8 @@ CCOLL_HD float add_rn(float a, float b) {
   return a + b;
 #endif
 }
-CCOLL_HD float sub_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  float r;
-  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return a - b;
-#endif
-}
+// a - b == a + (-b) exactly; the sign flip is a bit flip (PTX neg.f32 would flush under -ftz)
+CCOLL_HD float sub_rn(float a, float b) { return add_rn(a, Traits<float>::from_bits(Traits<float>::bits(b) ^ 0x80000000u)); }
 CCOLL_HD double add_rn(double a, double b) { return a + b; }
 CCOLL_HD double sub_rn(double a, double b) { return a - b; }
 

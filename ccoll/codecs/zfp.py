@@ -179,7 +179,7 @@ class ZfpCodec(Codec):
 
     # --- torch backend: libzfp through zfpy, vectorised pre/post-processing ------------------------------
     def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
-        import zfpy
+        zfpy = _zfpy()
 
         sc = _scalar(src.dtype)
         maxbits = self.maxbits(src.dtype)
@@ -230,7 +230,7 @@ class ZfpCodec(Codec):
         return _rows_of_four(arr) if self.dims == 2 else arr
 
     def _decode_rows_torch(self, payloads, out, row_numel) -> None:
-        import zfpy
+        zfpy = _zfpy()
 
         sc = _scalar(out.dtype)
         maxbits = self.maxbits(out.dtype)
@@ -255,11 +255,14 @@ class ZfpCodec(Codec):
         values = torch.empty(row_numel if self.dims == 1 else 4 * rows4, dtype=sc.dtype)
         for i in range(need):
             buf = payloads[i].numpy()
-            zfpy._decompress(buf, ztype, shape, out=values.numpy().reshape(shape), rate=self.rate)
-            row = values[:row_numel]
-            _fill_marked(row, buf, self.num_blocks(row_numel), maxbits, sc, S)
             lo, hi = i * row_numel, min(n, (i + 1) * row_numel)
-            out[lo:hi].copy_(row[: hi - lo])
+            # straight into out where the row is whole, of the zfp type and has no padded 2-D row
+            direct = out.dtype == sc.dtype and hi - lo == values.numel()
+            row = out[lo:hi] if direct else values
+            zfpy._decompress(buf, ztype, shape, out=row.numpy().reshape(shape), rate=self.rate)
+            _fill_marked(row[:row_numel], buf, self.num_blocks(row_numel), maxbits, sc, S)
+            if not direct:
+                out[lo:hi].copy_(values[: hi - lo])
 
     def _decode_sum_torch(self, payloads, numel, dtype, out) -> None:
         decoded = torch.empty(payloads.shape[0] * numel, dtype=dtype)
@@ -354,6 +357,18 @@ def _marker_blocks(buf: np.ndarray, nblocks: int, maxbits: int, ebits: int) -> n
     return marked
 
 
+def _zfpy():
+    """libzfp's Python binding, which the torch backend runs; a CodecError that says what to do without it."""
+    try:
+        import zfpy
+    except ImportError:
+        raise CodecError(
+            "the zfp codec's torch backend runs libzfp through zfpy, which is not installed: "
+            "pip install zfpy, or use backend='emulated' (the same bytes from kernels/zfp.cu built for the host)"
+        ) from None
+    return zfpy
+
+
 def _fill_marked(values: torch.Tensor, buf: np.ndarray, nblocks: int, maxbits: int, sc: _Scalar, S: int) -> None:
     """Set every value of the marker blocks (non-finite on input) among the ``nblocks`` blocks of ``buf``
     to NaN; ``values`` holds their decode, the last block possibly partial."""
@@ -404,8 +419,8 @@ def _run(backend: str, op: str, suffix: str, device: torch.device, nblocks: int,
             fn.restype = None
         fn(*(None if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
         return
-    values = [
+    values = tuple(
         np.uint64(0 if a is None else a.data_ptr()) if k == "p" else _NUMPY[k](a) for k, a in zip(kinds, args)
-    ]
+    )
     grid = max(1, min(-(-nblocks // _THREADS), 2**31 - 1))
     kernels.launch("zfp", f"ccoll_zfp_{op}_{suffix}", grid, _THREADS, values, device)

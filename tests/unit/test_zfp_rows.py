@@ -5,12 +5,15 @@ byte: payloads, residuals and decodes, for every dtype, dims 1 and 2, partial ro
 the end, tiny blocks (libzfp's scale is subnormal or overflows) and non-finite blocks."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from ccoll.codecs import get_codec
 from ccoll.codecs.base import Codec
+from ccoll.errors import CodecError
 
 try:
     import zfpy  # noqa: F401  (the torch backend is libzfp through zfpy)
@@ -168,3 +171,9 @@ def test_results_do_not_depend_on_flush_to_zero():
         torch.set_flush_denormal(False)
     assert torch.equal(payload_ftz, payload)
     assert same_bits(decoded_ftz, decoded)
+
+
+def test_given_no_zfpy_when_torch_backend_used_then_codec_error_naming_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zfpy", None)  # import zfpy now raises ImportError
+    with pytest.raises(CodecError, match="pip install zfpy|backend='emulated'"):
+        get_codec("zfp:rate=8", backend="torch").encode(torch.ones(8))
