@@ -794,74 +794,84 @@ CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int row
 }  // namespace ccoll_zfp
 
 // ---- CUDA entry points: one thread per block (grid-stride over every block of every row) --------------
+// Entry names are spelled out in full below (ccoll/codecs/zfp.py CUDA_KERNELS lists them; the host twins
+// are ccoll_host_zfp_<op>_<dtype> with the same arguments).
 // encode_rows output must be zero-initialised: the boundary words of each block are OR-ed in.
 
-#define CCOLL_ZFP_FOR_BLOCKS(nblk)                                                                  \
-  for (ccoll_u64 g = (ccoll_u64)blockIdx.x * blockDim.x + threadIdx.x; g < (nblk);                \
+#define CCOLL_ZFP_FOR_BLOCKS(nblk)                                                                              \
+  for (ccoll_u64 g = (ccoll_u64)blockIdx.x * blockDim.x + threadIdx.x; g < (nblk);                              \
        g += (ccoll_u64)gridDim.x * blockDim.x)
 
-#define CCOLL_ZFP_DIMS(...) \
+#define CCOLL_ZFP_DIMS(...)                                                                                     \
   if (dims == 2) { const int D = 2; __VA_ARGS__; } else { const int D = 1; __VA_ARGS__; }
 
-#define CCOLL_ZFP_CUDA_ENTRIES(SUFFIX, ST)                                                                   \
-  extern "C" __global__ void ccoll_zfp_encode_rows_##SUFFIX(                                                \
-      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,           \
-      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                              \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                 \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                     \
-        src, numel, row_numel, g, per, maxbits, row_words, feedback, out))                                  \
-  }                                                                                                         \
-  extern "C" __global__ void ccoll_zfp_decode_rows_##SUFFIX(                                                \
-      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,   \
-      int maxbits, ST::Stor* out) {                                                                         \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                 \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                     \
-        in, row_words, numel, row_numel, g, per, maxbits, out))                                             \
-  }                                                                                                         \
-  extern "C" __global__ void ccoll_zfp_decode_sum_##SUFFIX(const ccoll_u64* in, ccoll_u64 row_words,        \
-                                                          int rows, ccoll_u64 numel, int dims, int maxbits, \
-                                                          float* out) {                                     \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                                 \
-                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, g, maxbits, out))         \
+#define CCOLL_ZFP_CUDA_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
+  extern "C" __global__ void ENCODE_ROWS(                                                                       \
+      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
+      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                         \
+        src, numel, row_numel, g, per, maxbits, row_words, feedback, out))                                      \
+  }                                                                                                             \
+  extern "C" __global__ void DECODE_ROWS(                                                                       \
+      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,       \
+      int maxbits, ST::Stor* out) {                                                                             \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                         \
+        in, row_words, numel, row_numel, g, per, maxbits, out))                                                 \
+  }                                                                                                             \
+  extern "C" __global__ void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words,                               \
+                                                          int rows, ccoll_u64 numel, int dims, int maxbits,     \
+                                                          float* out) {                                         \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                                     \
+                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, g, maxbits, out))             \
   }
 
-CCOLL_ZFP_CUDA_ENTRIES(f32, ccoll_zfp::StF32)
-CCOLL_ZFP_CUDA_ENTRIES(bf16, ccoll_zfp::StBF16)
-CCOLL_ZFP_CUDA_ENTRIES(f16, ccoll_zfp::StF16)
-CCOLL_ZFP_CUDA_ENTRIES(f64, ccoll_zfp::StF64)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f32, ccoll_zfp_decode_rows_f32, ccoll_zfp_decode_sum_f32,
+                       ccoll_zfp::StF32)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_bf16, ccoll_zfp_decode_rows_bf16, ccoll_zfp_decode_sum_bf16,
+                       ccoll_zfp::StBF16)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f16, ccoll_zfp_decode_rows_f16, ccoll_zfp_decode_sum_f16,
+                       ccoll_zfp::StF16)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, ccoll_zfp_decode_sum_f64,
+                       ccoll_zfp::StF64)
 
 // ---- host entry points (emulated backend): the same per-block functions, OpenMP over blocks ----------
 #ifdef CCOLL_HOST
 
-#define CCOLL_ZFP_HOST_FOR_BLOCKS(nblk)                                                             \
-  _Pragma("omp parallel for schedule(static)")                                                      \
+#define CCOLL_ZFP_HOST_FOR_BLOCKS(nblk)                                                                         \
+  _Pragma("omp parallel for schedule(static)")                                                                  \
   for (ccoll_i64 g = 0; g < (ccoll_i64)(nblk); g++)
 
-#define CCOLL_ZFP_HOST_ENTRIES(SUFFIX, ST)                                                                   \
-  extern "C" void ccoll_host_zfp_encode_rows_##SUFFIX(                                                      \
-      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,           \
-      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                              \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                 \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                \
-        src, numel, row_numel, (ccoll_u64)g, per, maxbits, row_words, feedback, out))                       \
-  }                                                                                                         \
-  extern "C" void ccoll_host_zfp_decode_rows_##SUFFIX(                                                      \
-      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,   \
-      int maxbits, ST::Stor* out) {                                                                         \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                 \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                \
-        in, row_words, numel, row_numel, (ccoll_u64)g, per, maxbits, out))                                  \
-  }                                                                                                         \
-  extern "C" void ccoll_host_zfp_decode_sum_##SUFFIX(const ccoll_u64* in, ccoll_u64 row_words, int rows,    \
-                                                     ccoll_u64 numel, int dims, int maxbits, float* out) {  \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                            \
-                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, (ccoll_u64)g, maxbits,    \
-                                                      out))                                                 \
+#define CCOLL_ZFP_HOST_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
+  extern "C" void ENCODE_ROWS(                                                                                  \
+      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
+      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                    \
+        src, numel, row_numel, (ccoll_u64)g, per, maxbits, row_words, feedback, out))                           \
+  }                                                                                                             \
+  extern "C" void DECODE_ROWS(                                                                                  \
+      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,       \
+      int maxbits, ST::Stor* out) {                                                                             \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                    \
+        in, row_words, numel, row_numel, (ccoll_u64)g, per, maxbits, out))                                      \
+  }                                                                                                             \
+  extern "C" void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words, int rows,                                \
+                                                     ccoll_u64 numel, int dims, int maxbits, float* out) {      \
+    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                                \
+                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, (ccoll_u64)g, maxbits,        \
+                                                      out))                                                     \
   }
 
-CCOLL_ZFP_HOST_ENTRIES(f32, ccoll_zfp::StF32)
-CCOLL_ZFP_HOST_ENTRIES(bf16, ccoll_zfp::StBF16)
-CCOLL_ZFP_HOST_ENTRIES(f16, ccoll_zfp::StF16)
-CCOLL_ZFP_HOST_ENTRIES(f64, ccoll_zfp::StF64)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f32, ccoll_host_zfp_decode_rows_f32, ccoll_host_zfp_decode_sum_f32,
+                       ccoll_zfp::StF32)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_bf16, ccoll_host_zfp_decode_rows_bf16, ccoll_host_zfp_decode_sum_bf16,
+                       ccoll_zfp::StBF16)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f16, ccoll_host_zfp_decode_rows_f16, ccoll_host_zfp_decode_sum_f16,
+                       ccoll_zfp::StF16)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f64, ccoll_host_zfp_decode_rows_f64, ccoll_host_zfp_decode_sum_f64,
+                       ccoll_zfp::StF64)
 
 #endif  // CCOLL_HOST

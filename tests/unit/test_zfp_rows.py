@@ -177,3 +177,17 @@ def test_given_no_zfpy_when_torch_backend_used_then_codec_error_naming_the_fix(m
     monkeypatch.setitem(sys.modules, "zfpy", None)  # import zfpy now raises ImportError
     with pytest.raises(CodecError, match="pip install zfpy|backend='emulated'"):
         get_codec("zfp:rate=8", backend="torch").encode(torch.ones(8))
+
+
+def test_every_cuda_kernel_the_codec_launches_is_defined_with_a_host_twin():
+    """CUDA_KERNELS (read by the NVRTC build check) names entry points that kernels/zfp.cu defines; the
+    emulated backend's host library exports each one's twin."""
+    from ccoll import kernels
+    from ccoll.codecs import zfp
+
+    source = kernels.source("zfp").read_text()
+    host = kernels.host_library("zfp")
+    assert len(zfp.CUDA_KERNELS) == 12
+    for name in zfp.CUDA_KERNELS:
+        assert name + "," in source or name + ")" in source, name
+        assert hasattr(host, name.replace("ccoll_zfp_", "ccoll_host_zfp_")), name
