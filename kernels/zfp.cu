@@ -805,27 +805,31 @@ CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int row
 #define CCOLL_ZFP_DIMS(...)                                                                                     \
   if (dims == 2) { const int D = 2; __VA_ARGS__; } else { const int D = 1; __VA_ARGS__; }
 
-#define CCOLL_ZFP_CUDA_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
-  extern "C" __global__ void ENCODE_ROWS(                                                                       \
+// One definition of the entry points for both builds: QUAL is the CUDA kernel qualifier or nothing, FOR
+// the loop over blocks (grid-stride on the GPU, OpenMP on the host).
+#define CCOLL_ZFP_ENTRIES(QUAL, FOR, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                  \
+  extern "C" QUAL void ENCODE_ROWS(                                                                             \
       const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
       ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
     ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                         \
-        src, numel, row_numel, g, per, maxbits, row_words, feedback, out))                                      \
+    CCOLL_ZFP_DIMS(FOR(per * rows) ccoll_zfp::encode_row_block<ST, D>(                                          \
+        src, numel, row_numel, (ccoll_u64)g, per, maxbits, row_words, feedback, out))                           \
   }                                                                                                             \
-  extern "C" __global__ void DECODE_ROWS(                                                                       \
+  extern "C" QUAL void DECODE_ROWS(                                                                             \
       const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,       \
       int maxbits, ST::Stor* out) {                                                                             \
     ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                         \
-        in, row_words, numel, row_numel, g, per, maxbits, out))                                                 \
+    CCOLL_ZFP_DIMS(FOR(per * rows) ccoll_zfp::decode_row_block<ST, D>(                                          \
+        in, row_words, numel, row_numel, (ccoll_u64)g, per, maxbits, out))                                      \
   }                                                                                                             \
-  extern "C" __global__ void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words,                               \
-                                                          int rows, ccoll_u64 numel, int dims, int maxbits,     \
-                                                          float* out) {                                         \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                                     \
-                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, g, maxbits, out))             \
+  extern "C" QUAL void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel,          \
+                                  int dims, int maxbits, float* out) {                                          \
+    CCOLL_ZFP_DIMS(FOR(ccoll_zfp::blocks_per(numel, dims))                                                      \
+                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, (ccoll_u64)g, maxbits, out))  \
   }
+
+#define CCOLL_ZFP_CUDA_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
+  CCOLL_ZFP_ENTRIES(__global__, CCOLL_ZFP_FOR_BLOCKS, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)
 
 CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f32, ccoll_zfp_decode_rows_f32, ccoll_zfp_decode_sum_f32,
                        ccoll_zfp::StF32)
@@ -844,26 +848,7 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, cco
   for (ccoll_i64 g = 0; g < (ccoll_i64)(nblk); g++)
 
 #define CCOLL_ZFP_HOST_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
-  extern "C" void ENCODE_ROWS(                                                                                  \
-      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
-      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::encode_row_block<ST, D>(                    \
-        src, numel, row_numel, (ccoll_u64)g, per, maxbits, row_words, feedback, out))                           \
-  }                                                                                                             \
-  extern "C" void DECODE_ROWS(                                                                                  \
-      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,       \
-      int maxbits, ST::Stor* out) {                                                                             \
-    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(per * rows) ccoll_zfp::decode_row_block<ST, D>(                    \
-        in, row_words, numel, row_numel, (ccoll_u64)g, per, maxbits, out))                                      \
-  }                                                                                                             \
-  extern "C" void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words, int rows,                                \
-                                                     ccoll_u64 numel, int dims, int maxbits, float* out) {      \
-    CCOLL_ZFP_DIMS(CCOLL_ZFP_HOST_FOR_BLOCKS(ccoll_zfp::blocks_per(numel, dims))                                \
-                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, (ccoll_u64)g, maxbits,        \
-                                                      out))                                                     \
-  }
+  CCOLL_ZFP_ENTRIES(, CCOLL_ZFP_HOST_FOR_BLOCKS, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)
 
 CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f32, ccoll_host_zfp_decode_rows_f32, ccoll_host_zfp_decode_sum_f32,
                        ccoll_zfp::StF32)
