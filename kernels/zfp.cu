@@ -101,10 +101,9 @@ CCOLL_HD void atomic_or_word(ccoll_u64* w, ccoll_u64 v) {
 #endif
 }
 
-// Writes one block's bits [begin, end) into a zero-initialised word array: the output (words shared
-// with neighbouring blocks are OR-ed in atomically) or, LOCAL, a thread's private buffer that holds this
-// block alone (every word is its own; plain stores).
-template <bool LOCAL> struct BlockWriter {
+// Writes one block's bits [begin, end) into a zero-initialised word array (words shared with
+// neighbouring blocks are OR-ed in atomically).
+struct BlockWriter {
   ccoll_u64* words;
   ccoll_u64 begin, end;  // the block's bit range
   ccoll_u64 widx;        // word being filled
@@ -116,7 +115,7 @@ template <bool LOCAL> struct BlockWriter {
 
   CCOLL_HD void flush_word() {
     if (acc) {
-      bool owned = LOCAL || ((widx << 6) >= begin && ((widx + 1) << 6) <= end);
+      bool owned = (widx << 6) >= begin && ((widx + 1) << 6) <= end;
       if (owned) words[widx] = acc; else atomic_or_word(words + widx, acc);
     }
     acc = 0;
@@ -549,9 +548,37 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
 
 // ---- one block ------------------------------------------------------------------------------------
 
-// Encodes one (padded) block of values v into w, which covers maxbits zero-initialised bits.
-template <class Scalar, int D, class Writer>
-CCOLL_HD void encode_values(const Scalar* v, int maxbits, Writer& w) {
+// The values a decoder reconstructs from a block's coefficients u (bit planes as read) and exponent.
+template <class Scalar, int D>
+CCOLL_HD void reconstruct(const typename Traits<Scalar>::UInt* u, int emax, Scalar* v) {
+  typedef Traits<Scalar> T;
+  typedef typename T::Int Int;
+  const int S = Dims<D>::S;
+  Int q[S];
+#pragma unroll
+  for (int i = 0; i < S; i++) q[Dims<D>::perm(i)] = (Int)((u[i] ^ T::nbmask()) - T::nbmask());
+  inv_xform<Int, typename T::UInt, D>(q);
+  // libzfp: 2^(emax - (P-2)) * (Scalar)q. Where that scale is subnormal (float blocks with max in
+  // [2^-98, 2^-96)) FTZ would zero the whole block, so those blocks take the exact integer path.
+  int k = emax - (T::P - 2);
+  bool normal = k >= 1 - T::EBIAS;
+  Scalar scale = normal ? pow2<Scalar>(k) : Scalar(0);
+#pragma unroll
+  for (int i = 0; i < S; i++) v[i] = int_ldexp<Scalar>(q[i], k, scale, normal);
+}
+
+// the canonical quiet NaN (as torch's float('nan') and numpy's nan): every backend decodes the same bits
+template <class Scalar> CCOLL_HD Scalar canonical_nan() {
+  typedef Traits<Scalar> T;
+  return T::from_bits((((typename T::UInt)1 << (T::EBITS + 1)) - 1) << (T::MANT - 1));
+}
+
+// Encodes one (padded) block of values v into w, which covers maxbits zero-initialised bits. With
+// RECON it also writes to d what decode_block will read back from those bits (for error feedback,
+// without reading the bits back): the encoder knows every bit it emits, including the one libzfp's
+// decoder infers when the budget runs out inside a group test.
+template <class Scalar, int D, bool RECON>
+CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar* d) {
   typedef Traits<Scalar> T;
   typedef typename T::Int Int;
   typedef typename T::UInt UInt;
@@ -571,9 +598,19 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, Writer& w) {
   if (maxmag >= EXPMASK) {  // non-finite: marker header (flag 1, biased exponent 0)
     w.write_bits(1, 1 + T::EBITS);
     w.finish();
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) d[i] = canonical_nan<Scalar>();
+    }
     return;
   }
-  if (biased_exp <= P - 4) return;  // all zero or tiny: maxbits zero bits, already in the output
+  if (biased_exp <= P - 4) {  // all zero or tiny: maxbits zero bits, already in the output
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) d[i] = Scalar(0);
+    }
+    return;
+  }
   // frexp exponent of the maximum; with the tiny blocks gone no clamping is needed
   int emax = biased_exp - (T::EBIAS - 1);
   w.write_bits(2 * (ccoll_u64)(emax + T::EBIAS) + 1, 1 + T::EBITS);
@@ -590,6 +627,9 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, Writer& w) {
   int bits = maxbits - 1 - T::EBITS;
   int kmin = kmin_for<Scalar, D>(emax);
   int nsig = 0;  // coefficients known to be significant
+  UInt ur[S];  // with RECON: the planes as the decoder will read them
+#pragma unroll
+  for (int i = 0; i < S; i++) ur[i] = 0;
   for (int k = P; bits > 0 && k > kmin;) {
     --k;
     ccoll_u64 x = 0;
@@ -597,6 +637,7 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, Writer& w) {
     for (int i = 0; i < S; i++) x |= (ccoll_u64)((u[i] >> k) & 1) << i;
     int m = nsig < bits ? nsig : bits;
     bits -= m;
+    ccoll_u64 xr = x & ((1ull << m) - 1);  // m <= 16
     x = w.write_bits(x, m);
     // group tests: a 1 says "another coefficient becomes significant in this plane", followed by a
     // unary scan for it (zeros, then a 1 unless it is the last coefficient, whose 1 is implied). The
@@ -614,11 +655,17 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, Writer& w) {
         bits -= lim;
         t = lim;
       }
+      xr |= 1ull << (nsig + t);  // the decoder's one (inferred where the budget ran out)
       x >>= t + 1;
       nsig += t + 1;
     }
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) ur[i] += (UInt)((xr >> i) & 1) << k;
+    }
   }
   w.finish();
+  if (RECON) reconstruct<Scalar, D>(ur, emax, d);
 }
 
 // Decodes the block that starts at bit `begin` of `in` into v (S values); a non-finite marker block
@@ -638,11 +685,8 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 begin, int maxbits, Sc
   }
   int biased = (int)r.read_bits(T::EBITS);
   if (biased == 0) {  // our non-finite marker
-    // the canonical quiet NaN (as torch's float('nan') and numpy's nan), so every backend decodes the
-    // same bits
-    Scalar nan = T::from_bits((((UInt)1 << (T::EBITS + 1)) - 1) << (T::MANT - 1));
 #pragma unroll
-    for (int i = 0; i < S; i++) v[i] = nan;
+    for (int i = 0; i < S; i++) v[i] = canonical_nan<Scalar>();
     return;
   }
   int emax = biased - T::EBIAS;
@@ -678,17 +722,7 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 begin, int maxbits, Sc
 #pragma unroll
     for (int i = 0; i < S; i++) u[i] += (UInt)((x >> i) & 1) << k;
   }
-  Int q[S];
-#pragma unroll
-  for (int i = 0; i < S; i++) q[Dims<D>::perm(i)] = (Int)((u[i] ^ T::nbmask()) - T::nbmask());
-  inv_xform<Int, UInt, D>(q);
-  // libzfp: 2^(emax - (P-2)) * (Scalar)q. Where that scale is subnormal (float blocks with max in
-  // [2^-98, 2^-96)) FTZ would zero the whole block, so those blocks take the exact integer path.
-  int k = emax - (P - 2);
-  bool normal = k >= 1 - T::EBIAS;
-  Scalar scale = normal ? pow2<Scalar>(k) : Scalar(0);
-#pragma unroll
-  for (int i = 0; i < S; i++) v[i] = int_ldexp<Scalar>(q[i], k, scale, normal);
+  reconstruct<Scalar, D>(u, emax, v);
 }
 
 // ---- rows: the batched API (one thread per block of one row; all rows in one launch) ------------------
@@ -696,9 +730,6 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 begin, int maxbits, Sc
 // vector src[r*row_numel : (r+1)*row_numel] exactly as a standalone encode of that vector would.
 
 CCOLL_HD ccoll_u64 blocks_per(ccoll_u64 n, int dims) { return dims == 2 ? (n + 15) / 16 : (n + 3) / 4; }
-
-// The largest block (dims 2, rate 64, fp64: 1024 bits) at any bit offset spans at most 17 words.
-#define CCOLL_ZFP_LOCAL_WORDS 18
 
 template <class St, int D>
 CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g,
@@ -711,12 +742,10 @@ CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, cc
   Span sp(numel, row_numel, r, b, S);
   Code v[S];
   load_block<St, D>(src, sp, v);
-  ccoll_u64* row = out + r * row_words;
-  ccoll_u64 begin = b * (ccoll_u64)maxbits;
+  BlockWriter w(out + r * row_words, b * (ccoll_u64)maxbits, (b + 1) * (ccoll_u64)maxbits);
   if (!feedback) {
     if (sp.m < S) pad_block<Code, D>(v, sp.m);
-    BlockWriter<false> w(row, begin, begin + (ccoll_u64)maxbits);
-    encode_values<Code, D>(v, maxbits, w);
+    encode_values<Code, D, false>(v, maxbits, w, v);
     return;
   }
   // error feedback: c = x + r in the residual type, sent = c rounded to the tensor's dtype
@@ -729,23 +758,8 @@ CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, cc
     }
   }
   if (sp.m < S) pad_block<Code, D>(v, sp.m);
-  // encode into a private buffer, decode it back from there (what every receiver will see), then
-  // publish the words as the direct writer would
-  ccoll_u64 local[CCOLL_ZFP_LOCAL_WORDS];
-  int off = (int)(begin & 63);
-  int nwords = (off + maxbits + 63) >> 6;
-  for (int j = 0; j <= nwords && j < CCOLL_ZFP_LOCAL_WORDS; j++) local[j] = 0;  // +1: the reader's lookahead
-  BlockWriter<true> lw(local, (ccoll_u64)off, (ccoll_u64)(off + maxbits));
-  encode_values<Code, D>(v, maxbits, lw);
-  ccoll_u64 end = begin + (ccoll_u64)maxbits;
-  for (int j = 0; j < nwords; j++) {
-    ccoll_u64 word = local[j], widx = (begin >> 6) + j;
-    if (!word) continue;
-    if ((widx << 6) >= begin && ((widx + 1) << 6) <= end) row[widx] = word;
-    else atomic_or_word(row + widx, word);
-  }
-  Code d[S];
-  decode_block<Code, D>(local, (ccoll_u64)off, maxbits, d);
+  Code d[S];  // what every receiver will decode
+  encode_values<Code, D, true>(v, maxbits, w, d);
 #pragma unroll
   for (int i = 0; i < S; i++) {
     if (i < sp.m) {
