@@ -1,10 +1,16 @@
 // ZFP fixed-rate encode/decode for 1-D and 2-D blocks of float32/float64, bit-exact with libzfp 1.0.1
 // (zfpy.compress_numpy(x, rate=R, write_header=False)) for finite blocks; see shared ZFP_FIXED_RATE.md.
 //
-// One algorithm, written once: per-block functions templated on a traits struct (float / double) and on
-// the number of dimensions (1 or 2); 1-D and 2-D differ only in gather/scatter and the transform loop.
-// The same functions serve the CUDA kernels (one thread per block), NVRTC (CuPy RawModule) and the host
-// build (-DCCOLL_HOST, OpenMP loop over blocks) that backs the "emulated" backend.
+// One algorithm, written once: per-block functions templated on a traits struct (float / double), on a
+// storage struct (the tensor's dtype: fp32, bf16, f16 read and written directly, coded as zfp float; fp64
+// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (one
+// thread per block), NVRTC (CuPy RawModule) and the host build (-DCCOLL_HOST, OpenMP loop over blocks)
+// that backs the "emulated" backend.
+//
+// The API is batched (ccoll/codecs/base.py): encode_rows / decode_rows / decode_sum each code every
+// block of every row in ONE launch. encode_rows optionally fuses error feedback per block in the same
+// thread (compensate, encode, decode the block back, store the residual). A plain encode/decode is one
+// row.
 //
 // Where libzfp has no defined result we define one, identically on every backend:
 //  * Non-finite block (any NaN/Inf among its values): written as header bit 1 followed by a biased
@@ -14,6 +20,11 @@
 //    libzfp's scale factor 2^(P-2-emax) overflows to inf and its output is garbage (it differs between
 //    x86 and GPU). Such blocks are written as all-zero blocks and decode to +0. The error is below the
 //    threshold, far below anything a gradient cares about.
+//  * NaN bits: a decoded NaN is the canonical quiet NaN, narrowed as torch (CPU) narrows it; a NaN
+//    decode_sum is the canonical fp32 NaN (x86 and the GPU propagate different NaNs through additions).
+//
+// Flush-to-zero: results never depend on it (CuPy compiles with -ftz=true); see "exact float
+// arithmetic" below for how.
 //
 // Dims=2 reads a flat array as rows of 4 values (nx = 4, ny = ceil(n/4)), so 2-D block b holds the 16
 // consecutive values [16b, 16b+16). A partial last row (n % 4 != 0) is padded along x with zfp's
@@ -90,7 +101,8 @@ CCOLL_HD void atomic_or_word(ccoll_u64* w, ccoll_u64 v) {
 #endif
 }
 
-// Writes one block's bits [begin, end) into a zero-initialised word array.
+// Writes one block's bits [begin, end) into a zero-initialised word array (words shared with
+// neighbouring blocks are OR-ed in atomically).
 struct BlockWriter {
   ccoll_u64* words;
   ccoll_u64 begin, end;  // the block's bit range
@@ -182,6 +194,176 @@ struct BlockReader {
   }
 };
 
+// ---- exact float arithmetic that no flush-to-zero setting can change --------------------------------
+// CuPy compiles with -ftz=true, which makes every fp32 multiply, add and conversion flush subnormal
+// operands and results to zero. Results must not depend on it (issue 8, finding 1), so:
+//  * fixed-point conversions (encode: v * 2^(P-2-emax) -> Int; decode: Int -> Scalar times 2^(emax-P+2))
+//    are integer bit manipulation, exact and rounded as IEEE does (round to nearest even, subnormals);
+//  * dtype conversions (fp32 <-> bf16 / f16, fp64 -> fp32) are integer bit manipulation;
+//  * the few fp32 additions (decode-sum accumulation, error-feedback compensation and residual) are
+//    explicit PTX add.rn.f32 on the GPU: without the .ftz modifier whatever the compile
+//    options say (and .rn also keeps them from being contracted into FMAs). fp64 never flushes.
+// Nothing else in this file does floating-point arithmetic.
+
+CCOLL_HD int bitlen64(ccoll_u64 x) {  // number of significant bits, 0 for 0
+#ifdef __CUDA_ARCH__
+  return 64 - __clzll((long long)x);
+#else
+  return x ? 64 - __builtin_clzll(x) : 0;
+#endif
+}
+
+// x / 2^s rounded to nearest, ties to even (0 <= s; s >= 64 gives 0 as x < 2^64 <= 2^s and s > bitlen)
+CCOLL_HD ccoll_u64 rne_shr(ccoll_u64 x, int s) {
+  if (s <= 0) return x;
+  if (s >= 64) return (s == 64 && x > (1ull << 63)) ? 1 : 0;
+  ccoll_u64 q = x >> s, rem = x & ((1ull << s) - 1), half = 1ull << (s - 1);
+  return q + (rem > half || (rem == half && (q & 1)));
+}
+
+// The Scalar nearest to (-1)^neg * m * 2^k (one rounding, to nearest even, subnormal and overflow
+// included), built from its bits.
+template <class Scalar> CCOLL_HD Scalar make_scalar(bool neg, ccoll_u64 m, int k) {
+  typedef Traits<Scalar> T;
+  typedef typename T::UInt UInt;
+  const UInt sign = neg ? (UInt)1 << (T::P - 1) : 0;
+  const UInt inf = (((UInt)1 << T::EBITS) - 1) << T::MANT;
+  if (m == 0) return T::from_bits(sign);
+  int L = bitlen64(m);
+  const int emin = 1 - T::EBIAS;             // exponent of the smallest normal
+  const int qmin = emin - T::MANT;           // exponent of the smallest subnormal step
+  if (k + L - 1 >= emin) {                   // normal (before rounding)
+    int sh = L - (T::MANT + 1);
+    ccoll_u64 r = sh > 0 ? rne_shr(m, sh) : m << -sh;
+    int e = k + sh + T::MANT;                // exponent of r's leading bit (r has MANT+1 bits)
+    if (r >> (T::MANT + 1)) { r >>= 1; ++e; }  // rounding carried into a new bit
+    if (e > T::EBIAS) return T::from_bits(sign | inf);
+    return T::from_bits(sign | ((UInt)(e + T::EBIAS) << T::MANT) | ((UInt)r & ((((UInt)1) << T::MANT) - 1)));
+  }
+  // subnormal: count steps of 2^qmin; a carry into bit MANT is exactly the smallest normal's code
+  int s = qmin - k;
+  ccoll_u64 r = s > 0 ? rne_shr(m, s) : m << -s;
+  return T::from_bits(sign | (UInt)r);
+}
+
+// libzfp's decode of one coefficient: (Scalar)q * 2^k, i.e. q rounded to Scalar, then scaled with a
+// second rounding only where the result is subnormal. All-normal cases take the plain multiply.
+template <class Scalar> CCOLL_HD Scalar int_ldexp(typename Traits<Scalar>::Int q, int k, Scalar scale, bool normal) {
+  typedef Traits<Scalar> T;
+  if (normal) return scale * (Scalar)q;  // scale and every nonzero result are normal: FTZ cannot apply
+  bool neg = q < 0;
+  ccoll_u64 m = neg ? (ccoll_u64)0 - (ccoll_u64)(ccoll_i64)q : (ccoll_u64)(ccoll_i64)q;
+  int L = bitlen64(m);
+  if (L > T::MANT + 1) {  // (Scalar)q
+    int sh = L - (T::MANT + 1);
+    m = rne_shr(m, sh);
+    k += sh;
+  }
+  if (m == 0) return Scalar(0);  // +0, as (Scalar)0 * scale
+  return make_scalar<Scalar>(neg, m, k);
+}
+
+// libzfp's encode of one value: (Int)(v * 2^k), truncating; v finite with |v| * 2^k < 2^(P-2)
+template <class Scalar> CCOLL_HD typename Traits<Scalar>::Int to_fixed(Scalar v, int k) {
+  typedef Traits<Scalar> T;
+  typedef typename T::UInt UInt;
+  typedef typename T::Int Int;
+  UInt u = T::bits(v);
+  int be = (int)((u >> T::MANT) & ((1u << T::EBITS) - 1));
+  UInt m = u & ((((UInt)1) << T::MANT) - 1);
+  int e;
+  if (be) { m |= (UInt)1 << T::MANT; e = be - T::EBIAS - T::MANT; } else { e = 1 - T::EBIAS - T::MANT; }
+  int s = e + k;
+  UInt q = s >= 0 ? m << s : (-s >= T::P ? 0 : m >> -s);
+  Int r = (Int)q;
+  return (u >> (T::P - 1)) ? (Int)((UInt)0 - q) : r;
+}
+
+CCOLL_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a + b;
+#endif
+}
+// a - b == a + (-b) exactly; the sign flip is a bit flip (PTX neg.f32 would flush under -ftz)
+CCOLL_HD float sub_rn(float a, float b) { return add_rn(a, Traits<float>::from_bits(Traits<float>::bits(b) ^ 0x80000000u)); }
+CCOLL_HD double add_rn(double a, double b) { return a + b; }
+CCOLL_HD double sub_rn(double a, double b) { return a - b; }
+
+// ---- storage types: what a tensor holds vs the zfp scalar it is coded as -----------------------------
+// Code: the zfp scalar (float or double); Stor: the tensor's element; Fb: error-feedback residuals.
+// widen is exact; narrow rounds to nearest even as torch's .to(dtype) does (NaN stays NaN, overflow -> Inf).
+
+struct StF32 {
+  typedef float Stor; typedef float Code; typedef float Fb;
+  static CCOLL_HD float widen(float x) { return x; }
+  static CCOLL_HD float narrow(float x) { return x; }
+};
+struct StF64 {
+  typedef double Stor; typedef double Code; typedef double Fb;
+  static CCOLL_HD double widen(double x) { return x; }
+  static CCOLL_HD double narrow(double x) { return x; }
+};
+struct StBF16 {
+  typedef unsigned short Stor; typedef float Code; typedef float Fb;
+  static CCOLL_HD float widen(unsigned short h) { return Traits<float>::from_bits((ccoll_u32)h << 16); }
+  static CCOLL_HD unsigned short narrow(float f) {
+    ccoll_u32 u = Traits<float>::bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0xffff;  // every NaN, as torch (CPU) rounds it
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+  }
+};
+struct StF16 {
+  typedef unsigned short Stor; typedef float Code; typedef float Fb;
+  static CCOLL_HD float widen(unsigned short h) {
+    ccoll_u32 sign = (ccoll_u32)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    if (e == 31) return Traits<float>::from_bits(sign | 0x7f800000u | (m << 13));
+    if (e) return Traits<float>::from_bits(sign | ((e + 112) << 23) | (m << 13));
+    if (!m) return Traits<float>::from_bits(sign);
+    int L = bitlen64(m);  // value m * 2^-24, leading bit L - 1
+    return Traits<float>::from_bits(sign | ((ccoll_u32)(L - 25 + 127) << 23) | ((m << (24 - L)) & 0x7fffffu));
+  }
+  static CCOLL_HD unsigned short narrow(float f) {
+    ccoll_u32 u = Traits<float>::bits(f), a = u & 0x7fffffffu;
+    unsigned short sign = (unsigned short)((u >> 16) & 0x8000u);
+    if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);  // NaN: quieted, payload's top bits kept
+    if (a >= 0x477ff000u) return sign | 0x7c00u;                // >= 65520 rounds to Inf
+    if (a >= 0x38800000u) {                                     // normal half
+      ccoll_u32 r = a - (112u << 23);
+      return sign | (unsigned short)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    }
+    // subnormal half: steps of 2^-24; a normal float's value is (m | 2^23) * 2^(e - 150)
+    ccoll_u32 e = a >> 23;
+    if (e < 101) return sign;  // below 2^-26: rounds to 0 (a subnormal float included)
+    ccoll_u64 m = (a & 0x7fffffu) | 0x800000u;
+    return sign | (unsigned short)rne_shr(m, 126 - (int)e);
+  }
+};
+
+template <class St> CCOLL_HD typename St::Code round_to(typename St::Code x) { return St::widen(St::narrow(x)); }
+
+// fp32 value of a decoded Code (fp64 -> fp32 rounds to nearest even; integer-only, see above)
+CCOLL_HD float to_f32(float x) { return x; }
+CCOLL_HD float to_f32(double x) {
+  ccoll_u64 u = Traits<double>::bits(x), a = u & 0x7fffffffffffffffull;
+  bool neg = (u >> 63) != 0;
+  if (a >= 0x7ff0000000000000ull)
+    return Traits<float>::from_bits((neg ? 0x80000000u : 0u) | 0x7f800000u | (a > 0x7ff0000000000000ull ? 0x400000u : 0u));
+  int be = (int)(a >> 52);
+  ccoll_u64 m = a & 0xfffffffffffffull;
+  if (be) m |= 1ull << 52; else be = 1;
+  return make_scalar<float>(neg, m, be - 1023 - 52);
+}
+
+CCOLL_HD bool is_finite(float x) { return (Traits<float>::bits(x) & 0x7f800000u) != 0x7f800000u; }
+CCOLL_HD bool is_finite(double x) {
+  return (Traits<double>::bits(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
 // ---- block layout -----------------------------------------------------------------------------------
 
 template <int D> struct Dims;
@@ -209,6 +391,23 @@ template <class Scalar> CCOLL_HD void pad_run(Scalar* p, int n, int s) {
   }
 }
 
+// Pads a block of which the first m (1 <= m < S) values are present, as zfp pads a partial block.
+template <class Scalar, int D> CCOLL_HD void pad_block(Scalar* v, int m) {
+  // loops are unrolled with constant offsets so that v stays in registers on the GPU
+  if (D == 1) {
+    pad_run(v, m, 1);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {  // each present row along x (absent rows are rebuilt below)
+      int len = m - 4 * j;
+      pad_run(v + 4 * j, len < 0 ? 0 : (len > 4 ? 4 : len), 1);
+    }
+    int rows = (m + 3) / 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) pad_run(v + i, rows, 4);  // then every column along y
+  }
+}
+
 #ifdef __CUDA_ARCH__
 // own 16-byte vector types (alignas, no CUDA headers needed under NVRTC); ptxas emits v4/v2 accesses
 struct alignas(16) ccoll_v4f { float x, y, z, w; };
@@ -231,62 +430,67 @@ __device__ __forceinline__ void store16(double* p, const double* v) {
   d.x = v[0]; d.y = v[1];
   *reinterpret_cast<ccoll_v2d*>(p) = d;
 }
+// 16-bit storage: no vector path (a block is 8 or 32 bytes; the scalar loads coalesce in L1)
+__device__ __forceinline__ bool vec_ok(const unsigned short*) { return false; }
+__device__ __forceinline__ bool vec_ok(const float* p) { return ((unsigned long long)p & 15) == 0; }
+__device__ __forceinline__ bool vec_ok(const double* p) { return ((unsigned long long)p & 15) == 0; }
+__device__ __forceinline__ void load16(const unsigned short*, unsigned short*) {}
+__device__ __forceinline__ void store16(unsigned short*, const unsigned short*) {}
 #endif
 
-// Gathers block b (values [S*b, S*b + S) of the flat array; see the file comment) into v, padded.
-template <class Scalar, int D> CCOLL_HD void gather(const Scalar* in, ccoll_u64 n, ccoll_u64 b, Scalar* v) {
+// Where block b of row r lies: values [g0, g0 + m) of the flat tensor are the block's row positions
+// (m < S only for a row's partial last block), of which the first `valid` exist (the rest is the
+// zero padding past the tensor's end).
+struct Span {
+  ccoll_u64 g0;
+  int m, valid;
+  CCOLL_HD Span(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r, ccoll_u64 b, int S) {
+    ccoll_u64 in_row = b * S;
+    ccoll_u64 left = row_numel - in_row;
+    m = left >= (ccoll_u64)S ? S : (int)left;
+    g0 = r * row_numel + in_row;
+    ccoll_u64 avail = numel > g0 ? numel - g0 : 0;
+    valid = avail >= (ccoll_u64)m ? m : (int)avail;
+  }
+};
+
+// Loads a block's values (as Code) from a tensor of Stor, zeros past the end.
+template <class St, int D> CCOLL_HD void load_block(const typename St::Stor* src, const Span& sp, typename St::Code* v) {
+  typedef typename St::Stor Stor;
   const int S = Dims<D>::S;
-  ccoll_u64 start = b * S;
-  ccoll_u64 left = n - start;
-  if (left >= (ccoll_u64)S) {
 #ifdef __CUDA_ARCH__
-    // a block is 16, 32, 64 or 128 contiguous bytes: 16-byte vector loads when the tensor allows
-    // (the test is uniform across the grid: S * sizeof(Scalar) is a multiple of 16)
-    if ((((unsigned long long)in) & 15) == 0) {
-      const int PER = 16 / (int)sizeof(Scalar);
+  if (sp.valid == S && vec_ok(src + sp.g0)) {  // a block is 16..128 contiguous bytes: 16-byte loads
+    const int PER = 16 / (int)sizeof(Stor);
+    Stor raw[S];
 #pragma unroll
-      for (int c = 0; c < S / PER; c++) load16(in + start + c * PER, v + c * PER);
-      return;
-    }
-#endif
+    for (int c = 0; c < S / PER; c++) load16(src + sp.g0 + c * PER, raw + c * PER);
 #pragma unroll
-    for (int i = 0; i < S; i++) v[i] = in[start + i];
+    for (int i = 0; i < S; i++) v[i] = St::widen(raw[i]);
     return;
   }
-  int m = (int)left;
+#endif
 #pragma unroll
-  for (int i = 0; i < S; i++) v[i] = i < m ? in[start + i] : Scalar(0);
-  // loops are unrolled with constant offsets so that v stays in registers on the GPU
-  if (D == 1) {
-    pad_run(v, m, 1);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {  // each present row along x (absent rows are rebuilt below)
-      int len = m - 4 * j;
-      pad_run(v + 4 * j, len < 0 ? 0 : (len > 4 ? 4 : len), 1);
-    }
-    int rows = (m + 3) / 4;
-#pragma unroll
-    for (int i = 0; i < 4; i++) pad_run(v + i, rows, 4);  // then every column along y
-  }
+  for (int i = 0; i < S; i++) v[i] = i < sp.valid ? St::widen(src[sp.g0 + i]) : typename St::Code(0);
 }
 
-template <class Scalar, int D> CCOLL_HD void scatter(const Scalar* v, ccoll_u64 n, ccoll_u64 b, Scalar* out) {
+// Stores the block's first min(m, valid) values, narrowed to Stor.
+template <class St, int D> CCOLL_HD void store_block(const typename St::Code* v, const Span& sp, typename St::Stor* dst) {
+  typedef typename St::Stor Stor;
   const int S = Dims<D>::S;
-  ccoll_u64 start = b * S;
-  ccoll_u64 left = n - start;
-  int m = left >= (ccoll_u64)S ? S : (int)left;
 #ifdef __CUDA_ARCH__
-  if (m == S && (((unsigned long long)out) & 15) == 0) {  // 16-byte vector stores, as in gather
-    const int PER = 16 / (int)sizeof(Scalar);
+  if (sp.valid == S && vec_ok(dst + sp.g0)) {
+    const int PER = 16 / (int)sizeof(Stor);
+    Stor raw[S];
 #pragma unroll
-    for (int c = 0; c < S / PER; c++) store16(out + start + c * PER, v + c * PER);
+    for (int i = 0; i < S; i++) raw[i] = St::narrow(v[i]);
+#pragma unroll
+    for (int c = 0; c < S / PER; c++) store16(dst + sp.g0 + c * PER, raw + c * PER);
     return;
   }
 #endif
 #pragma unroll
   for (int i = 0; i < S; i++)
-    if (i < m) out[start + i] = v[i];
+    if (i < sp.valid) dst[sp.g0 + i] = St::narrow(v[i]);
 }
 
 // ---- decorrelating transform (wrapping arithmetic through the unsigned type) ---------------------------
@@ -344,8 +548,37 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
 
 // ---- one block ------------------------------------------------------------------------------------
 
+// The values a decoder reconstructs from a block's coefficients u (bit planes as read) and exponent.
 template <class Scalar, int D>
-CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbits, ccoll_u64* out) {
+CCOLL_HD void reconstruct(const typename Traits<Scalar>::UInt* u, int emax, Scalar* v) {
+  typedef Traits<Scalar> T;
+  typedef typename T::Int Int;
+  const int S = Dims<D>::S;
+  Int q[S];
+#pragma unroll
+  for (int i = 0; i < S; i++) q[Dims<D>::perm(i)] = (Int)((u[i] ^ T::nbmask()) - T::nbmask());
+  inv_xform<Int, typename T::UInt, D>(q);
+  // libzfp: 2^(emax - (P-2)) * (Scalar)q. Where that scale is subnormal (float blocks with max in
+  // [2^-98, 2^-96)) FTZ would zero the whole block, so those blocks take the exact integer path.
+  int k = emax - (T::P - 2);
+  bool normal = k >= 1 - T::EBIAS;
+  Scalar scale = normal ? pow2<Scalar>(k) : Scalar(0);
+#pragma unroll
+  for (int i = 0; i < S; i++) v[i] = int_ldexp<Scalar>(q[i], k, scale, normal);
+}
+
+// the canonical quiet NaN (as torch's float('nan') and numpy's nan): every backend decodes the same bits
+template <class Scalar> CCOLL_HD Scalar canonical_nan() {
+  typedef Traits<Scalar> T;
+  return T::from_bits((((typename T::UInt)1 << (T::EBITS + 1)) - 1) << (T::MANT - 1));
+}
+
+// Encodes one (padded) block of values v into w, which covers maxbits zero-initialised bits. With
+// RECON it also writes to d what decode_block will read back from those bits (for error feedback,
+// without reading the bits back): the encoder knows every bit it emits, including the one libzfp's
+// decoder infers when the budget runs out inside a group test.
+template <class Scalar, int D, bool RECON>
+CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar* d) {
   typedef Traits<Scalar> T;
   typedef typename T::Int Int;
   typedef typename T::UInt UInt;
@@ -354,8 +587,6 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
   const UInt MAG = ~(UInt)0 >> 1;
   const UInt EXPMASK = ((UInt)((1 << T::EBITS) - 1)) << T::MANT;
 
-  Scalar v[S];
-  gather<Scalar, D>(in, n, b, v);
   // magnitudes compare as integers; NaN/Inf have all exponent bits set, so one max finds both
   UInt maxmag = 0;
 #pragma unroll
@@ -363,23 +594,30 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
     UInt m = T::bits(v[i]) & MAG;
     maxmag = m > maxmag ? m : maxmag;
   }
-  ccoll_u64 begin = b * (ccoll_u64)maxbits;
-  BlockWriter w(out, begin, begin + (ccoll_u64)maxbits);
   int biased_exp = (int)(maxmag >> T::MANT);  // of the block maximum
   if (maxmag >= EXPMASK) {  // non-finite: marker header (flag 1, biased exponent 0)
     w.write_bits(1, 1 + T::EBITS);
     w.finish();
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) d[i] = canonical_nan<Scalar>();
+    }
     return;
   }
-  if (biased_exp <= P - 4) return;  // all zero or tiny: maxbits zero bits, already in the output
+  if (biased_exp <= P - 4) {  // all zero or tiny: maxbits zero bits, already in the output
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) d[i] = Scalar(0);
+    }
+    return;
+  }
   // frexp exponent of the maximum; with the tiny blocks gone no clamping is needed
   int emax = biased_exp - (T::EBIAS - 1);
   w.write_bits(2 * (ccoll_u64)(emax + T::EBIAS) + 1, 1 + T::EBITS);
 
   Int q[S];
-  Scalar scale = pow2<Scalar>(P - 2 - emax);
 #pragma unroll
-  for (int i = 0; i < S; i++) q[i] = (Int)(scale * v[i]);
+  for (int i = 0; i < S; i++) q[i] = to_fixed<Scalar>(v[i], P - 2 - emax);
   fwd_xform<Int, UInt, D>(q);
   UInt u[S];
 #pragma unroll
@@ -389,6 +627,9 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
   int bits = maxbits - 1 - T::EBITS;
   int kmin = kmin_for<Scalar, D>(emax);
   int nsig = 0;  // coefficients known to be significant
+  UInt ur[S];  // with RECON: the planes as the decoder will read them
+#pragma unroll
+  for (int i = 0; i < S; i++) ur[i] = 0;
   for (int k = P; bits > 0 && k > kmin;) {
     --k;
     ccoll_u64 x = 0;
@@ -396,6 +637,7 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
     for (int i = 0; i < S; i++) x |= (ccoll_u64)((u[i] >> k) & 1) << i;
     int m = nsig < bits ? nsig : bits;
     bits -= m;
+    ccoll_u64 xr = x & ((1ull << m) - 1);  // m <= 16
     x = w.write_bits(x, m);
     // group tests: a 1 says "another coefficient becomes significant in this plane", followed by a
     // unary scan for it (zeros, then a 1 unless it is the last coefficient, whose 1 is implied). The
@@ -413,22 +655,29 @@ CCOLL_HD void encode_block(const Scalar* in, ccoll_u64 n, ccoll_u64 b, int maxbi
         bits -= lim;
         t = lim;
       }
+      xr |= 1ull << (nsig + t);  // the decoder's one (inferred where the budget ran out)
       x >>= t + 1;
       nsig += t + 1;
     }
+    if (RECON) {
+#pragma unroll
+      for (int i = 0; i < S; i++) ur[i] += (UInt)((xr >> i) & 1) << k;
+    }
   }
   w.finish();
+  if (RECON) reconstruct<Scalar, D>(ur, emax, d);
 }
 
-// Decodes block b into v (S values); a non-finite marker block decodes to NaN everywhere.
+// Decodes the block that starts at bit `begin` of `in` into v (S values); a non-finite marker block
+// decodes to NaN everywhere.
 template <class Scalar, int D>
-CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar* v) {
+CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 begin, int maxbits, Scalar* v) {
   typedef Traits<Scalar> T;
   typedef typename T::Int Int;
   typedef typename T::UInt UInt;
   const int S = Dims<D>::S;
   const int P = T::P;
-  BlockReader r(in, b * (ccoll_u64)maxbits);
+  BlockReader r(in, begin);
   if (!r.read_bit()) {
 #pragma unroll
     for (int i = 0; i < S; i++) v[i] = Scalar(0);
@@ -436,11 +685,8 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar
   }
   int biased = (int)r.read_bits(T::EBITS);
   if (biased == 0) {  // our non-finite marker
-    // the canonical quiet NaN (as torch's float('nan') and numpy's nan), so every backend decodes the
-    // same bits
-    Scalar nan = T::from_bits((((UInt)1 << (T::EBITS + 1)) - 1) << (T::MANT - 1));
 #pragma unroll
-    for (int i = 0; i < S; i++) v[i] = nan;
+    for (int i = 0; i < S; i++) v[i] = canonical_nan<Scalar>();
     return;
   }
   int emax = biased - T::EBIAS;
@@ -476,171 +722,155 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 b, int maxbits, Scalar
 #pragma unroll
     for (int i = 0; i < S; i++) u[i] += (UInt)((x >> i) & 1) << k;
   }
-  Int q[S];
-#pragma unroll
-  for (int i = 0; i < S; i++) q[Dims<D>::perm(i)] = (Int)((u[i] ^ T::nbmask()) - T::nbmask());
-  inv_xform<Int, UInt, D>(q);
-  Scalar scale = pow2<Scalar>(emax - (P - 2));
-#pragma unroll
-  for (int i = 0; i < S; i++) v[i] = scale * (Scalar)q[i];
+  reconstruct<Scalar, D>(u, emax, v);
 }
 
-// fp32 -> bf16 -> fp32, round to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN
-CCOLL_HD float round_bf16(float f) {
-  ccoll_u32 u = Traits<float>::bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return Traits<float>::from_bits((u | 0x00400000u) & 0xffff0000u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return Traits<float>::from_bits(u & 0xffff0000u);
-}
+// ---- rows: the batched API (one thread per block of one row; all rows in one launch) ------------------
+// Row r of the payload starts at word r * row_words; its blocks code the zero-padded row_numel-element
+// vector src[r*row_numel : (r+1)*row_numel] exactly as a standalone encode of that vector would.
 
-template <int D>
-CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 n, ccoll_u64 b,
-                               int maxbits, int round_to_bf16, float* out) {
+CCOLL_HD ccoll_u64 blocks_per(ccoll_u64 n, int dims) { return dims == 2 ? (n + 15) / 16 : (n + 3) / 4; }
+
+template <class St, int D>
+CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g,
+                               ccoll_u64 nblk_row, int maxbits, ccoll_u64 row_words,
+                               typename St::Fb* feedback, ccoll_u64* out) {
+  typedef typename St::Code Code;
+  typedef typename St::Fb Fb;
   const int S = Dims<D>::S;
-  float acc[S], v[S];
+  ccoll_u64 r = g / nblk_row, b = g - r * nblk_row;
+  Span sp(numel, row_numel, r, b, S);
+  Code v[S];
+  load_block<St, D>(src, sp, v);
+  BlockWriter w(out + r * row_words, b * (ccoll_u64)maxbits, (b + 1) * (ccoll_u64)maxbits);
+  if (!feedback) {
+    if (sp.m < S) pad_block<Code, D>(v, sp.m);
+    encode_values<Code, D, false>(v, maxbits, w, v);
+    return;
+  }
+  // error feedback: c = x + r in the residual type, sent = c rounded to the tensor's dtype
+  Fb c[S];
+#pragma unroll
+  for (int i = 0; i < S; i++) {
+    if (i < sp.m) {
+      c[i] = add_rn((Fb)v[i], feedback[sp.g0 + i]);
+      v[i] = round_to<St>((Code)c[i]);
+    }
+  }
+  if (sp.m < S) pad_block<Code, D>(v, sp.m);
+  Code d[S];  // what every receiver will decode
+  encode_values<Code, D, true>(v, maxbits, w, d);
+#pragma unroll
+  for (int i = 0; i < S; i++) {
+    if (i < sp.m) {
+      Fb res = sub_rn(c[i], (Fb)round_to<St>(d[i]));
+      feedback[sp.g0 + i] = (i < sp.valid && is_finite(res)) ? res : Fb(0);
+    }
+  }
+}
+
+template <class St, int D>
+CCOLL_HD void decode_row_block(const ccoll_u64* in, ccoll_u64 row_words, ccoll_u64 numel, ccoll_u64 row_numel,
+                               ccoll_u64 g, ccoll_u64 nblk_row, int maxbits, typename St::Stor* out) {
+  const int S = Dims<D>::S;
+  ccoll_u64 r = g / nblk_row, b = g - r * nblk_row;
+  Span sp(numel, row_numel, r, b, S);
+  if (sp.valid <= 0) return;
+  typename St::Code v[S];
+  decode_block<typename St::Code, D>(in + r * row_words, b * (ccoll_u64)maxbits, maxbits, v);
+  store_block<St, D>(v, sp, out);
+}
+
+// Reduce step of all_reduce: out[block b] = sum over rows r = 0..rows-1 (in order, from +0) of
+// decode(row r) rounded to the tensor's dtype, in fp32; a NaN sum is the canonical quiet NaN.
+template <class St, int D>
+CCOLL_HD void decode_sum_block(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 n, ccoll_u64 b,
+                               int maxbits, float* out) {
+  const int S = Dims<D>::S;
+  typedef typename St::Code Code;
+  float acc[S];
+  Code v[S];
 #pragma unroll
   for (int i = 0; i < S; i++) acc[i] = 0.0f;
   for (int r = 0; r < rows; r++) {
-    decode_block<float, D>(in + (ccoll_u64)r * row_words, b, maxbits, v);
-    if (round_to_bf16) {
+    decode_block<Code, D>(in + (ccoll_u64)r * row_words, b * (ccoll_u64)maxbits, maxbits, v);
 #pragma unroll
-      for (int i = 0; i < S; i++) v[i] = round_bf16(v[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < S; i++) acc[i] += v[i];
+    for (int i = 0; i < S; i++) acc[i] = add_rn(acc[i], to_f32(round_to<St>(v[i])));
   }
-  scatter<float, D>(acc, n, b, out);
-}
-
-CCOLL_HD ccoll_u64 num_blocks(ccoll_u64 n, int dims) { return dims == 2 ? (n + 15) / 16 : (n + 3) / 4; }
-
-// ---- loops over blocks, shared by the CUDA kernels and the host entry points --------------------------
-
-template <class Scalar, int D>
-CCOLL_HD void decode_scatter(const ccoll_u64* in, ccoll_u64 n, ccoll_u64 b, int maxbits, Scalar* out) {
-  Scalar v[Dims<D>::S];
-  decode_block<Scalar, D>(in, b, maxbits, v);
-  scatter<Scalar, D>(v, n, b, out);
+  // which NaN an addition returns differs between x86 and the GPU: every NaN sum is the canonical one
+#pragma unroll
+  for (int i = 0; i < S; i++)
+    if ((Traits<float>::bits(acc[i]) & 0x7fffffffu) > 0x7f800000u) acc[i] = Traits<float>::from_bits(0x7fc00000u);
+  Span sp(n, n, 0, b, S);
+  store_block<StF32, D>(acc, sp, out);
 }
 
 }  // namespace ccoll_zfp
 
-// ---- CUDA entry points: one thread per block (grid-stride) ------------------------------------------
-// Encode output must be zero-initialised: the boundary words of each block are OR-ed in.
+// ---- CUDA entry points: one thread per block (grid-stride over every block of every row) --------------
+// Entry names are spelled out in full below (ccoll/codecs/zfp.py CUDA_KERNELS lists them; the host twins
+// are ccoll_host_zfp_<op>_<dtype> with the same arguments).
+// encode_rows output must be zero-initialised: the boundary words of each block are OR-ed in.
 
-#define CCOLL_ZFP_FOR_BLOCKS(nblk)                                                                  \
-  for (ccoll_u64 b = (ccoll_u64)blockIdx.x * blockDim.x + threadIdx.x; b < (nblk);                \
-       b += (ccoll_u64)gridDim.x * blockDim.x)
+#define CCOLL_ZFP_FOR_BLOCKS(nblk)                                                                              \
+  for (ccoll_u64 g = (ccoll_u64)blockIdx.x * blockDim.x + threadIdx.x; g < (nblk);                              \
+       g += (ccoll_u64)gridDim.x * blockDim.x)
 
-namespace ccoll_zfp {
+#define CCOLL_ZFP_DIMS(...)                                                                                     \
+  if (dims == 2) { const int D = 2; __VA_ARGS__; } else { const int D = 1; __VA_ARGS__; }
 
-template <class Scalar>
-__device__ void encode_kernel(const Scalar* in, ccoll_u64 n, int dims, int maxbits, ccoll_u64* out) {
-  ccoll_u64 nblk = num_blocks(n, dims);
-  if (dims == 2) {
-    CCOLL_ZFP_FOR_BLOCKS(nblk) encode_block<Scalar, 2>(in, n, b, maxbits, out);
-  } else {
-    CCOLL_ZFP_FOR_BLOCKS(nblk) encode_block<Scalar, 1>(in, n, b, maxbits, out);
+// One definition of the entry points for both builds: QUAL is the CUDA kernel qualifier or nothing, FOR
+// the loop over blocks (grid-stride on the GPU, OpenMP on the host).
+#define CCOLL_ZFP_ENTRIES(QUAL, FOR, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                  \
+  extern "C" QUAL void ENCODE_ROWS(                                                                             \
+      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
+      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(FOR(per * rows) ccoll_zfp::encode_row_block<ST, D>(                                          \
+        src, numel, row_numel, (ccoll_u64)g, per, maxbits, row_words, feedback, out))                           \
+  }                                                                                                             \
+  extern "C" QUAL void DECODE_ROWS(                                                                             \
+      const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel, ccoll_u64 row_numel, int dims,       \
+      int maxbits, ST::Stor* out) {                                                                             \
+    ccoll_u64 per = ccoll_zfp::blocks_per(row_numel, dims);                                                     \
+    CCOLL_ZFP_DIMS(FOR(per * rows) ccoll_zfp::decode_row_block<ST, D>(                                          \
+        in, row_words, numel, row_numel, (ccoll_u64)g, per, maxbits, out))                                      \
+  }                                                                                                             \
+  extern "C" QUAL void DECODE_SUM(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 numel,          \
+                                  int dims, int maxbits, float* out) {                                          \
+    CCOLL_ZFP_DIMS(FOR(ccoll_zfp::blocks_per(numel, dims))                                                      \
+                   ccoll_zfp::decode_sum_block<ST, D>(in, row_words, rows, numel, (ccoll_u64)g, maxbits, out))  \
   }
-}
 
-template <class Scalar>
-__device__ void decode_kernel(const ccoll_u64* in, ccoll_u64 n, int dims, int maxbits, Scalar* out) {
-  ccoll_u64 nblk = num_blocks(n, dims);
-  if (dims == 2) {
-    CCOLL_ZFP_FOR_BLOCKS(nblk) decode_scatter<Scalar, 2>(in, n, b, maxbits, out);
-  } else {
-    CCOLL_ZFP_FOR_BLOCKS(nblk) decode_scatter<Scalar, 1>(in, n, b, maxbits, out);
-  }
-}
+#define CCOLL_ZFP_CUDA_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
+  CCOLL_ZFP_ENTRIES(__global__, CCOLL_ZFP_FOR_BLOCKS, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)
 
-}  // namespace ccoll_zfp
-
-extern "C" __global__ void ccoll_zfp_encode_f32(const float* in, ccoll_u64 n, int dims, int maxbits,
-                                                ccoll_u64* out) {
-  ccoll_zfp::encode_kernel<float>(in, n, dims, maxbits, out);
-}
-extern "C" __global__ void ccoll_zfp_encode_f64(const double* in, ccoll_u64 n, int dims, int maxbits,
-                                                ccoll_u64* out) {
-  ccoll_zfp::encode_kernel<double>(in, n, dims, maxbits, out);
-}
-extern "C" __global__ void ccoll_zfp_decode_f32(const ccoll_u64* in, ccoll_u64 n, int dims, int maxbits,
-                                                float* out) {
-  ccoll_zfp::decode_kernel<float>(in, n, dims, maxbits, out);
-}
-extern "C" __global__ void ccoll_zfp_decode_f64(const ccoll_u64* in, ccoll_u64 n, int dims, int maxbits,
-                                                double* out) {
-  ccoll_zfp::decode_kernel<double>(in, n, dims, maxbits, out);
-}
-
-// Reduce step of all_reduce: out = sum over rows r = 0..rows-1 (in order, starting from +0) of
-// decode(row r), in fp32. Row r starts at word r * row_words. round_to_bf16 rounds each decode to bf16
-// first, so the result equals summing the decodes of a bf16 tensor.
-extern "C" __global__ void ccoll_zfp_decode_sum_f32(const ccoll_u64* in, ccoll_u64 row_words, int rows,
-                                                    ccoll_u64 n, int dims, int maxbits, int round_to_bf16,
-                                                    float* out) {
-  ccoll_u64 nblk = ccoll_zfp::num_blocks(n, dims);
-  if (dims == 2) {
-    CCOLL_ZFP_FOR_BLOCKS(nblk)
-    ccoll_zfp::decode_sum_block<2>(in, row_words, rows, n, b, maxbits, round_to_bf16, out);
-  } else {
-    CCOLL_ZFP_FOR_BLOCKS(nblk)
-    ccoll_zfp::decode_sum_block<1>(in, row_words, rows, n, b, maxbits, round_to_bf16, out);
-  }
-}
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f32, ccoll_zfp_decode_rows_f32, ccoll_zfp_decode_sum_f32,
+                       ccoll_zfp::StF32)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_bf16, ccoll_zfp_decode_rows_bf16, ccoll_zfp_decode_sum_bf16,
+                       ccoll_zfp::StBF16)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f16, ccoll_zfp_decode_rows_f16, ccoll_zfp_decode_sum_f16,
+                       ccoll_zfp::StF16)
+CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, ccoll_zfp_decode_sum_f64,
+                       ccoll_zfp::StF64)
 
 // ---- host entry points (emulated backend): the same per-block functions, OpenMP over blocks ----------
 #ifdef CCOLL_HOST
 
-namespace ccoll_zfp {
+#define CCOLL_ZFP_HOST_FOR_BLOCKS(nblk)                                                                         \
+  _Pragma("omp parallel for schedule(static)")                                                                  \
+  for (ccoll_i64 g = 0; g < (ccoll_i64)(nblk); g++)
 
-template <class Scalar, int D>
-void host_encode(const Scalar* in, ccoll_u64 n, int maxbits, ccoll_u64* out) {
-  ccoll_i64 nblk = (ccoll_i64)num_blocks(n, D);
-#pragma omp parallel for schedule(static)
-  for (ccoll_i64 b = 0; b < nblk; b++) encode_block<Scalar, D>(in, n, (ccoll_u64)b, maxbits, out);
-}
+#define CCOLL_ZFP_HOST_ENTRIES(ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)                                        \
+  CCOLL_ZFP_ENTRIES(, CCOLL_ZFP_HOST_FOR_BLOCKS, ENCODE_ROWS, DECODE_ROWS, DECODE_SUM, ST)
 
-template <class Scalar, int D>
-void host_decode(const ccoll_u64* in, ccoll_u64 n, int maxbits, Scalar* out) {
-  ccoll_i64 nblk = (ccoll_i64)num_blocks(n, D);
-#pragma omp parallel for schedule(static)
-  for (ccoll_i64 b = 0; b < nblk; b++) decode_scatter<Scalar, D>(in, n, (ccoll_u64)b, maxbits, out);
-}
-
-template <int D>
-void host_decode_sum(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 n, int maxbits,
-                     int round_to_bf16, float* out) {
-  ccoll_i64 nblk = (ccoll_i64)num_blocks(n, D);
-#pragma omp parallel for schedule(static)
-  for (ccoll_i64 b = 0; b < nblk; b++)
-    decode_sum_block<D>(in, row_words, rows, n, (ccoll_u64)b, maxbits, round_to_bf16, out);
-}
-
-}  // namespace ccoll_zfp
-
-extern "C" {
-void ccoll_host_zfp_encode_f32(const float* in, ccoll_u64 n, int dims, int maxbits, ccoll_u64* out) {
-  if (dims == 2) ccoll_zfp::host_encode<float, 2>(in, n, maxbits, out);
-  else ccoll_zfp::host_encode<float, 1>(in, n, maxbits, out);
-}
-void ccoll_host_zfp_encode_f64(const double* in, ccoll_u64 n, int dims, int maxbits, ccoll_u64* out) {
-  if (dims == 2) ccoll_zfp::host_encode<double, 2>(in, n, maxbits, out);
-  else ccoll_zfp::host_encode<double, 1>(in, n, maxbits, out);
-}
-void ccoll_host_zfp_decode_f32(const ccoll_u64* in, ccoll_u64 n, int dims, int maxbits, float* out) {
-  if (dims == 2) ccoll_zfp::host_decode<float, 2>(in, n, maxbits, out);
-  else ccoll_zfp::host_decode<float, 1>(in, n, maxbits, out);
-}
-void ccoll_host_zfp_decode_f64(const ccoll_u64* in, ccoll_u64 n, int dims, int maxbits, double* out) {
-  if (dims == 2) ccoll_zfp::host_decode<double, 2>(in, n, maxbits, out);
-  else ccoll_zfp::host_decode<double, 1>(in, n, maxbits, out);
-}
-void ccoll_host_zfp_decode_sum_f32(const ccoll_u64* in, ccoll_u64 row_words, int rows, ccoll_u64 n, int dims,
-                                   int maxbits, int round_to_bf16, float* out) {
-  if (dims == 2) ccoll_zfp::host_decode_sum<2>(in, row_words, rows, n, maxbits, round_to_bf16, out);
-  else ccoll_zfp::host_decode_sum<1>(in, row_words, rows, n, maxbits, round_to_bf16, out);
-}
-}
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f32, ccoll_host_zfp_decode_rows_f32, ccoll_host_zfp_decode_sum_f32,
+                       ccoll_zfp::StF32)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_bf16, ccoll_host_zfp_decode_rows_bf16, ccoll_host_zfp_decode_sum_bf16,
+                       ccoll_zfp::StBF16)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f16, ccoll_host_zfp_decode_rows_f16, ccoll_host_zfp_decode_sum_f16,
+                       ccoll_zfp::StF16)
+CCOLL_ZFP_HOST_ENTRIES(ccoll_host_zfp_encode_rows_f64, ccoll_host_zfp_decode_rows_f64, ccoll_host_zfp_decode_sum_f64,
+                       ccoll_zfp::StF64)
 
 #endif  // CCOLL_HOST

@@ -28,9 +28,20 @@ coefficient budget underflow and write past its buffer; they are refused (Policy
 for float32, CodecError when a float64 tensor needs the higher minimum). Rates above 64 bits per value
 (more than even float64's raw size) are refused as absurd.
 
+Batched API (base.py): ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and
+``decode_sum`` code all rows at once; a plain ``encode``/``decode`` is the one-row case of the same code.
+Row i is coded exactly as a standalone encode of the zero-padded ``row_numel``-value row i.
+
 Backends: "torch" runs libzfp through zfpy (single-threaded: zfpy holds the GIL) with vectorised
-pre/post-processing; "emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU
-kernel's own per-block code); "cupy" runs the same kernels on the caller's torch stream.
+pre/post-processing: one libzfp call for all rows when rows lie back to back in one zfp stream (no
+partial block in a row and whole 64-bit words per row, see ``_one_stream``), one call per row otherwise.
+"emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU kernel's own per-block
+code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
+(``CUDA_KERNELS`` lists them). bf16/f16 tensors are read and written by the kernels directly, and no
+result depends on the GPU's flush-to-zero mode (kernels/zfp.cu, "exact float arithmetic").
+
+NaN bits, so that every backend writes the same bytes: decoded NaNs are the canonical quiet NaN
+narrowed as torch narrows it on the CPU (bf16 0xffff, f16 0x7e00); a NaN decode_sum is fp32 0x7fc00000.
 """
 from __future__ import annotations
 
@@ -131,128 +142,177 @@ class ZfpCodec(Codec):
             raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
         return 8 * (-(-self.num_blocks(numel) * self.maxbits(dtype) // 64))
 
-    # --- torch backend: libzfp through zfpy ---------------------------------------------------------
-    def _block_abs_max(self, x: torch.Tensor) -> torch.Tensor:
-        """Per block, the largest |value| (NaN if the block holds a NaN: torch's amax propagates it)."""
-        S = self.block_size
-        full = (x.numel() // S) * S
-        maxima = x[:full].view(-1, S).abs().amax(dim=1)
-        if full < x.numel():
-            maxima = torch.cat([maxima, x[full:].abs().amax().reshape(1)])
-        return maxima
+    # --- every backend: plain encode/decode are the row operations with one row ----------------------
+    def _encode_one(self, flat: torch.Tensor, backend: str) -> torch.Tensor:
+        out = torch.empty(1, self.encoded_nbytes(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
+        getattr(self, f"_encode_rows_{backend}")(flat, out, flat.numel(), None, 0)
+        return out.view(-1)
+
+    def _decode_one(self, payload: torch.Tensor, numel: int, dtype: torch.dtype, backend: str) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype, device=payload.device)
+        getattr(self, f"_decode_rows_{backend}")(payload.view(1, -1), out, numel)
+        return out
 
     def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
-        import zfpy
+        return self._encode_one(flat, "torch")
 
-        sc = _scalar(flat.dtype)
-        maxbits = self.maxbits(flat.dtype)
-        x = flat.to(sc.dtype)
-        n, S = x.numel(), self.block_size
-        bmax = self._block_abs_max(x)
+    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_one(payload, numel, dtype, "torch")
+
+    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
+        return self._encode_one(flat, "emulated")
+
+    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_one(payload, numel, dtype, "emulated")
+
+    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
+        return self._encode_one(flat, "cupy")
+
+    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_one(payload, numel, dtype, "cupy")
+
+    def _one_stream(self, row_numel: int, row_nbytes: int) -> bool:
+        """True when rows of ``row_numel`` values lie back to back in one zfp stream: no partial block
+        inside a row and every row's blocks fill whole 64-bit words (so one libzfp call codes all rows)."""
+        maxbits = _maxbits(self.rate, self.dims)  # the same for every dtype
+        return row_numel % self.block_size == 0 and self.num_blocks(row_numel) * maxbits == 8 * row_nbytes
+
+    # --- torch backend: libzfp through zfpy, vectorised pre/post-processing ------------------------------
+    def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
+        zfpy = _zfpy()
+
+        sc = _scalar(src.dtype)
+        maxbits = self.maxbits(src.dtype)
+        rows, n, S = out.shape[0], src.numel(), self.block_size
+        # the zero-padded rows in the zfp scalar type, in a fresh buffer (the caller's tensor is never modified)
+        x = torch.zeros(rows * row_numel, dtype=sc.dtype)
+        x[:n] = src
+        comp = None
+        if feedback is not None:  # feedback's dtype is sc.dtype: fp32 (fp64 for fp64 input)
+            comp = x + feedback
+            x = comp.to(src.dtype).to(sc.dtype) if src.dtype != sc.dtype else comp.clone()
+        # per block of each row: clear non-finite and tiny blocks (libzfp then codes all-zero blocks)
+        xr = x.view(rows, row_numel)
+        full = (row_numel // S) * S
+        bmax = xr[:, :full].view(rows, -1, S).abs().amax(dim=2)  # NaN where a block holds NaN
+        if full < row_numel:
+            bmax = torch.cat([bmax, xr[:, full:].abs().amax(dim=1, keepdim=True)], dim=1)
         nonfinite = ~torch.isfinite(bmax)
         clear = nonfinite | ((bmax < sc.tiny) & (bmax != 0))
         if bool(clear.any()):
-            # never modify the caller's tensor; libzfp then codes these blocks as all-zero blocks
-            x = x.clone() if x.data_ptr() == flat.data_ptr() else x
-            full = (n // S) * S
-            x[:full].view(-1, S)[clear[: full // S]] = 0
-            if full < n and bool(clear[-1]):
-                x[full:] = 0
-        arr = x.numpy()
-        if self.dims == 2:
-            arr = _rows_of_four(arr)
-        encoded = zfpy.compress_numpy(arr, rate=self.rate, write_header=False)
-        out = np.frombuffer(bytearray(encoded), dtype=np.uint8)
-        if out.size != self.encoded_nbytes(n, flat.dtype):
-            raise CodecError(f"codec {self.spec!r}: libzfp wrote {out.size} bytes, expected {self.encoded_nbytes(n, flat.dtype)}")
+            xr[:, :full].view(rows, -1, S)[clear[:, : full // S]] = 0
+            if full < row_numel:
+                xr[:, full:][clear[:, -1]] = 0
+        row_nbytes = out.shape[1]
+        dest = out.numpy()
+        if self._one_stream(row_numel, row_nbytes):
+            dest.reshape(-1)[:] = np.frombuffer(
+                zfpy.compress_numpy(self._zfp_shape(x.numpy()), rate=self.rate, write_header=False), dtype=np.uint8)
+        else:
+            for i in range(rows):
+                dest[i] = np.frombuffer(zfpy.compress_numpy(
+                    self._zfp_shape(xr[i].numpy()), rate=self.rate, write_header=False), dtype=np.uint8)
         if bool(nonfinite.any()):
             # the block is all zero bits; its header flag alone turns it into the marker (exponent 0)
-            start = np.nonzero(nonfinite.numpy())[0].astype(np.int64) * maxbits
-            out[start >> 3] |= (1 << (start & 7)).astype(np.uint8)
-        return torch.from_numpy(out)
+            r, b = np.nonzero(nonfinite.numpy())
+            start = r.astype(np.int64) * (8 * row_nbytes) + b.astype(np.int64) * maxbits
+            flat = dest.reshape(-1)
+            flat[start >> 3] |= (1 << (start & 7)).astype(np.uint8)
+        if comp is not None:
+            decoded = torch.empty(rows * row_numel, dtype=src.dtype)
+            self._decode_rows_torch(out, decoded, row_numel)
+            comp.sub_(decoded.to(comp.dtype)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            comp[n:] = 0
+            feedback.copy_(comp)
 
-    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        import zfpy
+    def _zfp_shape(self, arr: np.ndarray) -> np.ndarray:
+        """The array libzfp codes for a flat row: itself (dims=1) or rows of four (dims=2)."""
+        return _rows_of_four(arr) if self.dims == 2 else arr
 
-        sc = _scalar(dtype)
-        maxbits = self.maxbits(dtype)
-        buf = payload.numpy()
-        if self.dims == 2:
-            rows = -(-numel // 4)
-            values = zfpy._decompress(buf, getattr(zfpy, sc.zfpy_type_name), [rows, 4], rate=self.rate)
-            values = values.reshape(-1)[:numel]
-        else:
-            values = zfpy._decompress(buf, getattr(zfpy, sc.zfpy_type_name), [numel], rate=self.rate)
-        out = torch.from_numpy(values)
-        marked = _marker_blocks(buf, self.num_blocks(numel), maxbits, sc.ebits)
-        if marked.any():
-            S = self.block_size
-            full = (numel // S) * S
-            mark = torch.from_numpy(marked)
-            out[:full].view(-1, S)[mark[: full // S]] = float("nan")
-            if full < numel and bool(mark[-1]):
-                out[full:] = float("nan")
-        return out.to(dtype)
+    def _decode_rows_torch(self, payloads, out, row_numel) -> None:
+        zfpy = _zfpy()
 
-    # --- emulated backend: kernels/zfp.cu built for the host -----------------------------------------
-    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
-        sc = _scalar(flat.dtype)
-        maxbits = self.maxbits(flat.dtype)
-        x = flat.to(sc.dtype)
-        out = torch.zeros(self.encoded_nbytes(x.numel(), flat.dtype) // 8, dtype=torch.int64)
-        fn = _host_fn(f"ccoll_host_zfp_encode_{sc.suffix}")
-        fn(x.data_ptr(), x.numel(), self.dims, maxbits, out.data_ptr())
-        return out.view(torch.uint8)
+        sc = _scalar(out.dtype)
+        maxbits = self.maxbits(out.dtype)
+        ztype = getattr(zfpy, sc.zfpy_type_name)
+        n, S = out.numel(), self.block_size
+        need = -(-n // row_numel)  # rows wholly past the end are not decoded
+        row_nbytes = payloads.shape[1]
+        if self._one_stream(row_numel, row_nbytes):
+            # one stream: one libzfp call, straight into out when it has the zfp type and no clipping
+            total = need * row_numel
+            shape = [total] if self.dims == 1 else [total // 4, 4]
+            buf = payloads[:need].numpy().reshape(-1)
+            direct = out.dtype == sc.dtype and n == total
+            values = out if direct else torch.empty(total, dtype=sc.dtype)
+            zfpy._decompress(buf, ztype, shape, out=values.numpy().reshape(shape), rate=self.rate)
+            _fill_marked(values, buf, need * self.num_blocks(row_numel), maxbits, sc, S)
+            if not direct:
+                out.copy_(values[:n])
+            return
+        rows4 = -(-row_numel // 4)
+        shape = [row_numel] if self.dims == 1 else [rows4, 4]
+        values = torch.empty(row_numel if self.dims == 1 else 4 * rows4, dtype=sc.dtype)
+        for i in range(need):
+            buf = payloads[i].numpy()
+            lo, hi = i * row_numel, min(n, (i + 1) * row_numel)
+            # straight into out where the row is whole, of the zfp type and has no padded 2-D row
+            direct = out.dtype == sc.dtype and hi - lo == values.numel()
+            row = out[lo:hi] if direct else values
+            zfpy._decompress(buf, ztype, shape, out=row.numpy().reshape(shape), rate=self.rate)
+            _fill_marked(row[:row_numel], buf, self.num_blocks(row_numel), maxbits, sc, S)
+            if not direct:
+                out[lo:hi].copy_(values[: hi - lo])
 
-    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        sc = _scalar(dtype)
-        maxbits = self.maxbits(dtype)
-        words = _aligned(payload)
-        out = torch.empty(numel, dtype=sc.dtype)
-        fn = _host_fn(f"ccoll_host_zfp_decode_{sc.suffix}")
-        fn(words.data_ptr(), numel, self.dims, maxbits, out.data_ptr())
-        return out.to(dtype)
-
-    def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-        if dtype not in (torch.float32, torch.bfloat16):
-            return self._decode_sum_rows(payloads, numel, dtype, out)
-        rows = _aligned(payloads)
-        fn = _host_fn("ccoll_host_zfp_decode_sum_f32")
-        fn(rows.data_ptr(), rows.shape[1] // 8, rows.shape[0], numel, self.dims, self.maxbits(dtype),
-           int(dtype == torch.bfloat16), out.data_ptr())
-
-    # --- cupy backend: the same kernels on the caller's torch stream ---------------------------------
-    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
-        sc = _scalar(flat.dtype)
-        maxbits = self.maxbits(flat.dtype)
-        x = flat.to(sc.dtype)
-        out = torch.zeros(self.encoded_nbytes(x.numel(), flat.dtype), dtype=torch.uint8, device=x.device)
-        _launch(f"ccoll_zfp_encode_{sc.suffix}", x.device, self.num_blocks(x.numel()),
-                _ptr(x), np.uint64(x.numel()), np.int32(self.dims), np.int32(maxbits), _ptr(out))
-        return out
-
-    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        sc = _scalar(dtype)
-        maxbits = self.maxbits(dtype)
-        words = _aligned(payload)
-        out = torch.empty(numel, dtype=sc.dtype, device=payload.device)
-        _launch(f"ccoll_zfp_decode_{sc.suffix}", payload.device, self.num_blocks(numel),
-                _ptr(words), np.uint64(numel), np.int32(self.dims), np.int32(maxbits), _ptr(out))
-        return out.to(dtype)
-
-    def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-        if dtype not in (torch.float32, torch.bfloat16):
-            return self._decode_sum_rows(payloads, numel, dtype, out)
-        rows = _aligned(payloads)
-        _launch("ccoll_zfp_decode_sum_f32", payloads.device, self.num_blocks(numel),
-                _ptr(rows), np.uint64(rows.shape[1] // 8), np.int32(rows.shape[0]), np.uint64(numel),
-                np.int32(self.dims), np.int32(self.maxbits(dtype)), np.int32(dtype == torch.bfloat16), _ptr(out))
-
-    def _decode_sum_rows(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-        """Unfused reduce step (float16, float64): decode each row to ``dtype``, add in fp32 in row order."""
+    def _decode_sum_torch(self, payloads, numel, dtype, out) -> None:
+        decoded = torch.empty(payloads.shape[0] * numel, dtype=dtype)
+        self._decode_rows_torch(payloads, decoded, numel)
+        decoded = decoded.view(-1, numel)
         out.zero_()
-        for row in payloads:
-            out += self.decode(row, numel, dtype).to(torch.float32)
+        for row in decoded:  # in row order, each decode rounded to dtype then to fp32 (as the contract)
+            out.add_(row if dtype in (torch.float32, torch.bfloat16, torch.float16) else row.to(torch.float32))
+        # which NaN an addition returns differs between x86 and the GPU: every NaN sum is the canonical one
+        out.masked_fill_(out.isnan(), float("nan"))
+
+    # --- emulated (kernels/zfp.cu built for the host) and cupy (the same kernels on the GPU) ---------------
+    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback) -> None:
+        words = out if out.data_ptr() % 8 == 0 else torch.empty_like(out)
+        words.zero_()  # blocks OR their boundary words in
+        rows = out.shape[0]
+        _run(backend, "encode_rows", _SUFFIX[src.dtype], src.device, rows * self.num_blocks(row_numel),
+             src, src.numel(), row_numel, rows, self.dims, self.maxbits(src.dtype), out.shape[1] // 8,
+             feedback, words)
+        if words is not out:
+            out.copy_(words)
+
+    def _decode_rows_kernel(self, backend, payloads, out, row_numel) -> None:
+        rows = -(-out.numel() // row_numel)
+        words = _aligned(payloads)
+        _run(backend, "decode_rows", _SUFFIX[out.dtype], out.device, rows * self.num_blocks(row_numel),
+             words, words.shape[1] // 8, rows, out.numel(), row_numel, self.dims, self.maxbits(out.dtype), out)
+
+    def _decode_sum_kernel(self, backend, payloads, numel, dtype, out) -> None:
+        words = _aligned(payloads)
+        _run(backend, "decode_sum", _SUFFIX[dtype], out.device, self.num_blocks(numel),
+             words, words.shape[1] // 8, words.shape[0], numel, self.dims, self.maxbits(dtype), out)
+
+    def _encode_rows_emulated(self, src, out, row_numel, feedback, salt) -> None:
+        self._encode_rows_kernel("emulated", src, out, row_numel, feedback)
+
+    def _decode_rows_emulated(self, payloads, out, row_numel) -> None:
+        self._decode_rows_kernel("emulated", payloads, out, row_numel)
+
+    def _decode_sum_emulated(self, payloads, numel, dtype, out) -> None:
+        self._decode_sum_kernel("emulated", payloads, numel, dtype, out)
+
+    def _encode_rows_cupy(self, src, out, row_numel, feedback, salt) -> None:
+        self._encode_rows_kernel("cupy", src, out, row_numel, feedback)
+
+    def _decode_rows_cupy(self, payloads, out, row_numel) -> None:
+        self._decode_rows_kernel("cupy", payloads, out, row_numel)
+
+    def _decode_sum_cupy(self, payloads, numel, dtype, out) -> None:
+        self._decode_sum_kernel("cupy", payloads, numel, dtype, out)
 
 
 def _maxbits(rate: float, dims: int) -> int:
@@ -297,37 +357,70 @@ def _marker_blocks(buf: np.ndarray, nblocks: int, maxbits: int, ebits: int) -> n
     return marked
 
 
+def _zfpy():
+    """libzfp's Python binding, which the torch backend runs; a CodecError that says what to do without it."""
+    try:
+        import zfpy
+    except ImportError:
+        raise CodecError(
+            "the zfp codec's torch backend runs libzfp through zfpy, which is not installed: "
+            "pip install zfpy, or use backend='emulated' (the same bytes from kernels/zfp.cu built for the host)"
+        ) from None
+    return zfpy
+
+
+def _fill_marked(values: torch.Tensor, buf: np.ndarray, nblocks: int, maxbits: int, sc: _Scalar, S: int) -> None:
+    """Set every value of the marker blocks (non-finite on input) among the ``nblocks`` blocks of ``buf``
+    to NaN; ``values`` holds their decode, the last block possibly partial."""
+    marked = _marker_blocks(buf, nblocks, maxbits, sc.ebits)
+    if not marked.any():
+        return
+    full = (values.numel() // S) * S
+    mark = torch.from_numpy(marked)
+    values[:full].view(-1, S)[mark[: full // S]] = float("nan")
+    if full < values.numel() and bool(mark[-1]):
+        values[full:] = float("nan")
+
+
 def _aligned(payload: torch.Tensor) -> torch.Tensor:
     """Kernels read 64-bit words: copy the (small) payload if it does not start on an 8-byte boundary."""
     payload = payload.contiguous()
     return payload if payload.data_ptr() % 8 == 0 else payload.clone()
 
 
-_HOST_SIGNATURES = {
-    "encode": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
-    "decode": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
-    "decode_sum": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int, ctypes.c_void_p],
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
+
+#: argument kinds of each kernels/zfp.cu entry point (the CUDA kernel and its host twin take the same):
+#: p = pointer (a tensor, or None for NULL), u = 64-bit unsigned, i = 32-bit int
+_SIGNATURES = {
+    "encode_rows": "puuiiiupp",  # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
+    "decode_rows": "puiuuiip",   # in, row_words, rows, numel, row_numel, dims, maxbits, out
+    "decode_sum": "puiuiip",     # in, row_words, rows, numel, dims, maxbits, out (fp32)
 }
 
+#: every CUDA kernel this module launches (the NVRTC build check asserts each exists in kernels/zfp.cu)
+CUDA_KERNELS = tuple(f"ccoll_zfp_{op}_{sfx}" for op in _SIGNATURES for sfx in _SUFFIX.values())
 
-def _host_fn(name: str):
-    fn = getattr(kernels.host_library("zfp"), name)
-    if fn.argtypes is None:
-        op = name[len("ccoll_host_zfp_"):].rsplit("_", 1)[0]
-        fn.argtypes = _HOST_SIGNATURES[op]
-        fn.restype = None
-    return fn
-
-
-def _ptr(t: torch.Tensor):
-    return np.uint64(t.data_ptr())
-
+_CTYPES = {"p": ctypes.c_void_p, "u": ctypes.c_uint64, "i": ctypes.c_int}
+_NUMPY = {"u": np.uint64, "i": np.int32}
 
 #: threads per CUDA block; one thread codes one ZFP block
 _THREADS = 128
 
 
-def _launch(name: str, device: torch.device, nblocks: int, *args) -> None:
-    """Launch a zfp.cu kernel, one thread per ZFP block, on torch's current stream of ``device``."""
-    kernels.launch("zfp", name, max(1, min(-(-nblocks // _THREADS), 2**31 - 1)), _THREADS, args, device)
+def _run(backend: str, op: str, suffix: str, device: torch.device, nblocks: int, *args) -> None:
+    """Run kernels/zfp.cu's ``op`` for ``suffix`` over ``nblocks`` ZFP blocks: on the host build
+    ("emulated", OpenMP) or as one CUDA launch, one thread per block, on torch's current stream."""
+    kinds = _SIGNATURES[op]
+    if backend == "emulated":
+        fn = getattr(kernels.host_library("zfp"), f"ccoll_host_zfp_{op}_{suffix}")
+        if fn.argtypes is None:
+            fn.argtypes = [_CTYPES[k] for k in kinds]
+            fn.restype = None
+        fn(*(None if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+        return
+    values = tuple(
+        np.uint64(0 if a is None else a.data_ptr()) if k == "p" else _NUMPY[k](a) for k, a in zip(kinds, args)
+    )
+    grid = max(1, min(-(-nblocks // _THREADS), 2**31 - 1))
+    kernels.launch("zfp", f"ccoll_zfp_{op}_{suffix}", grid, _THREADS, values, device)

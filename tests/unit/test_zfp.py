@@ -8,12 +8,23 @@ import math
 import numpy as np
 import pytest
 import torch
-import zfpy
 
 from ccoll.codecs import get_codec
 from ccoll.errors import CodecError, PolicyError
 
-CPU_BACKENDS = ("torch", "emulated")
+try:
+    import zfpy
+except ImportError:  # no oracle: libzfp comparisons skip (see needs_zfpy); backend-vs-backend checks still run
+    zfpy = None
+
+#: the torch backend is libzfp itself (through zfpy); without zfpy only the host-built kernels run
+CPU_BACKENDS = ("torch", "emulated") if zfpy is not None else ("emulated",)
+
+
+def needs_zfpy() -> None:
+    """Skip the calling test where libzfp (zfpy, the oracle) is not installed."""
+    if zfpy is None:
+        pytest.skip("zfpy (libzfp's Python binding) is not installed: comparison with libzfp skipped")
 SIZES = (1, 3, 4, 5, 16, 17, 1023, 4096 + 5)
 RATES = {  # lowest safe rate first, then fractional ones up to 32
     (1, torch.float32): (2.125, 3.3, 7.75, 12.6, 32),
@@ -28,6 +39,7 @@ def codecs(rate, dims):
 
 
 def zfpy_bytes(x: torch.Tensor, rate: float, dims: int) -> np.ndarray:
+    needs_zfpy()
     arr = x.reshape(-1).numpy()
     if dims == 2:
         arr = arr.reshape(-1, 4)
@@ -35,6 +47,7 @@ def zfpy_bytes(x: torch.Tensor, rate: float, dims: int) -> np.ndarray:
 
 
 def zfpy_decode(payload: torch.Tensor, numel: int, dtype: torch.dtype, rate: float, dims: int) -> torch.Tensor:
+    needs_zfpy()
     ztype = zfpy.type_double if dtype == torch.float64 else zfpy.type_float
     shape = [numel] if dims == 1 else [numel // 4, 4]
     return torch.from_numpy(zfpy._decompress(payload.numpy(), ztype, shape, rate=rate).reshape(-1))
@@ -150,11 +163,12 @@ def test_given_non_finite_values_when_round_tripped_then_whole_block_is_nan_and_
         keep[S : 2 * S] = False
         keep[5 * S :] = False
         assert torch.equal(decoded[keep], clean[keep])
-    assert torch.equal(payloads["torch"], payloads["emulated"])
-    assert same_bits(decodes["torch"], decodes["emulated"])  # the same NaN bits too
+    for backend in payloads:
+        assert torch.equal(payloads[backend], payloads["emulated"])
+        assert same_bits(decodes[backend], decodes["emulated"])  # the same NaN bits too
     # the marker is the header flag of an otherwise all-zero block: clearing it gives zfpy's bytes of
     # the input with those blocks zeroed
-    marked = payloads["torch"].numpy().copy()
+    marked = payloads["emulated"].numpy().copy()
     maxbits = math.floor(4**dims * 9.25 + 0.5)
     for block in (1, 5):
         bit = block * maxbits
@@ -224,7 +238,7 @@ def test_given_input_when_encoded_then_callers_tensor_is_not_modified():
 @pytest.mark.parametrize("dims", [1, 2])
 @pytest.mark.parametrize("rate", [2.125, 3.7, 8, 17.3, 64])
 def test_given_any_numel_when_encoded_then_size_is_8_ceil_blocks_maxbits_over_64(rate, dims):
-    codec = get_codec(f"zfp:rate={rate},dims={dims}")
+    codec = get_codec(f"zfp:rate={rate},dims={dims}", backend=CPU_BACKENDS[-1])
     maxbits = math.floor(4**dims * rate + 0.5)
     for n in (1, 2, 3, 4, 5, 15, 16, 17, 63, 64, 65, 1000, 12345):
         blocks = -(-n // 4**dims)
@@ -328,4 +342,5 @@ def test_given_non_finite_values_in_random_blocks_when_round_tripped_then_exactl
         nan_blocks = torch.cat([decoded, decoded[-1:]]).view(-1, S).isnan()
         assert torch.equal(nan_blocks.all(dim=1), expected) and torch.equal(nan_blocks.any(dim=1), expected)
         results.append((payload, decoded))
-    assert torch.equal(results[0][0], results[1][0]) and same_bits(results[0][1], results[1][1])
+    for payload, decoded in results[1:]:
+        assert torch.equal(results[0][0], payload) and same_bits(results[0][1], decoded)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccoll.codecs import get_codec
+
+# the torch backend is libzfp through zfpy: without it there is nothing to compare the kernels with here
+pytest.importorskip("zfpy", reason="zfpy (libzfp's Python binding) is not installed: libzfp comparison skipped")
 
 
 @st.composite
