@@ -265,8 +265,9 @@ def is_mpi_comm(group: Any) -> bool:
 
 
 def for_group(group: Any = None) -> Transport:
-    """The transport for ``group``: a ``torch.distributed`` ProcessGroup (``None`` = WORLD) or an
-    mpi4py communicator. Transports are cached per group object."""
+    """The transport for ``group``: a ``torch.distributed`` ProcessGroup (``None`` = WORLD), an mpi4py
+    communicator, or a group object carrying its own transport as ``ccoll_transport`` (the simulated
+    world's :class:`~ccoll.transports.memory.MemoryGroup`). Transports are cached per group object."""
     mpi = is_mpi_comm(group)
     if group is None:
         from .torch_dist import default_group
@@ -278,6 +279,9 @@ def for_group(group: Any = None) -> Transport:
         cached = None
     if cached is not None:
         return cached
+    own = getattr(group, "ccoll_transport", None)  # groups that carry their transport (simulated worlds)
+    if isinstance(own, Transport):
+        return own
     if mpi:
         from .mpi import MPITransport
 
