@@ -40,7 +40,7 @@ stats dimension (``ccoll.stats.dimension``) that was in effect at the call.
 
 Codec calls: only the batched API (``encode_rows`` straight into the send rows, with the error-feedback
 buffer as ``feedback=``; ``decode_rows`` straight into the output; ``decode_sum(out=)``), so each phase of
-a segment is one codec call whatever the world size (tests/unit/test_launch_counts.py counts them).
+a segment is one codec call whatever the world size (tests/dist/test_collectives_launch_counts.py counts them).
 Chunks are sized with ``codec.align_numel``; codec parameters are never read here.
 
 Streams (CUDA): codec work runs on ccoll's side stream, ordered by events against the caller's stream

@@ -49,6 +49,8 @@ class MemoryWorld:
         self.slots: dict[int, _Slot] = {}
         self.mail: dict[tuple[int, int, int, int], Any] = {}
         self.failed: str | None = None
+        #: free-form shared state for code running on the ranks (tests exchange Python objects here)
+        self.objects: dict[Any, Any] = {}
         self.groups = [MemoryGroup(self, r) for r in range(self.world_size)]
 
     def abort(self, why: str) -> None:
