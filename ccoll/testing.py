@@ -19,6 +19,10 @@ from .errors import TransportError
 from .transports.memory import MemoryGroup, MemoryWorld
 
 
+#: how long after ``timeout_s`` the run itself is abandoned (lets a rank's wait timeout be the error)
+_GRACE_S = 5.0
+
+
 def simulated_world(world_size: int, fn: Callable[..., Any], *args: Any, device: Any = "cpu",
                     timeout_s: float = 120.0) -> list:
     """Run ``fn(rank, group, *args)`` on ``world_size`` threads; return the results in rank order.
@@ -27,8 +31,8 @@ def simulated_world(world_size: int, fn: Callable[..., Any], *args: Any, device:
     ``fn`` allocates there. The first rank that raises stops the others' waits (they raise
     :class:`~ccoll.errors.TransportError`), and its exception is re-raised here with its rank added to the
     message (the original is chained). After ``timeout_s`` (the whole run, and every wait) a
-    TransportError is raised instead of hanging; threads still running then are daemons and are left
-    blocked no longer than one more wait timeout."""
+    TransportError is raised instead of hanging (the run is abandoned a few seconds later still; threads
+    left running are daemons, stopped at their next wait)."""
     dev = torch.device(device)
     world = MemoryWorld(world_size, timeout_s)
     results: list = [None] * world.world_size
@@ -51,7 +55,7 @@ def simulated_world(world_size: int, fn: Callable[..., Any], *args: Any, device:
     ]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s + _GRACE_S  # a rank's own wait timeout reports first
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     alive = [r for r, t in enumerate(threads) if t.is_alive()]
