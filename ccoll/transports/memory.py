@@ -182,31 +182,6 @@ class MemoryTransport(Transport):
         req.wait()
         return None
 
-    # byte movement -----------------------------------------------------------------------------
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() or input.numel() % self.world_size:
-            raise TransportError(f"all_to_all needs equal sizes divisible by {self.world_size}")
-        return self.native_all_to_all(output, input, None, None, async_op)
-
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() * self.world_size:
-            raise TransportError(f"all_gather output must hold {self.world_size} x {input.numel()} bytes")
-        return self.native_all_gather(output, input, async_op)
-
-    def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
-        check_bytes(buf)
-        return self.native_broadcast(buf, src, async_op)
-
-    def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
-        check_bytes(buf)
-        return self.native_isend(buf, dst, tag)
-
-    def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
-        check_bytes(buf)
-        return self.native_irecv(buf, src, tag)
-
     # native calls ------------------------------------------------------------------------------
     def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
         def finish(deps: list) -> None:
