@@ -36,7 +36,8 @@ Stats: every call records ``(op, codec spec or "native", raw_bytes, wire_bytes, 
 rank's uncompressed contribution, wire the encoded bytes that stand for it (all_reduce / all_to_all /
 reduce_scatter: the p encoded chunks of its input; all_gather / broadcast / send / recv: the one
 payload). Native calls record wire = raw. Async calls record when ``wait()`` completes, under the
-stats dimension (``ccoll.stats.dimension``) that was in effect at the call.
+stats dimension (``ccoll.stats.dimension``) that was in effect at the call. Seconds: host clock on CPU;
+on CUDA the time between an event at the call and the done event, read lazily when the stats are.
 
 Codec calls: only the batched API (``encode_rows`` straight into the send rows, with the error-feedback
 buffer as ``feedback=``; ``decode_rows`` straight into the output; ``decode_sum(out=)``), so each phase of
