@@ -342,6 +342,13 @@ def _spans(m: int, p: int, element_size: int, align_numel: int) -> list[tuple[in
     return [(a, min(span, m - a)) for a in range(0, m, span)]
 
 
+def _span_buffers(call, c: Codec, inp: torch.Tensor, out: torch.Tensor, m: int, p: int):
+    """reduce_scatter / all_gather set-up, with the side stream current: the caller's tensors kept
+    alive there, the flat input, where to decode (``out``'s memory or scratch), the spans of ``m``."""
+    call.keep(inp, out)
+    return _contig(inp.reshape(-1)), _output_flat(out), _spans(m, p, inp.element_size(), c.align_numel)
+
+
 def _reduce_and_gather(c, tr, call, issued, opn, dtype, ef, key, salt_of):
     """Wait for one segment's all-to-all, reduce this rank's chunk (one fused decode-and-sum; the
     second codec round trip starts here) and issue the all-gather of its encoding (one encode, with
@@ -420,10 +427,7 @@ def reduce_scatter_tensor(
     exchanges = []  # (span start, span numel, recv, send, handle), issued, not yet reduced
     wire = 0
     with call.on_side():
-        call.keep(inp, out)
-        flat = _contig(inp.reshape(-1))
-        obuf = _output_flat(out)
-        spans = _spans(m, p, inp.element_size(), c.align_numel)
+        flat, obuf, spans = _span_buffers(call, c, inp, out, m, p)
         for s, (a, span) in enumerate(spans):
             # one span is the whole input; a span of several gathers its p row pieces (one copy)
             src = flat if len(spans) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
@@ -509,10 +513,7 @@ def all_gather_into_tensor(
     gathers = []  # (span start, span numel, gathered, payload, handle), issued, not yet decoded
     wire = 0
     with call.on_side():
-        call.keep(inp, out)
-        flat = _contig(inp.reshape(-1))
-        obuf = _output_flat(out)
-        spans = _spans(m, p, inp.element_size(), c.align_numel)
+        flat, obuf, spans = _span_buffers(call, c, inp, out, m, p)
         for s, (a, span) in enumerate(spans):
             payload = _rows(1, c.encoded_nbytes(span, inp.dtype), inp.device)
             c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(0, s))
