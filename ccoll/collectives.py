@@ -36,21 +36,37 @@ Stats: every call records ``(op, codec spec or "native", raw_bytes, wire_bytes, 
 rank's uncompressed contribution, wire the encoded bytes that stand for it (all_reduce / all_to_all /
 reduce_scatter: the p encoded chunks of its input; all_gather / broadcast / send / recv: the one
 payload). Native calls record wire = raw. Async calls record when ``wait()`` completes, under the
-stats dimension (``ccoll.stats.dimension``) that was in effect at the call.
+stats dimension (``ccoll.stats.dimension``) that was in effect at the call. Seconds: host clock on CPU;
+on CUDA the time between an event at the call and the done event, read lazily when the stats are.
+
+Codec calls: only the batched API (``encode_rows`` straight into the send rows, with the error-feedback
+buffer as ``feedback=``; ``decode_rows`` straight into the output; ``decode_sum(out=)``), so each phase of
+a segment is one codec call whatever the world size (tests/dist/test_collectives_launch_counts.py counts them).
+Chunks are sized with ``codec.align_numel``; codec parameters are never read here.
+
+Streams (CUDA): codec work runs on ccoll's side stream, ordered by events against the caller's stream
+and the communication; the caller's stream waits for the outputs when the call ends (sync) or when the
+handle's ``wait()`` runs (async). See :mod:`ccoll.streams`. CPU paths are unchanged by this.
 
 Error feedback (all_reduce, reduce_scatter_tensor): see :class:`~ccoll.feedback.ErrorFeedback` and
-:func:`all_reduce`. Stochastic rounding: each call encodes with a per-call, per-rank seed (see
-:func:`_sender`); the seed never travels, so this changes no invariant above.
+:func:`all_reduce`; one residual buffer per (key, phase, segment): ``(key, "rs") + seg`` (the p chunks
+this rank sends) and ``(key, "ag") + seg`` (the reduced chunk it owns). Stochastic rounding: each
+encode gets a salt mixed from the caller's ``salt=`` (the patch/DDP/FSDP layers derive it from (step,
+call key)) or, when None, a per-process-and-group call counter, with this rank's global rank, the phase
+and the segment (see :func:`_salts`); the codec mixes it into its seed. The salt never travels, so this
+changes no invariant above.
 """
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+import weakref
 from typing import Any, Callable, Hashable
 
 import torch
 
+from . import streams as _streams
 from .codecs import Codec, get_codec
 from .errors import PolicyError, TransportError
 from .feedback import ErrorFeedback
@@ -80,29 +96,40 @@ def _as_codec(codec: Any) -> Codec | None:
     return c
 
 
-_calls = itertools.count()
+_M64 = (1 << 64) - 1
 
 
-def _mix32(x: int) -> int:
-    x &= 0xFFFFFFFF
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
-def _sender(c: Codec, tr: Transport) -> Codec:
-    """The codec instance this rank encodes with for this call. A stochastic-rounding codec with one
-    fixed seed would draw the same random numbers on every rank and every call (errors would correlate
-    instead of cancelling in the sum, and repeat instead of averaging out over steps), so each call gets
-    a seed mixed from the spec's seed, this rank's global rank and a per-process call counter. The seed
-    never travels: decoding does not use it, so ranks need not agree on it, and results stay
-    bit-identical across ranks (everyone decodes the same bytes) and reproducible run to run."""
-    if c.params.get("round") != "stochastic" or not hasattr(c, "with_seed"):
-        return c
-    seed = _mix32(_mix32(int(c.params.get("seed", 0)) ^ _mix32(tr.global_rank(tr.rank) + 0x9E3779B9)) + next(_calls))
-    return c.with_seed(seed)
+_counters: "weakref.WeakKeyDictionary[Transport, Any]" = weakref.WeakKeyDictionary()
+_counters_lock = threading.Lock()
+
+
+def _salts(salt: int | None, tr: Transport) -> Callable[[int, int], int]:
+    """``salt_of(phase, segment)`` for one call on this rank. A stochastic-rounding codec with one fixed
+    seed would draw the same random numbers on every rank and every call (errors would correlate instead
+    of cancelling in the sum, and repeat instead of averaging out over steps), so every encode gets a
+    salt mixed from: the caller's ``salt`` (derived from (step, call key) by the patch/DDP/FSDP layers,
+    so a resumed run draws what an uninterrupted one would) or, when None, a call counter of this
+    process and group (reproducible run to run for a fixed call order); this rank's global rank (ranks
+    decorrelate); the phase (reduce-scatter / all-gather) and the segment. Nonzero (0 means "no
+    salt" to codecs). Deterministic codecs ignore it."""
+    if salt is None:
+        with _counters_lock:
+            counter = _counters.get(tr)
+            if counter is None:
+                counter = _counters[tr] = itertools.count()
+        base = _mix64(next(counter) ^ (tr.global_rank(0) << 40) ^ (tr.world_size << 20))
+    else:
+        base = _mix64(int(salt) & _M64)
+    mine = _mix64(base ^ _mix64(tr.global_rank(tr.rank)))
+    return lambda phase, segment: _mix64(mine ^ (phase << 48) ^ segment) or 1
 
 
 def _check_tensor(t: Any, what: str) -> None:
@@ -136,7 +163,7 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _finish(async_op: bool, inner: Handle | None, then: Callable[[], Any], outputs: list) -> Handle | None:
+def _finish(async_op: bool, inner: Any, then: Callable[[], Any], outputs: list) -> Handle | None:
     """Sync: wait for ``inner`` and run ``then`` now. Async: a handle that does both in ``wait()``
     and whose future's value is ``outputs`` (torch's convention: the result tensors)."""
     if async_op:
@@ -152,8 +179,22 @@ def _start() -> tuple[float, str]:
     return time.perf_counter(), current_dimension()
 
 
-def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: tuple[float, str]) -> Callable[[], None]:
-    return lambda: _record_stats(op, codec, raw_bytes, wire_bytes, time.perf_counter() - t0[0], dim=t0[1])
+def _recorder(op: str, codec: str, raw_bytes: int, wire_bytes: int, t0: tuple[float, str],
+              call: Any = _streams.NULL) -> Callable[[], None]:
+    return lambda: _record_stats(op, codec, raw_bytes, wire_bytes, call.seconds(t0[0]), dim=t0[1])
+
+
+def _completion(call: Any, body: Callable[[], None], record: Callable[[], None]) -> Callable[[], None]:
+    """What runs when a compressed call completes: ``body`` (decoding, copying back) with the side
+    stream current, the done event, then the current stream (the caller's) waits for it, then stats."""
+    def then() -> None:
+        with call.on_side():
+            body()
+            call.finish()
+        call.join()
+        record()
+
+    return then
 
 
 def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -164,41 +205,18 @@ def _copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src.view(dst.shape) if src.is_contiguous() else src.reshape(dst.shape))
 
 
-def _encode_chunks(
-    c: Codec, sender: Codec, flat: torch.Tensor, chunk_numel: int, p: int, ef: ErrorFeedback | None, key: Hashable,
-    segment: tuple = (),
-) -> tuple[torch.Tensor, int]:
-    """Encode ``flat`` as p payloads of ``chunk_numel`` elements each in one [p * nbytes] buffer; a
-    chunk that runs past ``flat``'s end (numel not divisible by p) is zero-padded on its own, so the
-    whole tensor is never copied for padding. Error-feedback keys: ``(key, "rs", i) + segment``."""
-    nbytes = c.encoded_nbytes(chunk_numel, flat.dtype)
-    send = torch.empty(p * nbytes, dtype=torch.uint8, device=flat.device)
-    rows = send.view(p, nbytes)
-    for i in range(p):
-        piece = flat[i * chunk_numel:(i + 1) * chunk_numel]
-        if piece.numel() < chunk_numel:
-            padded = torch.zeros(chunk_numel, dtype=flat.dtype, device=flat.device)
-            padded[:piece.numel()] = piece
-            piece = padded
-        rows[i].copy_(ef.encode((key, "rs", i) + segment, piece, c) if ef is not None else sender.encode(piece))
-    return send, nbytes
-
-
-def _decode_rows(c: Codec, rows: torch.Tensor, chunk_numel: int, out_flat: torch.Tensor) -> None:
-    """Decode row i into ``out_flat[i*chunk : (i+1)*chunk]`` (clipped at ``out_flat``'s end)."""
-    n = out_flat.numel()
-    for i in range(rows.shape[0]):
-        lo = i * chunk_numel
-        hi = min(lo + chunk_numel, n)
-        if hi - lo == chunk_numel:
-            c.decode(rows[i], chunk_numel, out_flat.dtype, out=out_flat[lo:hi])
-        elif hi > lo:
-            out_flat[lo:hi].copy_(c.decode(rows[i], chunk_numel, out_flat.dtype)[: hi - lo])
-
-
 def _output_flat(t: torch.Tensor) -> torch.Tensor:
     """Where to decode into: ``t``'s own memory when contiguous, else a scratch buffer copied back."""
     return t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+
+
+def _rows(p: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A [p, nbytes] payload buffer (what the batched codec calls and the transports share)."""
+    return torch.empty(p, nbytes, dtype=torch.uint8, device=device)
+
+
+def _feedback(ef: ErrorFeedback | None, key: Hashable, numel: int, dtype: torch.dtype, device, c: Codec):
+    return None if ef is None else ef.buffer(key, numel, dtype, device, c)
 
 
 # --- all_reduce ---------------------------------------------------------------------------------
@@ -213,12 +231,14 @@ def all_reduce(
     error_feedback: ErrorFeedback | None = None,
     key: Hashable = None,
     min_bytes: int | None = None,
+    salt: int | None = None,
 ) -> Handle | None:
     """In-place all-reduce of ``tensor``. ``error_feedback`` (with ``key`` naming the logical tensor)
     compensates both lossy encodes: each rank's reduce-scatter chunks, and the all-gather payload of
     the reduced chunk this rank owns. Compensating only the first would leave the second encode's
     error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
-    bit-identical because all of them decode the same compensated payload."""
+    bit-identical because all of them decode the same compensated payload. ``salt``: see
+    :func:`_salts`."""
     t0 = _start()
     _check_tensor(tensor, "all_reduce")
     opn = op_name(op)
@@ -245,33 +265,37 @@ def all_reduce(
     # s's all-to-all is; while s-2 is decoded, s's all-to-all and s-1's all-gather are. Unsegmented,
     # codec work and communication run strictly one after the other, so the codec's CPU/GPU time adds
     # to the link time instead of hiding under it. Every rank derives the same segments from
-    # (numel, dtype, world size) and issues the same collectives in the same order.
+    # (numel, dtype, world size, codec) and issues the same collectives in the same order.
     p, n, dtype = tr.world_size, t.numel(), t.dtype
-    flat = _contig(t.reshape(-1))
-    out = _output_flat(t)
-    sender = _sender(c, tr)
-    segments = _segments(n, p, t.element_size())
-    gathers: list[tuple[int, int, int, torch.Tensor, Any]] = []  # all-gathers issued, not yet decoded
+    call = _streams.begin(t.device)
+    salt_of = _salts(salt, tr)
+    gathers: list = []  # all-gathers issued, not yet decoded
     wire = 0
-    reducing = None  # the segment whose all-to-all is in flight
-    for s, (lo, seg_numel, chunk) in enumerate(segments):
-        send, nbytes = _encode_chunks(c, sender, flat[lo:lo + seg_numel], chunk, p, error_feedback, key, _ef_segment(s))
-        recv = torch.empty_like(send)
-        wire += send.numel()
-        issued = (s, lo, seg_numel, chunk, nbytes, recv, send, tr.all_to_all(recv, send, True))
-        if reducing is not None:
-            gathers.append(_reduce_and_gather(c, sender, tr, reducing, opn, dtype, error_feedback, key))
-        reducing = issued
-        if not async_op and len(gathers) > 1:
-            _decode_gathered(c, gathers.pop(0), out)
-    gathers.append(_reduce_and_gather(c, sender, tr, reducing, opn, dtype, error_feedback, key))
+    with call.on_side():
+        call.keep(t)
+        flat = _contig(t.reshape(-1))
+        out = _output_flat(t)
+        reducing = None  # the segment whose all-to-all is in flight
+        for s, (lo, seg_numel, chunk) in enumerate(_segments(n, p, t.element_size(), c.align_numel)):
+            send = _rows(p, c.encoded_nbytes(chunk, dtype), t.device)
+            fb = _feedback(error_feedback, (key, "rs") + _ef_segment(s), p * chunk, dtype, t.device, c)
+            c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt_of(0, s))
+            recv = torch.empty_like(send)
+            wire += send.numel()
+            issued = (s, lo, seg_numel, chunk, recv, send, call.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True)))
+            if reducing is not None:
+                gathers.append(_reduce_and_gather(c, tr, call, reducing, opn, dtype, error_feedback, key, salt_of))
+            reducing = issued
+            if not async_op and len(gathers) > 1:
+                _decode_gathered(c, gathers.pop(0), out)
+        gathers.append(_reduce_and_gather(c, tr, call, reducing, opn, dtype, error_feedback, key, salt_of))
 
-    def then() -> None:
+    def body() -> None:
         for g in gathers:
             _decode_gathered(c, g, out)
         _copy_back(t, out)
-        _recorder("all_reduce", c.spec, raw, wire, t0)()
 
+    then = _completion(call, body, _recorder("all_reduce", c.spec, raw, wire, t0, call))
     if async_op:
         return Handle([g[-1] for g in gathers], then, [tensor])
     then()
@@ -283,16 +307,18 @@ def all_reduce(
 #: the link time to dominate that fixed cost. Tests shrink it to exercise many segments.
 SEGMENT_BYTES = 8 << 20
 
-#: per-rank chunks of full segments are multiples of this many elements, a multiple of every codec's
-#: block size, so no block straddles two chunks or needs padding inside a segment
-_CHUNK_ALIGN_NUMEL = 4096
+
+def _chunk_numel(p: int, element_size: int, align_numel: int) -> int:
+    """Per-rank chunk of a full segment: a multiple of the codec's ``align_numel`` (no block straddles
+    two chunks or needs padding inside a segment), about SEGMENT_BYTES / p bytes."""
+    return max(SEGMENT_BYTES // (element_size * p) // align_numel, 1) * align_numel
 
 
-def _segments(n: int, p: int, element_size: int) -> list[tuple[int, int, int]]:
+def _segments(n: int, p: int, element_size: int, align_numel: int) -> list[tuple[int, int, int]]:
     """``(first element, numel, per-rank chunk numel)`` of each segment of an ``n``-element all_reduce.
     A tensor of at most one segment is a single segment with chunk ``ceil(n / p)``, exactly the
     unsegmented layout; larger ones get full segments of ``p`` aligned chunks and a shorter last one."""
-    chunk = max(SEGMENT_BYTES // (element_size * p) // _CHUNK_ALIGN_NUMEL, 1) * _CHUNK_ALIGN_NUMEL
+    chunk = _chunk_numel(p, element_size, align_numel)
     seg_numel = p * chunk
     if n <= seg_numel:
         return [(0, n, -(-n // p))]
@@ -303,55 +329,48 @@ def _segments(n: int, p: int, element_size: int) -> list[tuple[int, int, int]]:
 
 def _ef_segment(segment: int) -> tuple:
     """Suffix of one segment's error-feedback keys: none for the first segment (an unsegmented
-    tensor keeps the keys ``(key, "rs", i)`` / ``(key, "ag")``), ``(segment,)`` after it. The logical
+    tensor keeps the keys ``(key, "rs")`` / ``(key, "ag")``), ``(segment,)`` after it. The logical
     key stays first, so ``ErrorFeedback.reset(key)`` drops every segment's residuals."""
     return () if segment == 0 else (segment,)
 
 
-def _spans(m: int, p: int, element_size: int) -> list[tuple[int, int]]:
+def _spans(m: int, p: int, element_size: int, align_numel: int) -> list[tuple[int, int]]:
     """``(start, numel)`` spans of a per-rank chunk of ``m`` elements for reduce_scatter / all_gather:
     the per-rank chunks of :func:`_segments`, so each span's collective moves what one all_reduce
     segment's does; ``m`` up to one span is one span (the unsegmented layout)."""
-    span = max(SEGMENT_BYTES // (element_size * p) // _CHUNK_ALIGN_NUMEL, 1) * _CHUNK_ALIGN_NUMEL
+    span = _chunk_numel(p, element_size, align_numel)
     return [(a, min(span, m - a)) for a in range(0, m, span)]
 
 
-def _encode_rows(
-    c: Codec, sender: Codec, rows: torch.Tensor, ef: ErrorFeedback | None, key: Hashable, segment: tuple
-) -> tuple[torch.Tensor, int]:
-    """Encode row i of ``rows`` ([p, numel], rows contiguous) as payload i of one [p * nbytes] buffer.
-    Error-feedback keys: ``(key, "rs", i) + segment``."""
-    p, numel = rows.shape
-    nbytes = c.encoded_nbytes(numel, rows.dtype)
-    send = torch.empty(p * nbytes, dtype=torch.uint8, device=rows.device)
-    out = send.view(p, nbytes)
-    for i in range(p):
-        out[i].copy_(ef.encode((key, "rs", i) + segment, rows[i], c) if ef is not None else sender.encode(rows[i]))
-    return send, nbytes
+def _span_buffers(call, c: Codec, inp: torch.Tensor, out: torch.Tensor, m: int, p: int):
+    """reduce_scatter / all_gather set-up, with the side stream current: the caller's tensors kept
+    alive there, the flat input, where to decode (``out``'s memory or scratch), the spans of ``m``."""
+    call.keep(inp, out)
+    return _contig(inp.reshape(-1)), _output_flat(out), _spans(m, p, inp.element_size(), c.align_numel)
 
 
-def _reduce_and_gather(c, sender, tr, issued, opn, dtype, ef, key):
-    """Wait for one segment's all-to-all, reduce this rank's chunk (second codec round trip starts
-    here) and issue the all-gather of its encoding; returns what :func:`_decode_gathered` needs."""
-    s, lo, seg_numel, chunk, nbytes, recv, send, handle = issued
-    p = tr.world_size
+def _reduce_and_gather(c, tr, call, issued, opn, dtype, ef, key, salt_of):
+    """Wait for one segment's all-to-all, reduce this rank's chunk (one fused decode-and-sum; the
+    second codec round trip starts here) and issue the all-gather of its encoding (one encode, with
+    its error feedback); returns what :func:`_decode_gathered` needs."""
+    s, lo, seg_numel, chunk, recv, send, handle = issued
     handle.wait()
-    reduced = c.decode_sum(recv.view(p, nbytes), chunk, dtype)
+    reduced = c.decode_sum(recv, chunk, dtype, out=torch.empty(chunk, dtype=torch.float32, device=recv.device))
     if opn == "avg":
-        reduced /= p
-    reduced = reduced.to(dtype)
-    if ef is not None:
-        mine = ef.encode((key, "ag") + _ef_segment(s), reduced, c)
-    else:
-        mine = sender.encode(reduced)
-    gathered = torch.empty(p * nbytes, dtype=torch.uint8, device=recv.device)
-    return (lo, seg_numel, chunk, gathered, tr.all_gather(gathered, _contig(mine), True))
+        reduced.div_(tr.world_size)
+    mine = reduced if dtype == torch.float32 else reduced.to(dtype)
+    payload = _rows(1, recv.shape[1], recv.device)
+    fb = _feedback(ef, (key, "ag") + _ef_segment(s), chunk, dtype, recv.device, c)
+    c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(1, s))
+    gathered = _rows(tr.world_size, recv.shape[1], recv.device)
+    return (lo, seg_numel, chunk, gathered, payload, call.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True)))
 
 
 def _decode_gathered(c, gather, out: torch.Tensor) -> None:
-    lo, seg_numel, chunk, gathered, handle = gather
+    """Decode one segment's p gathered payloads straight into its slice of the output."""
+    lo, seg_numel, chunk, gathered, payload, handle = gather
     handle.wait()
-    _decode_rows(c, gathered.view(-1, c.encoded_nbytes(chunk, out.dtype)), chunk, out[lo:lo + seg_numel])
+    c.decode_rows(gathered, out[lo:lo + seg_numel], chunk)
 
 
 # --- reduce_scatter_tensor ----------------------------------------------------------------------
@@ -367,6 +386,7 @@ def reduce_scatter_tensor(
     error_feedback: ErrorFeedback | None = None,
     key: Hashable = None,
     min_bytes: int | None = None,
+    salt: int | None = None,
 ) -> Handle | None:
     """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
     elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
@@ -402,25 +422,30 @@ def reduce_scatter_tensor(
     # Pipelined over spans of the per-rank chunk (see all_reduce): span s's decode-and-sum overlaps
     # span s+1's all-to-all; every all-to-all is issued at call time.
     m, dtype = out.numel(), out.dtype
-    rows = _contig(inp.reshape(-1)).view(p, m)
-    obuf = _output_flat(out)
-    sender = _sender(c, tr)
-    exchanges = []  # (span start, span numel, recv, nbytes, handle), issued, not yet reduced
+    call = _streams.begin(out.device)
+    salt_of = _salts(salt, tr)
+    exchanges = []  # (span start, span numel, recv, send, handle), issued, not yet reduced
     wire = 0
-    for s, (a, span) in enumerate(_spans(m, p, inp.element_size())):
-        send, nbytes = _encode_rows(c, sender, rows[:, a:a + span], error_feedback, key, _ef_segment(s))
-        recv = torch.empty_like(send)
-        wire += send.numel()
-        exchanges.append((a, span, recv, nbytes, tr.all_to_all(recv, send, True)))
-        if not async_op and len(exchanges) > 1:
-            _reduce_span(c, exchanges.pop(0), p, opn, obuf)
+    with call.on_side():
+        flat, obuf, spans = _span_buffers(call, c, inp, out, m, p)
+        for s, (a, span) in enumerate(spans):
+            # one span is the whole input; a span of several gathers its p row pieces (one copy)
+            src = flat if len(spans) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
+            send = _rows(p, c.encoded_nbytes(span, dtype), inp.device)
+            fb = _feedback(error_feedback, (key, "rs") + _ef_segment(s), p * span, dtype, inp.device, c)
+            c.encode_rows(src, send, span, feedback=fb, salt=salt_of(0, s))
+            recv = torch.empty_like(send)
+            wire += send.numel()
+            exchanges.append((a, span, recv, send, call.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True))))
+            if not async_op and len(exchanges) > 1:
+                _reduce_span(c, exchanges.pop(0), p, opn, obuf)
 
-    def then() -> None:
+    def body() -> None:
         for x in exchanges:
             _reduce_span(c, x, p, opn, obuf)
         _copy_back(out, obuf)
-        _recorder("reduce_scatter", c.spec, raw, wire, t0)()
 
+    then = _completion(call, body, _recorder("reduce_scatter", c.spec, raw, wire, t0, call))
     if async_op:
         return Handle([x[-1] for x in exchanges], then, [output])
     then()
@@ -428,12 +453,17 @@ def reduce_scatter_tensor(
 
 
 def _reduce_span(c: Codec, exchange, p: int, opn: str, obuf: torch.Tensor) -> None:
-    a, span, recv, nbytes, handle = exchange
+    """Decode-and-sum one span's p payloads: straight into the output when it is fp32, else through
+    an fp32 accumulator rounded once into it."""
+    a, span, recv, send, handle = exchange
     handle.wait()
-    reduced = c.decode_sum(recv.view(p, nbytes), span, obuf.dtype)
+    dst = obuf[a:a + span]
+    acc = dst if dst.dtype == torch.float32 else torch.empty(span, dtype=torch.float32, device=dst.device)
+    c.decode_sum(recv, span, dst.dtype, out=acc)
     if opn == "avg":
-        reduced /= p
-    obuf[a:a + span].copy_(reduced)
+        acc.div_(p)
+    if acc is not dst:
+        dst.copy_(acc)
 
 
 # --- all_gather_into_tensor ---------------------------------------------------------------------
@@ -446,6 +476,7 @@ def all_gather_into_tensor(
     async_op: bool = False,
     *,
     min_bytes: int | None = None,
+    salt: int | None = None,
 ) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
@@ -477,38 +508,47 @@ def all_gather_into_tensor(
     # Pipelined over spans of the input (see all_reduce): span s's decode overlaps span s+1's
     # all-gather; every all-gather is issued at call time.
     m = inp.numel()
-    flat = _contig(inp.reshape(-1))
-    obuf = _output_flat(out).view(p, m)
-    sender = _sender(c, tr)
-    gathers = []  # (span start, span numel, gathered, handle), issued, not yet decoded
+    call = _streams.begin(inp.device)
+    salt_of = _salts(salt, tr)
+    gathers = []  # (span start, span numel, gathered, payload, handle), issued, not yet decoded
     wire = 0
-    for a, span in _spans(m, p, inp.element_size()):
-        payload = _contig(sender.encode(flat[a:a + span]))
-        gathered = torch.empty(p * payload.numel(), dtype=torch.uint8, device=inp.device)
-        wire += payload.numel()
-        gathers.append((a, span, gathered, tr.all_gather(gathered, payload, True)))
-        if not async_op and len(gathers) > 1:
-            _decode_span(c, gathers.pop(0), obuf)
+    with call.on_side():
+        flat, obuf, spans = _span_buffers(call, c, inp, out, m, p)
+        for s, (a, span) in enumerate(spans):
+            payload = _rows(1, c.encoded_nbytes(span, inp.dtype), inp.device)
+            c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(0, s))
+            gathered = _rows(p, payload.shape[1], inp.device)
+            wire += payload.numel()
+            gathers.append((a, span, gathered, payload, call.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))))
+            if not async_op and len(gathers) > 1:
+                _decode_span(c, gathers.pop(0), obuf, m)
 
-    def then() -> None:
+    def body() -> None:
         for g in gathers:
-            _decode_span(c, g, obuf)
+            _decode_span(c, g, obuf, m)
         _copy_back(out, obuf)
-        _recorder("all_gather", c.spec, raw, wire, t0)()
 
+    then = _completion(call, body, _recorder("all_gather", c.spec, raw, wire, t0, call))
     if async_op:
         return Handle([g[-1] for g in gathers], then, [output])
     then()
     return None
 
 
-def _decode_span(c: Codec, gather, obuf: torch.Tensor) -> None:
-    """Decode row i of one span's all-gather into ``obuf[i, span]`` (``obuf``: [p, m])."""
-    a, span, gathered, handle = gather
+def _decode_span(c: Codec, gather, obuf: torch.Tensor, m: int) -> None:
+    """Decode one span's p payloads into columns [a, a+span) of ``obuf`` viewed as [p, m]: straight
+    into it when the span is the whole input (rows are then contiguous in the output); a span of a
+    pipelined input lands in p strided pieces, so it is decoded into scratch and placed by one copy
+    (``decode_rows`` writes contiguous rows)."""
+    a, span, gathered, payload, handle = gather
     handle.wait()
-    rows = gathered.view(obuf.shape[0], -1)
-    for i in range(obuf.shape[0]):
-        c.decode(rows[i], span, obuf.dtype, out=obuf[i, a:a + span])
+    p = gathered.shape[0]
+    if span == m:
+        c.decode_rows(gathered, obuf, span)
+        return
+    scratch = torch.empty(p * span, dtype=obuf.dtype, device=obuf.device)
+    c.decode_rows(gathered, scratch, span)
+    obuf.view(p, m)[:, a:a + span].copy_(scratch.view(p, span))
 
 
 # --- broadcast ----------------------------------------------------------------------------------
@@ -521,6 +561,7 @@ def broadcast(
     async_op: bool = False,
     *,
     min_bytes: int | None = None,
+    salt: int | None = None,
 ) -> Handle | None:
     """Broadcast from global rank ``src``. With a lossy codec the root adopts the decoded values, so
     every rank (root included) ends with identical bytes."""
@@ -543,17 +584,21 @@ def broadcast(
 
         return _finish(async_op, inner, then_native, [tensor])
 
-    nbytes = c.encoded_nbytes(t.numel(), t.dtype)
-    if tr.rank == root:
-        payload = _contig(_sender(c, tr).encode(t))
-    else:
-        payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
-    inner = tr.broadcast(payload, root, async_op)
+    n = t.numel()
+    call = _streams.begin(t.device)
+    with call.on_side():
+        call.keep(t)
+        payload = _rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        if tr.rank == root:
+            c.encode_rows(_contig(t.reshape(-1)), payload, n, salt=_salts(salt, tr)(0, 0))
+        inner = call.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
-    def then() -> None:
-        c.decode(payload, t.numel(), t.dtype, out=t)
-        _recorder("broadcast", c.spec, raw, nbytes, t0)()
+    def body() -> None:
+        obuf = _output_flat(t)
+        c.decode_rows(payload, obuf, n)
+        _copy_back(t, obuf)
 
+    then = _completion(call, body, _recorder("broadcast", c.spec, raw, payload.numel(), t0, call))
     return _finish(async_op, inner, then, [tensor])
 
 
@@ -569,10 +614,12 @@ def all_to_all_single(
     output_split_sizes: list[int] | None = None,
     input_split_sizes: list[int] | None = None,
     min_bytes: int | None = None,
+    salt: int | None = None,
 ) -> Handle | None:
     """Chunk j of ``input`` (along dim 0) goes to rank j; chunk i of ``output`` comes from rank i.
-    Equal splits are compressed (each chunk encoded on its own, the own chunk decoded too); uneven
-    ``*_split_sizes`` go native, as does an input not divisible into p equal chunks."""
+    Equal splits are compressed (the p chunks encoded as the p rows of one call, the own chunk
+    decoded too); uneven ``*_split_sizes`` go native, as does an input not divisible into p equal
+    chunks."""
     t0 = _start()
     _check_tensor(output, "all_to_all_single")
     _check_tensor(input, "all_to_all_single")
@@ -601,16 +648,22 @@ def all_to_all_single(
         return _finish(async_op, inner, then_native, [output])
 
     m = inp.numel() // p
-    send, nbytes = _encode_chunks(c, _sender(c, tr), _contig(inp.reshape(-1)), m, p, None, None)
-    recv = torch.empty_like(send)
-    inner = tr.all_to_all(recv, send, async_op)
+    call = _streams.begin(inp.device)
+    with call.on_side():
+        call.keep(inp, out)
+        send = _rows(p, c.encoded_nbytes(m, inp.dtype), inp.device)
+        c.encode_rows(_contig(inp.reshape(-1)), send, m, salt=_salts(salt, tr)(0, 0))
+        recv = torch.empty_like(send)
+        inner = call.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
 
-    def then() -> None:
-        flat = _output_flat(out)
-        _decode_rows(c, recv.view(p, nbytes), m, flat)
-        _copy_back(out, flat)
-        _recorder("all_to_all", c.spec, raw, p * nbytes, t0)()
+    def body() -> None:
+        obuf = _output_flat(out)
+        c.decode_rows(recv, obuf, m)
+        _copy_back(out, obuf)
+        del send_alive[:]
 
+    send_alive = [send]  # the send buffer lives until the exchange completes
+    then = _completion(call, body, _recorder("all_to_all", c.spec, raw, send.numel(), t0, call))
     return _finish(async_op, inner, then, [output])
 
 
@@ -623,7 +676,8 @@ def _equal_splits(splits: list[int] | None, t: torch.Tensor, p: int) -> bool:
 # --- point to point -----------------------------------------------------------------------------
 
 def isend(
-    tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
+    tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0,
+    min_bytes: int | None = None, salt: int | None = None,
 ) -> Handle | None:
     """Send ``tensor`` to global rank ``dst``; the handle's ``wait()`` completes the send."""
     t0 = _start()
@@ -638,12 +692,24 @@ def isend(
     if c is None:
         buf = _contig(t)
         return Handle([tr.native_isend(buf, peer, tag)], lambda: (buf, _recorder("send", "native", raw, raw, t0)())[1], [tensor])
-    payload = _contig(_sender(c, tr).encode(t))
-    return Handle([tr.isend(payload, peer, tag)], lambda: (payload, _recorder("send", c.spec, raw, payload.numel(), t0)())[1], [tensor])
+    n = t.numel()
+    call = _streams.begin(t.device)
+    with call.on_side():
+        call.keep(t)
+        payload = _rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        c.encode_rows(_contig(t.reshape(-1)), payload, n, salt=_salts(salt, tr)(0, 0))
+        inner = call.wrap(tr.isend(payload.view(-1), peer, tag))
+
+    def body() -> None:
+        del sending[:]  # the payload lives until the send completes
+
+    sending = [payload]
+    return Handle([inner], _completion(call, body, _recorder("send", c.spec, raw, payload.numel(), t0, call)), [tensor])
 
 
 def irecv(
-    tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None
+    tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *, tag: int = 0,
+    min_bytes: int | None = None,
 ) -> Handle | None:
     """Receive into ``tensor`` from global rank ``src``; the handle's ``wait()`` decodes into it."""
     t0 = _start()
@@ -665,18 +731,24 @@ def irecv(
             _recorder("recv", "native", raw, raw, t0)()
 
         return Handle([tr.native_irecv(buf, peer, tag)], then_native, [tensor])
-    nbytes = c.encoded_nbytes(t.numel(), t.dtype)
-    payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
+    n = t.numel()
+    call = _streams.begin(t.device)
+    with call.on_side():
+        call.keep(t)
+        payload = _rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        inner = call.wrap(tr.irecv(payload.view(-1), peer, tag))
 
-    def then() -> None:
-        c.decode(payload, t.numel(), t.dtype, out=t)
-        _recorder("recv", c.spec, raw, nbytes, t0)()
+    def body() -> None:
+        obuf = _output_flat(t)
+        c.decode_rows(payload, obuf, n)
+        _copy_back(t, obuf)
 
-    return Handle([tr.irecv(payload, peer, tag)], then, [tensor])
+    return Handle([inner], _completion(call, body, _recorder("recv", c.spec, raw, payload.numel(), t0, call)), [tensor])
 
 
-def send(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0, min_bytes: int | None = None) -> None:
-    h = isend(tensor, dst, group, codec, tag=tag, min_bytes=min_bytes)
+def send(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, *, tag: int = 0,
+         min_bytes: int | None = None, salt: int | None = None) -> None:
+    h = isend(tensor, dst, group, codec, tag=tag, min_bytes=min_bytes, salt=salt)
     if h is not None:
         h.wait()
 

@@ -60,23 +60,47 @@ def _flush() -> None:
         fn()
 
 
-def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds: float, dim: str | None = None,
+#: lazily timed (CUDA) calls kept per row before the completed ones are folded in on the hot path
+_PENDING_MAX = 256
+
+
+def _resolve(row: dict, everything: bool) -> None:
+    """Fold lazily timed seconds into ``row``: all of them (reading the table may wait for the GPU), or
+    only those whose end event has completed (on the hot path, never blocking)."""
+    pending = row["_pending"]
+    keep = []
+    for s in pending:
+        if everything or s.ready():
+            row["seconds"] += float(s.seconds())
+        else:
+            keep.append(s)
+    row["_pending"] = keep
+
+
+def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: str | None = None,
            calls: int = 1) -> None:
     """Count ``calls`` calls (one, unless a batching source hands over several of the same size).
     ``raw_bytes``: the uncompressed bytes this rank contributed; ``wire_bytes``: the payload bytes this
-    rank sent for them (both totals over the calls)."""
+    rank sent for them (both totals over the calls). ``seconds``: a float (host clock), or an object
+    with ``ready()`` and ``seconds()`` (CUDA events, :class:`ccoll.streams.LazySeconds`) whose elapsed
+    time is read when the table is, so recording never synchronises with the GPU."""
     key = (dim or _dim.get(), op, codec)
     with _lock:
         row = _table.get(key)
         if row is None:
             row = _table[key] = {
                 "dim": key[0], "op": op, "codec": codec, "calls": 0, "raw_bytes": 0, "wire_bytes": 0,
-                "seconds": 0.0, "histogram": {},
+                "seconds": 0.0, "histogram": {}, "_pending": [],
             }
         row["calls"] += calls
         row["raw_bytes"] += int(raw_bytes)
         row["wire_bytes"] += int(wire_bytes)
-        row["seconds"] += float(seconds)
+        if isinstance(seconds, (int, float)):
+            row["seconds"] += float(seconds)
+        else:
+            row["_pending"].append(seconds)
+            if len(row["_pending"]) > _PENDING_MAX:
+                _resolve(row, everything=False)
         b = _bucket(int(raw_bytes) // calls)
         row["histogram"][b] = row["histogram"].get(b, 0) + calls
 
@@ -85,7 +109,10 @@ def stats() -> list[dict]:
     """One dict per (dim, op, codec): calls, raw_bytes, wire_bytes, seconds, histogram {size<=: calls}."""
     _flush()
     with _lock:
-        return [dict(r, histogram=dict(r["histogram"])) for r in sorted(_table.values(), key=lambda r: (r["dim"], r["op"], r["codec"]))]
+        rows = sorted(_table.values(), key=lambda r: (r["dim"], r["op"], r["codec"]))
+        for r in rows:
+            _resolve(r, everything=True)
+        return [{k: (dict(v) if k == "histogram" else v) for k, v in r.items() if k != "_pending"} for r in rows]
 
 
 def reset_stats() -> None:

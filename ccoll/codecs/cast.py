@@ -1,6 +1,9 @@
 """Exact and cast codecs: "none" (raw bytes), "bf16" and "fp16" (round-to-nearest-even casts).
 
 They go through the same collective path as the lossy codecs, so the baseline measures the same code.
+Their batched methods are single vectorised torch ops on the caller's buffers: a cast (or, for "none",
+a copy) straight into the send rows, a cast straight out of the received rows into the output, and a
+decode-and-sum that adds the rows in row order (the reference semantics) in one op.
 """
 from __future__ import annotations
 
@@ -30,9 +33,67 @@ class _CastCodec(Codec):
     def _decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return payload.view(self._wire(dtype)).to(dtype)
 
+    # --- batched: one op each, straight into the caller's buffers ------------------------------------
+    def _wire_view(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """``rows`` ([rows, nbytes] uint8, contiguous) as a 1-D tensor of wire values, or None when its
+        storage offset is not a multiple of the wire item size (then the generic path copies)."""
+        wire = self._wire(dtype)
+        if rows.storage_offset() % wire.itemsize:
+            return None
+        return rows.view(-1).view(wire)
+
+    def _encode_rows_cast(self, src, out, row_numel, feedback, salt) -> None:
+        wire = self._wire_view(out, src.dtype)
+        if wire is None:
+            self._encode_rows_generic(src, out, row_numel, feedback, salt)
+            return
+        n = src.numel()
+        if n < wire.numel():
+            wire[n:].zero_()
+        if feedback is None:
+            wire[:n].copy_(src)  # the cast (or, for "none", the copy) is the encode
+            return
+        fb = feedback[:n]
+        comp = src.to(fb.dtype) + fb  # what this call must send: input plus what earlier calls dropped
+        wire[:n].copy_(comp if src.dtype == fb.dtype else comp.to(src.dtype))
+        # residual = comp - decode(payload); the wire values are exact in src.dtype and in the feedback
+        # dtype (never narrower), so decoding straight to the feedback dtype is the receivers' decode
+        comp.sub_(wire[:n].to(fb.dtype))
+        fb.copy_(comp.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
+        if n < feedback.numel():
+            feedback[n:].zero_()
+
+    def _decode_rows_cast(self, payloads, out, row_numel) -> None:
+        wire = self._wire_view(payloads, out.dtype)
+        if wire is None:
+            self._decode_rows_generic(payloads, out, row_numel)
+            return
+        out.copy_(wire[:out.numel()])
+
+    def _decode_sum_cast(self, payloads, numel, dtype, out) -> None:
+        """Row-order fp32 sum (the reference semantics: every decode is exact in fp32 after rounding to
+        ``dtype``, since the wire type is never wider than ``dtype``'s values need). CPU: ``index_add_``
+        adds source rows into one row in index order, one op. CUDA: an outer-dimension ``cumsum`` scans
+        each column sequentially in fp32; its last row is the row-order sum (one op, p x numel scratch)."""
+        wire = self._wire_view(payloads, dtype)
+        if wire is None:
+            out.zero_()
+            for row in payloads:
+                out += self.decode(row, numel, dtype).to(torch.float32)
+            return
+        rows = wire.view(payloads.shape[0], numel).to(torch.float32)  # == decode(row).to(fp32), see above
+        if rows.device.type == "cuda":
+            out.copy_(torch.cumsum(rows, 0)[-1])
+            return
+        out.zero_()
+        out.view(1, numel).index_add_(0, torch.zeros(rows.shape[0], dtype=torch.long), rows)
+
     # a cast is the same torch op on every device: one implementation serves all backends
     _encode_torch = _encode_cupy = _encode_emulated = _encode
     _decode_torch = _decode_cupy = _decode_emulated = _decode
+    _encode_rows_torch = _encode_rows_cupy = _encode_rows_emulated = _encode_rows_cast
+    _decode_rows_torch = _decode_rows_cupy = _decode_rows_emulated = _decode_rows_cast
+    _decode_sum_torch = _decode_sum_cupy = _decode_sum_emulated = _decode_sum_cast
 
 
 @CODECS.register("none")

@@ -168,7 +168,9 @@ def done_handle(then: Callable[[], Any] | None = None, outputs: list | None = No
 class Transport:
     """Interface every transport implements. ``rank``/``world_size`` are the caller's rank and the
     size of this group; ``rank`` is -1 when the caller is not a member (collectives then do nothing,
-    like ``torch.distributed``)."""
+    like ``torch.distributed``). The byte-movement calls and the native all_gather / broadcast /
+    isend / irecv default to each other (bytes are a native call on uint8; a native call is a byte
+    movement of the tensor's bytes): a transport overrides at least one of each pair."""
 
     kind: str = ""
     rank: int
@@ -181,23 +183,37 @@ class Transport:
     def global_rank(self, group_rank: int) -> int:
         raise NotImplementedError
 
-    # byte movement -----------------------------------------------------------------------------
+    # byte movement (defaults: check the buffers, then the native call on their bytes) ----------------
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
         """``input`` holds world_size equal chunks, chunk j goes to rank j; ``output`` chunk i comes
         from rank i."""
-        raise NotImplementedError
+        check_bytes(output, input)
+        if output.numel() != input.numel() or input.numel() % self.world_size:
+            raise TransportError(
+                f"all_to_all needs equal input/output sizes divisible by {self.world_size}, "
+                f"got {input.numel()} and {output.numel()}"
+            )
+        return self.native_all_to_all(output, input, None, None, async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        raise NotImplementedError
+        check_bytes(output, input)
+        if output.numel() != input.numel() * self.world_size:
+            raise TransportError(
+                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
+            )
+        return self.native_all_gather(output, input, async_op)
 
     def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
-        raise NotImplementedError
+        check_bytes(buf)
+        return self.native_broadcast(buf, src, async_op)
 
     def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
-        raise NotImplementedError
+        check_bytes(buf)
+        return self.native_isend(buf, dst, tag)
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
-        raise NotImplementedError
+        check_bytes(buf)
+        return self.native_irecv(buf, src, tag)
 
     def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
         self.isend(buf, dst, tag).wait()
@@ -265,8 +281,9 @@ def is_mpi_comm(group: Any) -> bool:
 
 
 def for_group(group: Any = None) -> Transport:
-    """The transport for ``group``: a ``torch.distributed`` ProcessGroup (``None`` = WORLD) or an
-    mpi4py communicator. Transports are cached per group object."""
+    """The transport for ``group``: a ``torch.distributed`` ProcessGroup (``None`` = WORLD), an mpi4py
+    communicator, or a group object carrying its own transport as ``ccoll_transport`` (the simulated
+    world's :class:`~ccoll.transports.memory.MemoryGroup`). Transports are cached per group object."""
     mpi = is_mpi_comm(group)
     if group is None:
         from .torch_dist import default_group
@@ -278,6 +295,9 @@ def for_group(group: Any = None) -> Transport:
         cached = None
     if cached is not None:
         return cached
+    own = getattr(group, "ccoll_transport", None)  # groups that carry their transport (simulated worlds)
+    if isinstance(own, Transport):
+        return own
     if mpi:
         from .mpi import MPITransport
 

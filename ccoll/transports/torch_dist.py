@@ -86,36 +86,7 @@ class TorchTransport(Transport):
             return int(group_rank)
         return c10d.get_global_rank(self.group, int(group_rank))
 
-    # byte movement -----------------------------------------------------------------------------
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() or input.numel() % self.world_size:
-            raise TransportError(
-                f"all_to_all needs equal input/output sizes divisible by {self.world_size}, "
-                f"got {input.numel()} and {output.numel()}"
-            )
-        return self._all_to_all(output, input, None, None, async_op)
-
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() * self.world_size:
-            raise TransportError(
-                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
-            )
-        return self.native_all_gather(output, input, async_op)
-
-    def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
-        check_bytes(buf)
-        return self.native_broadcast(buf, src, async_op)
-
-    def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
-        check_bytes(buf)
-        return self.native_isend(buf, dst, tag)
-
-    def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
-        check_bytes(buf)
-        return self.native_irecv(buf, src, tag)
-
+    # byte movement: the Transport defaults (checked buffers, native calls) -----------------------
     def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
         check_bytes(buf)
         c10d.send(buf, self.global_rank(dst), group=self.group, tag=tag)

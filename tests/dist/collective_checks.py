@@ -108,6 +108,35 @@ class MPIEnv(Env):
         return self.group.Split(0 if member else self.MPI.UNDEFINED, global_ranks.index(self.rank) if member else 0)
 
 
+class SimEnv(Env):
+    """A rank of :func:`ccoll.testing.simulated_world` (threads of this process, in-memory transport).
+    Objects are exchanged through the world's shared state; sub-groups are not simulated."""
+
+    kind = "simulated"
+
+    def __init__(self, rank: int, group: Any) -> None:
+        self.group, self.rank, self.world = group, rank, group.size()
+        self._round = 0
+
+    def allgather_obj(self, obj: Any) -> list:
+        w, k = self.group.world, self._round
+        self._round += 1
+        with w.cond:
+            table = w.objects.setdefault(k, {})
+            table[self.rank] = obj
+            w.cond.notify_all()
+        w.wait_for(lambda: len(table) == self.world, f"allgather_obj #{k}", self.rank)
+        return [table[i] for i in range(self.world)]
+
+    def native_all_reduce_sum(self, t: torch.Tensor) -> None:
+        from ccoll.transports import for_group
+
+        for_group(self.group).native_all_reduce(t, "sum")
+
+    def subgroup(self, global_ranks: list[int]) -> Any:
+        raise NotImplementedError("the simulated world has no sub-groups")
+
+
 # --- helpers ------------------------------------------------------------------------------------
 
 def data(seed: int, rank: int, shape, dtype=torch.float32) -> torch.Tensor:
@@ -571,4 +600,4 @@ def run_all(env: Env, extra: Callable[[Env], None] | None = None, specs: list[st
     return report
 
 
-__all__ = ["Env", "GlooEnv", "MPIEnv", "available_specs", "run_all"]
+__all__ = ["Env", "GlooEnv", "MPIEnv", "SimEnv", "available_specs", "run_all"]

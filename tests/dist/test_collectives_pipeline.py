@@ -14,16 +14,18 @@ from collective_checks import (
 from launch import run_gloo
 
 SPECS = ["none", "bf16", "int8:block=256", "int4:block=64", "int8:block=256,round=stochastic"]
+#: chunk elements of a full segment in these checks: a multiple of every SPECS codec's align_numel
+CHUNK = 4096
 
 
 def _pipeline_checks(rank: int, world_size: int) -> dict:
     env = GlooEnv()
     p, G = env.world, env.group
     # the smallest segment: p chunks of one aligned block of elements each
-    collectives.SEGMENT_BYTES = p * collectives._CHUNK_ALIGN_NUMEL * 4
-    seg_numel = p * collectives._CHUNK_ALIGN_NUMEL
+    collectives.SEGMENT_BYTES = p * CHUNK * 4
+    seg_numel = p * CHUNK
     n = 3 * seg_numel + 1237  # three full segments and a short one; 1237 is prime, so not divisible by p
-    segments = collectives._segments(n, p, 4)
+    segments = collectives._segments(n, p, 4, 1)
     if len(segments) != 4 or sum(s[1] for s in segments) != n:
         fail(env, "segments", f"{segments}")
     for spec in SPECS:
@@ -56,7 +58,7 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
         expect_same_across_ranks(env, f"segmented async avg view {spec}", view)
         expect_equal(env, f"segmented async avg view {spec}: other column untouched", base[:, 1], inputs[env.rank])
         _reduce_scatter_and_all_gather(env, spec)
-    # error feedback: one residual per segment and chunk, all under the logical key
+    # error feedback: one residual buffer per segment and phase (rs: the p chunks; ag: the owned one), all under the logical key
     spec = "int4:block=64"
     ef = ccoll.ErrorFeedback()
     x = data(91, env.rank, n)
@@ -74,7 +76,7 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
     err_plain = float((acc_plain / steps - ref).norm() / ref.norm())
     if not err_ef < 0.5 * err_plain:
         fail(env, "segmented error feedback", f"time-averaged error {err_ef:.3g} not < half of {err_plain:.3g}")
-    if len(ef) != len(segments) * (p + 1) or ef.residual(("w", "ag", 3)).numel() != segments[3][2]:
+    if len(ef) != len(segments) * 2 or ef.residual(("w", "ag", 3)).numel() != segments[3][2]:
         fail(env, "segmented error feedback keys", f"{sorted(map(str, ef.keys()))}")
     ef.reset("w")
     if len(ef):
@@ -85,9 +87,9 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
 def _reduce_scatter_and_all_gather(env: GlooEnv, spec: str) -> None:
     """reduce_scatter / all_gather pipelined over 4 spans of the per-rank chunk (the last one short)."""
     c, p, r, G = ccoll.get_codec(spec), env.world, env.rank, env.group
-    m = 3 * collectives._CHUNK_ALIGN_NUMEL + 1237
-    if len(collectives._spans(m, p, 4)) != 4:
-        fail(env, "spans", f"{collectives._spans(m, p, 4)}")
+    m = 3 * CHUNK + 1237
+    if len(collectives._spans(m, p, 4, 1)) != 4:
+        fail(env, "spans", f"{collectives._spans(m, p, 4, 1)}")
     inputs = [data(92, k, p * m) for k in range(p)]
     mine = [x[r * m:(r + 1) * m] for x in inputs]
     ref = sum(x.double() for x in mine)
@@ -96,7 +98,7 @@ def _reduce_scatter_and_all_gather(env: GlooEnv, spec: str) -> None:
     ccoll.reset_stats()
     ccoll.reduce_scatter_tensor(out, inputs[r], "sum", G, spec, min_bytes=0)
     expect_close(env, f"segmented reduce_scatter {spec}", out, ref, bound * 1.01 + 1e-30)
-    wire = sum(p * c.encoded_nbytes(span, torch.float32) for _, span in collectives._spans(m, p, 4))
+    wire = sum(p * c.encoded_nbytes(span, torch.float32) for _, span in collectives._spans(m, p, 4, 1))
     row = [x for x in ccoll.stats() if x["op"] == "reduce_scatter"]
     if len(row) != 1 or row[0]["raw_bytes"] != 4 * p * m or row[0]["wire_bytes"] != wire:
         fail(env, f"segmented reduce_scatter {spec} stats", f"{row} (expected wire {wire})")

@@ -122,3 +122,29 @@ def test_error_feedback_given_reset_of_logical_key_expect_all_derived_keys_dropp
     assert ef.keys() == [("b", "ag")]
     ef.reset()
     assert len(ef) == 0
+
+
+def test_stats_given_lazily_timed_calls_expect_seconds_read_only_when_the_table_is():
+    """CUDA calls record event-timed seconds (ccoll.streams.LazySeconds); recording must never wait
+    for them: only completed ones are folded in on the hot path, the rest when stats are read."""
+    from ccoll.stats import record, reset_stats, stats
+
+    class Lazy:
+        def __init__(self, done):
+            self.done, self.reads = done, 0
+
+        def ready(self):
+            return self.done
+
+        def seconds(self):
+            self.reads += 1
+            return 0.5
+
+    reset_stats()
+    pending = [Lazy(False) for _ in range(300)]
+    for lz in pending:
+        record("all_reduce", "bf16", 100, 50, lz, dim="dp")
+    assert all(lz.reads == 0 for lz in pending), "nothing read on the hot path while not ready"
+    (row,) = stats()
+    assert row["seconds"] == 150.0 and row["calls"] == 300 and "_pending" not in row
+    reset_stats()

@@ -1,0 +1,212 @@
+"""Where a compressed collective's codec work runs on a GPU, and how it is ordered.
+
+On CUDA the codec kernels of a collective run on a ccoll side stream (one per device, created lazily),
+not on the caller's stream, so ``async_op=True`` overlaps encode/decode with the caller's compute
+(otherwise the caller's later kernels would queue behind the network). Ordering is by CUDA events, never
+by host synchronisation:
+
+1. at the call, an event recorded on the caller's current stream (its inputs are ready) is waited for
+   by the side stream before any codec work;
+2. codec work and the communication calls are issued while the side stream is current: NCCL orders
+   its own stream after the current stream at issue, and ``work.wait()`` makes the *current* stream wait
+   for NCCL, so every wait on a request is done with the side stream current (:meth:`Call.on_side`);
+3. the end of decoding records a "done" event on the side stream; the caller's stream waits for it only
+   when the handle's ``wait()`` runs (:meth:`Call.join`), so compute issued between the call and
+   ``wait()`` runs concurrently;
+4. caller tensors used on the side stream are ``record_stream``-ed there (:meth:`Call.keep`), so the
+   caching allocator cannot hand their memory to someone else while codec work still reads/writes it.
+
+Stats seconds on CUDA are the elapsed time between an event at the call (caller's stream) and the done
+event, measured lazily when the stats are read (:class:`ccoll.stats` resolves them): no synchronisation
+on the hot path. On CPU every method is a no-op and seconds are ``time.perf_counter`` differences.
+
+The ordering logic (:class:`Call`) is written against a tiny device API (:class:`CudaApi`), so tests
+drive it with a recording fake on CPU; the real API needs a GPU (tools/gpu_check.py exercises it).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterator
+
+import torch
+
+
+class CudaApi:
+    """The stream/event primitives :class:`Call` uses, on torch.cuda."""
+
+    def __init__(self) -> None:
+        self._side: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def side_stream(self, device: torch.device) -> Any:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            s = self._side.get(index)
+            if s is None:
+                s = self._side[index] = torch.cuda.Stream(device=index)
+            return s
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def record(self, stream: Any, timing: bool = False) -> Any:
+        ev = torch.cuda.Event(enable_timing=timing)
+        ev.record(stream)
+        return ev
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def use(self, stream: Any):
+        return torch.cuda.stream(stream)
+
+    def keep(self, tensor: torch.Tensor, stream: Any) -> None:
+        tensor.record_stream(stream)
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
+class Call:
+    """The ordering of one collective call on a device with streams (see the module docstring)."""
+
+    __slots__ = ("api", "device", "caller", "side", "ready", "start", "done", "_waited")
+
+    def __init__(self, api: Any, device: torch.device) -> None:
+        self.api, self.device = api, device
+        self.caller = api.current_stream(device)
+        self.side = api.side_stream(device)
+        self.start = api.record(self.caller, timing=True)  # inputs ready; also the stats start time
+        self.ready = self.start
+        self.done = None
+        self._waited = False
+
+    @contextlib.contextmanager
+    def on_side(self) -> Iterator[None]:
+        """Make the side stream current (after it waited, once, for the caller's inputs)."""
+        if not self._waited:
+            self.api.wait(self.side, self.ready)
+            self._waited = True
+        with self.api.use(self.side):
+            yield
+
+    def keep(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            self.api.keep(t, self.side)
+
+    def finish(self) -> None:
+        """Record the done event on the side stream (all codec work of the call is enqueued)."""
+        self.done = self.api.record(self.side, timing=True)
+
+    def join(self) -> None:
+        """Make the stream current now (the caller's, at ``wait()``) wait for the done event."""
+        if self.done is not None:
+            self.api.wait(self.api.current_stream(self.device), self.done)
+
+    def is_done(self) -> bool:
+        return self.done is not None and self.api.query(self.done)
+
+    def seconds(self, t0: float) -> "LazySeconds":
+        return LazySeconds(self.api, self.start, self.done)
+
+    def wrap(self, work: Any) -> Any:
+        return work if work is None else _SideWork(self, work)
+
+
+class _NullCall:
+    """CPU: no streams; every method is a no-op."""
+
+    __slots__ = ()
+    device = None
+
+    @contextlib.contextmanager
+    def on_side(self) -> Iterator[None]:
+        yield
+
+    def keep(self, *tensors: torch.Tensor) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+    def is_done(self) -> bool:
+        return True
+
+    def seconds(self, t0: float) -> float:
+        return time.perf_counter() - t0
+
+    def wrap(self, work: Any) -> Any:
+        return work
+
+
+NULL = _NullCall()
+
+
+class LazySeconds:
+    """Elapsed seconds between two CUDA events, read only when the stats are (``ready()`` says whether
+    reading would block)."""
+
+    __slots__ = ("api", "start", "end")
+
+    def __init__(self, api: Any, start: Any, end: Any) -> None:
+        self.api, self.start, self.end = api, start, end
+
+    def ready(self) -> bool:
+        return self.end is None or self.api.query(self.end)
+
+    def seconds(self) -> float:
+        return 0.0 if self.end is None else self.api.elapsed_s(self.start, self.end)
+
+
+class _SideWork:
+    """A request whose ``wait()`` runs with the side stream current (NCCL: the side stream waits for the
+    communication, the caller's stream does not). Everything else is the request's."""
+
+    __slots__ = ("call", "work")
+
+    def __init__(self, call: Call, work: Any) -> None:
+        self.call, self.work = call, work
+
+    def wait(self, *args: Any) -> Any:
+        with self.call.on_side():
+            return self.work.wait(*args)
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def get_future(self) -> Any:
+        return self.work.get_future()
+
+
+_api: CudaApi | None = None
+_api_lock = threading.Lock()
+
+
+def _api_for(device: torch.device) -> Any:
+    """The device API for ``device``: :class:`CudaApi` for CUDA tensors, None (no streams) otherwise.
+    Tests replace this to drive :class:`Call` with a recording fake on CPU."""
+    global _api
+    if device.type != "cuda":
+        return None
+    with _api_lock:
+        if _api is None:
+            _api = CudaApi()
+        return _api
+
+
+def begin(device: torch.device) -> Call | _NullCall:
+    """The ordering object of one collective call on ``device`` (records "inputs ready" now)."""
+    api = _api_for(device)
+    return NULL if api is None else Call(api, device)
+
+
+__all__ = ["Call", "CudaApi", "LazySeconds", "NULL", "begin"]
