@@ -367,23 +367,23 @@ class BlockQuantCodec(Codec):
 
     def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them).
-        All p rows of a span are decoded in one pass; the sum is p in-place adds per span (torch has no
-        fp32 reduction with a fixed order), each over a span that stays in cache."""
+        All p rows of a span are decoded in one pass; the sum is one ``index_add_`` per span, which on CPU
+        adds the source rows into the accumulator in index order (torch's reductions have no fixed
+        order), over a span that stays in cache: a constant number of ops whatever p."""
         payloads = _aligned(payloads)
         p, block = payloads.shape[0], self.block
         span = min(numel, max(_SUM_SPAN_NUMEL, self._chunk_numel() // p) // block * block or block)
         work = _empty_cpu(p * span, torch.float32)
         narrow = None if dtype == torch.float32 else torch.empty(p * span, dtype=dtype)
         qwork = self._unpack_scratch(p * span)
+        zeros = torch.zeros(p, dtype=torch.long)
         for j0 in range(0, numel, span):
             j1 = min(numel, j0 + span)
             v = work[: p * (j1 - j0)].view(p, j1 - j0)
             self._dequantize(payloads, numel, j0, j1, v, qwork)
             if narrow is not None:
                 v.view(-1).copy_(narrow[: v.numel()].copy_(v.view(-1)))
-            acc = out[j0:j1].zero_()
-            for row in v:
-                acc.add_(row)
+            out[j0:j1].zero_().view(1, -1).index_add_(0, zeros, v)
 
     # plain encode / decode: one row, on every backend
     def _encode_one_row(self, backend: str, flat: torch.Tensor) -> torch.Tensor:

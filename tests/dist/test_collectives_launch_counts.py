@@ -144,7 +144,7 @@ def test_given_world_sizes_4_16_64_when_one_compressed_segment_expect_same_codec
     first = figures[WORLD_SIZES[0]]
     for name, calls in EXPECTED_CALLS[op].items():
         assert first.get(name) == calls, f"{name}: {first}"
-    assert first["torch_ops"] > 0
+    assert first.get("torch_ops", 0) + first.get("host_calls", 0) > 0, f"nothing counted: {first}"
     if backend == "emulated":
         assert first.get("host_calls", 0) > 0, "the emulated backend made no calls through kernels.host_library"
     for p, counts in figures.items():
