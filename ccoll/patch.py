@@ -31,19 +31,33 @@ rank that never installs makes the others fail after ``CCOLL_FINGERPRINT_TIMEOUT
 
 Steps (for ``warmup_steps``): by default every ``torch.optim.Optimizer.step()`` in the process counts
 one (a global post-step hook); ``install(..., step_counter="manual")`` counts only ``ccoll.patch.step()``
-calls. The step count also delimits error-feedback keys: the n-th error-feedback call of a (dim, op,
-group) within a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces
-its gradient buckets in the same order every step).
+calls. The step count also delimits call keys: the n-th compressed call of a (dim, op, group) within
+a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces its gradient
+buckets in the same order every step); error-feedback residuals are keyed by it and stochastic-rounding
+salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run
+bit-identically. DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
+(keys by parameter) rather than the patch under torch's own hooks.
+
+Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both
+``torch.distributed`` and ``torch.distributed.distributed_c10d`` (torch's ``P2POp`` checks its op
+against the latter by identity), so ``P2POp(dist.isend, ...)`` works (Megatron, torch.distributed.
+pipelining); a ``dist.isend`` captured before ``install`` is rejected by ``P2POp`` as torch rejects any
+other function. Async calls return ``ccoll.transports.Handle`` objects shaped like torch's ``Work``
+(``wait(timeout=)``, ``is_completed()``, ``get_future()`` valued with the output tensors), so torch's
+DDP ``default_hooks`` run unchanged while the patch compresses.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import functools
+import hashlib
+import inspect
 import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -55,7 +69,7 @@ from .policy import Policy, load as _load_policy
 from .stats import add_flusher, dimension, record
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
-           "steps", "WRAPPED"]
+           "steps", "state_dict", "load_state_dict", "WRAPPED"]
 
 _SUM = dist.ReduceOp.SUM
 _AVG = dist.ReduceOp.AVG
@@ -70,7 +84,15 @@ _local = _Local()
 
 
 class _State:
-    """Everything one installation decides with; replaced as a whole, read once per call."""
+    """Everything one installation decides with; replaced as a whole, read once per call.
+
+    Call keys: the n-th compressed call of a (dim, op, group) within a step is one logical tensor,
+    ``(dim, op, group ranks, n)``. This positional scheme is what a generic patch can know (DeepSpeed
+    and Megatron reduce their gradient buckets in the same order every step) and it names
+    error-feedback residuals and stochastic-rounding salts; it is fragile where the order of calls
+    changes between steps (DDP rebuilds its buckets after step 0: use :mod:`ccoll.ddp`'s hook,
+    which keys by parameter, instead of patching DDP's hooks). Keys hold group ranks, not object ids,
+    so :meth:`state_dict` loads in a fresh process."""
 
     def __init__(self, policy: Policy, resolver: Callable | None, step_counter: str):
         self.policy = policy
@@ -79,8 +101,7 @@ class _State:
         self.steps = 0
         self.checked = False  # fingerprint compared across ranks
         self.lock = threading.Lock()
-        # error-feedback keys: the n-th call of a (dim, op, group) in a step is one logical tensor
-        self.ordinals: dict[tuple, int] = {}  # (dim, op, group id) -> error-feedback calls since last step
+        self.ordinals: dict[tuple, int] = {}  # (dim, op, group ranks) -> compressed calls since last step
         # calls per step, learned at the first step: a step the optimizer skips (fp16 overflow) does not
         # reset the ordinals, so the next step's calls are numbered on; modulo the period they map back
         # to the same residuals instead of leaking a new set per skipped step
@@ -89,8 +110,9 @@ class _State:
 
         self.feedback = ErrorFeedback()
 
-    def ef_key(self, dim: str, op: str, group: Any) -> tuple:
-        k = (dim, op, id(group))
+    def call_key(self, dim: str, op: str, group: Any) -> tuple:
+        """The logical name of this call: ``(dim, op, group ranks, n-th call of the step)``."""
+        k = (dim, op, _group_key(group))
         with self.lock:
             n = self.ordinals.get(k, 0)
             self.ordinals[k] = n + 1
@@ -98,10 +120,16 @@ class _State:
         if period:
             n %= period
         elif n == 10_000:
-            warn_once("ccoll-ef-no-steps", "ccoll: 10000 error-feedback calls on %s/%s without an optimizer step "
-                      "(one residual each); with step_counter='manual', call ccoll.patch.step() once per step",
-                      dim, op)
-        return (dim, op, id(group), n)
+            warn_once("ccoll-ef-no-steps", "ccoll: 10000 compressed calls on %s/%s without an optimizer step "
+                      "(one error-feedback residual each); with step_counter='manual', call ccoll.patch.step() "
+                      "once per step", dim, op)
+        return k + (n,)
+
+    ef_key = call_key
+
+    def salt(self, key: tuple) -> int:
+        """Stochastic-rounding salt of one call: from (step, call key); the collectives mix in the rank."""
+        return stable_salt(self.steps, key)
 
     def advance(self) -> None:
         with self.lock:
@@ -109,6 +137,56 @@ class _State:
             for k, n in self.ordinals.items():
                 self.periods.setdefault(k, n)
             self.ordinals.clear()
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
+                    "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != 1:
+            raise PolicyError(f"ccoll.patch.load_state_dict: unknown state version {state.get('version')!r}")
+        from .feedback import _tuplify
+
+        with self.lock:
+            self.steps = int(state["steps"])
+            self.ordinals = {_tuplify(k): int(n) for k, n in state["ordinals"]}
+            self.periods = {_tuplify(k): int(n) for k, n in state["periods"]}
+        self.feedback.load_state_dict(state["feedback"])
+
+
+_group_keys: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _group_key(group: Any) -> Any:
+    """A name for ``group`` that is the same in every process of a run: its global ranks ("world" for
+    the default group)."""
+    if group is None:
+        return "world"
+    try:
+        return _group_keys[group]
+    except (KeyError, TypeError):
+        pass
+    c10d = dist.distributed_c10d
+    if group is c10d.GroupMember.WORLD or (c10d.is_initialized() and group is c10d._get_default_group()):
+        key: Any = "world"
+    else:
+        try:
+            key = tuple(c10d.get_process_group_ranks(group))
+        except Exception:  # noqa: BLE001 - not a torch group (e.g. an mpi4py communicator)
+            key = type(group).__name__
+    try:
+        _group_keys[group] = key
+    except TypeError:
+        pass
+    return key
+
+
+def stable_salt(step: int, key: Any) -> int:
+    """A 63-bit salt from (step, key) that every process computes alike (Python's ``hash`` of strings
+    is randomised per process, so it cannot be used)."""
+    digest = hashlib.blake2b(repr((int(step), key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 _STATE: _State | None = None
@@ -127,7 +205,13 @@ WRAPPED = {
     "broadcast": "broadcast",
     "all_to_all_single": "all_to_all",
     "send": "send_recv", "recv": "send_recv", "isend": "send_recv", "irecv": "send_recv",
+    "batch_isend_irecv": "send_recv",
 }
+
+#: names also replaced in ``torch.distributed.distributed_c10d``: ``P2POp`` checks its op against
+#: ``distributed_c10d.isend/irecv`` by identity and ``batch_isend_irecv`` picks the peer keyword by
+#: identity, so ``P2POp(dist.isend, ...)`` needs the same object in both modules
+C10D_TOO = ("isend", "irecv", "batch_isend_irecv")
 
 
 # --- per-call helpers ---------------------------------------------------------------------------------
@@ -153,7 +237,11 @@ _native_lock = threading.Lock()
 def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
     t0 = time.perf_counter()
     result = fn(*args)
-    dt = time.perf_counter() - t0
+    _count_native(dim, op, nbytes, time.perf_counter() - t0)
+    return result
+
+
+def _count_native(dim: str, op: str, nbytes: int, dt: float) -> None:
     table = _local.native
     if table is None:
         table = _local.native = {}
@@ -165,7 +253,6 @@ def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
         entry = table[key] = [0, 0.0, 0, 0.0]
     entry[0] += 1
     entry[1] += dt
-    return result
 
 
 def _flush_native() -> None:
@@ -196,8 +283,43 @@ class _DimHandle:
         with dimension(self._dim):
             return self._handle.wait(*args, **kwargs)
 
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def get_future(self) -> "torch.futures.Future":
+        return handle_future(self._handle)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
+
+
+_waiter: Any = None
+_waiter_lock = threading.Lock()
+
+
+def handle_future(handle: Any) -> "torch.futures.Future":
+    """A future completed with ``handle``'s output tensors once ``handle.wait()`` has run, waited for
+    on one ccoll thread. Why not chain on the c10d works' own futures: their callbacks run on the
+    backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
+    there (waiting for the works, then decoding) blocks that thread on itself — DDP's backward then
+    never ends."""
+    global _waiter
+    with _waiter_lock:
+        if _waiter is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ccoll-wait")
+    fut: torch.futures.Future = torch.futures.Future()
+
+    def run() -> None:
+        try:
+            handle.wait()
+            fut.set_result(handle.value())
+        except BaseException as e:  # noqa: BLE001 - delivered through the future
+            fut.set_exception(e)
+
+    _waiter.submit(run)
+    return fut
 
 
 def _async_result(h: Any, dim: str) -> Any:
@@ -225,6 +347,19 @@ def _collectives():
     return collectives
 
 
+_salt_accepted: dict[Callable, bool] = {}
+
+
+def salted(fn: Callable, salt: int) -> dict:
+    """``{"salt": salt}`` when ``fn`` (a ccoll collective) takes ``salt=``, else ``{}``: the per-call
+    salt keyword is being added to every collective; until a collective has it, it keeps its own
+    per-process seed counter (reproducible run to run, but not across a resume)."""
+    ok = _salt_accepted.get(fn)
+    if ok is None:
+        ok = _salt_accepted[fn] = "salt" in inspect.signature(fn).parameters
+    return {"salt": salt} if ok else {}
+
+
 # --- wrappers (signatures mirror torch 2.13 so keyword callers keep working) ----------------------------
 def _make_all_reduce(orig: Callable) -> Callable:
     @functools.wraps(orig)
@@ -245,9 +380,10 @@ def _make_all_reduce(orig: Callable) -> Callable:
         try:
             with dimension(dim):
                 ef = st.feedback if rule.error_feedback else None
-                key = st.ef_key(dim, "all_reduce", group) if ef is not None else None
-                h = _collectives().all_reduce(tensor, op=red, group=group, codec=codec, async_op=async_op,
-                                              error_feedback=ef, key=key, min_bytes=0)
+                key = st.call_key(dim, "all_reduce", group)
+                fn = _collectives().all_reduce
+                h = fn(tensor, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
+                       min_bytes=0, **salted(fn, st.salt(key)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -272,8 +408,9 @@ def _make_all_gather(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().all_gather_into_tensor(output_tensor, input_tensor, group=group, codec=codec,
-                                                          async_op=async_op, min_bytes=0)
+                fn = _collectives().all_gather_into_tensor
+                h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "all_gather", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -301,9 +438,10 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
         try:
             with dimension(dim):
                 ef = st.feedback if rule.error_feedback else None
-                key = st.ef_key(dim, "reduce_scatter", group) if ef is not None else None
-                h = _collectives().reduce_scatter_tensor(output, input, op=red, group=group, codec=codec,
-                                                         async_op=async_op, error_feedback=ef, key=key, min_bytes=0)
+                key = st.call_key(dim, "reduce_scatter", group)
+                fn = _collectives().reduce_scatter_tensor
+                h = fn(output, input, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
+                       min_bytes=0, **salted(fn, st.salt(key)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -330,7 +468,9 @@ def _make_broadcast(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().broadcast(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0)
+                fn = _collectives().broadcast
+                h = fn(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "broadcast", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -357,8 +497,9 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().all_to_all_single(output, input, group=group, codec=codec, async_op=async_op,
-                                                     min_bytes=0)
+                fn = _collectives().all_to_all_single
+                h = fn(output, input, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "all_to_all", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -397,7 +538,8 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         try:
             with dimension(dim):
                 fn = getattr(_collectives(), name)
-                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0)
+                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, stat_op, group))))
         finally:
             _local.busy = False
         if is_async:
@@ -413,7 +555,75 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
     return functools.wraps(orig)(ns[name])
 
 
+def _make_batch_isend_irecv(orig: Callable) -> Callable:
+    """``batch_isend_irecv(ops)``: compressed ops travel as their payloads inside ONE call of torch's
+    own ``batch_isend_irecv`` (so a backend that coalesces, NCCL, still gets one group and its
+    deadlock freedom); each returned handle waits for the whole batch, then decodes its receive."""
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        st = _STATE
+        if st is None or _local.busy or not isinstance(p2p_op_list, list) or not p2p_op_list:
+            return orig(p2p_op_list)
+        r = st.resolver
+        plans = []
+        for op in p2p_op_list:
+            sending = op.op in (_WRAPPERS.get("isend"), _ORIGINALS.get("isend"))
+            dim = "default" if r is None else r(op.group, "send_recv")
+            codec = None if dim is None else _decide(st, dim, "send_recv", op.tensor)
+            plans.append((op, sending, dim, codec))
+        if all(codec is None for *_, codec in plans):
+            return orig(p2p_op_list)  # each op runs through the isend/irecv wrappers: native, counted there
+        _enter(st)
+        t0 = time.perf_counter()
+        try:
+            rank = dist.get_rank()
+            batch, finish = [], []
+            for op, sending, dim, codec in plans:
+                if codec is None:
+                    batch.append(op)
+                    if dim is not None:
+                        finish.append((None, op, sending, dim, None, None))
+                    continue
+                t = op.tensor
+                nbytes = codec.encoded_nbytes(t.numel(), t.dtype)
+                payload = torch.empty(1, nbytes, dtype=torch.uint8, device=t.device)
+                if sending:
+                    key = st.call_key(dim, "send", op.group)
+                    flat = t.detach().reshape(-1)
+                    codec.encode_rows(flat if flat.is_contiguous() else flat.contiguous(), payload, t.numel(),
+                                      salt=stable_salt(st.steps, key + (rank,)))
+                carrier = object.__new__(type(op))  # P2POp.__new__ re-checks: copy the checked op as is
+                carrier.__dict__.update(op.__dict__)
+                carrier.tensor = payload.view(-1)
+                batch.append(carrier)
+                finish.append((codec, op, sending, dim, payload, nbytes))
+            works = orig(batch)
+        finally:
+            _local.busy = False
+        outputs = [op.tensor for op in p2p_op_list]
+
+        def then() -> None:
+            for codec, op, sending, dim, payload, nbytes in finish:
+                t = op.tensor
+                raw = t.numel() * t.element_size()
+                if codec is None:
+                    _count_native(dim, "send" if sending else "recv", raw, time.perf_counter() - t0)
+                    continue
+                if not sending:
+                    codec.decode(payload.view(-1), t.numel(), t.dtype, out=t.detach())  # buffers may require grad
+                record("send" if sending else "recv", codec.spec, raw, nbytes, time.perf_counter() - t0, dim=dim)
+
+        from .transports import Handle
+
+        done = Handle(works, then, outputs)  # decodes once, whichever op's handle is waited for first
+        return [_DimHandle(Handle([done], None, [t]), dim or "default") for t, (_, _, dim, _) in zip(outputs, plans)]
+
+    return batch_isend_irecv
+
+
 _FACTORIES: dict[str, Callable[[Callable], Callable]] = {
+    "batch_isend_irecv": _make_batch_isend_irecv,
     "all_reduce": _make_all_reduce,
     "all_gather_into_tensor": _make_all_gather, "all_gather_single": _make_all_gather,
     "_all_gather_base": _make_all_gather,
@@ -501,6 +711,13 @@ def _rebind_deepspeed(table_from: dict[str, Callable], table_to: dict[str, Calla
                 break
 
 
+def _bind(name: str, fn: Callable) -> None:
+    """Set ``torch.distributed.<name>`` (and, for :data:`C10D_TOO`, ``distributed_c10d.<name>``)."""
+    setattr(dist, name, fn)
+    if name in C10D_TOO:
+        setattr(dist.distributed_c10d, name, fn)
+
+
 # --- public API -----------------------------------------------------------------------------------------
 def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None = None, *,
             step_counter: str = "optimizer") -> Policy:
@@ -523,7 +740,7 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
                 factory = _FACTORIES.get(name, _make_init_process_group)
                 _ORIGINALS[name] = orig
                 _WRAPPERS[name] = factory(orig)
-                setattr(dist, name, _WRAPPERS[name])
+                _bind(name, _WRAPPERS[name])
             _rebind_deepspeed(_ORIGINALS, _WRAPPERS)
         st = _State(pol, resolver, step_counter)
         if _STATE is not None:
@@ -555,7 +772,7 @@ def uninstall() -> None:
         _rebind_deepspeed(_WRAPPERS, _ORIGINALS)
         for name, orig in _ORIGINALS.items():
             if getattr(dist, name, None) is _WRAPPERS[name]:
-                setattr(dist, name, orig)
+                _bind(name, orig)
             else:  # someone wrapped on top of us: leave theirs; ours is now a plain pass-through
                 warn_once(f"ccoll-uninstall-{name}", "ccoll: torch.distributed.%s was replaced after ccoll "
                           "installed; leaving it (ccoll's wrapper below it now passes through)", name)
@@ -617,3 +834,22 @@ def steps() -> int:
     """Optimizer steps counted since install (0 when not installed)."""
     st = _STATE
     return 0 if st is None else st.steps
+
+
+def state_dict() -> dict:
+    """What a resumed run needs to continue bit-identically: the step count, the per-step call
+    numbering (error-feedback keys and stochastic-rounding salts derive from it) and the
+    error-feedback residuals (on CPU). Save it with the model and optimizer (``torch.save``); call
+    :func:`load_state_dict` after ``install`` in the resumed process."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.state_dict: the patch is not installed")
+    return st.state_dict()
+
+
+def load_state_dict(state: dict) -> None:
+    """Restore :func:`state_dict`'s output into the current installation."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.load_state_dict: the patch is not installed; install it first")
+    st.load_state_dict(state)
