@@ -341,6 +341,18 @@ def _enter(st: _State) -> None:
     _local.busy = True
 
 
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Run ccoll's own communication (the DDP / FSDP hooks) with the wrappers passing straight to
+    torch, as inside a call the patch handles: the transports' byte traffic is not a user call."""
+    was = _local.busy
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = was
+
+
 def _collectives():
     from . import collectives
 
