@@ -578,13 +578,15 @@ def _make_batch_isend_irecv(orig: Callable) -> Callable:
         if st is None or _local.busy or not isinstance(p2p_op_list, list) or not p2p_op_list:
             return orig(p2p_op_list)
         r = st.resolver
-        plans = []
+        send_fn, recv_fn = _WRAPPERS.get("isend"), _WRAPPERS.get("irecv")
+        plans, stale = [], False
         for op in p2p_op_list:
-            sending = op.op in (_WRAPPERS.get("isend"), _ORIGINALS.get("isend"))
+            sending = op.op is send_fn or op.op is _ORIGINALS.get("isend")
+            stale = stale or (op.op is not send_fn and op.op is not recv_fn)  # a P2POp built before install
             dim = "default" if r is None else r(op.group, "send_recv")
             codec = None if dim is None else _decide(st, dim, "send_recv", op.tensor)
             plans.append((op, sending, dim, codec))
-        if all(codec is None for *_, codec in plans):
+        if not stale and all(codec is None for *_, codec in plans):
             return orig(p2p_op_list)  # each op runs through the isend/irecv wrappers: native, counted there
         _enter(st)
         t0 = time.perf_counter()
@@ -592,8 +594,13 @@ def _make_batch_isend_irecv(orig: Callable) -> Callable:
             rank = dist.get_rank()
             batch, finish = [], []
             for op, sending, dim, codec in plans:
+                # the op torch sends: our isend/irecv (torch picks the peer keyword by identity with them;
+                # busy, they go straight to torch) on the payload, or on the tensor itself when native
+                carrier = object.__new__(type(op))  # P2POp.__new__ re-checks: copy the checked op as is
+                carrier.__dict__.update(op.__dict__)
+                carrier.op = send_fn if sending else recv_fn
+                batch.append(carrier)
                 if codec is None:
-                    batch.append(op)
                     if dim is not None:
                         finish.append((None, op, sending, dim, None, None))
                     continue
@@ -605,10 +612,7 @@ def _make_batch_isend_irecv(orig: Callable) -> Callable:
                     flat = t.detach().reshape(-1)
                     codec.encode_rows(flat if flat.is_contiguous() else flat.contiguous(), payload, t.numel(),
                                       salt=stable_salt(st.steps, key + (rank,)))
-                carrier = object.__new__(type(op))  # P2POp.__new__ re-checks: copy the checked op as is
-                carrier.__dict__.update(op.__dict__)
                 carrier.tensor = payload.view(-1)
-                batch.append(carrier)
                 finish.append((codec, op, sending, dim, payload, nbytes))
             works = orig(batch)
         finally:

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import run_gloo  # noqa: E402
 
+pytestmark = pytest.mark.slow  # several trainings in fresh gloo groups: ~1-2 min on the loaded 2-core machine
+
 INT4_SR = "int4:block=64,round=stochastic"
 
 

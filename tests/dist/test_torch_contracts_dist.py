@@ -31,6 +31,8 @@ def _job_p2pop(rank: int, world: int):
     g = torch.Generator().manual_seed(7 + rank)
     mine, ints = torch.randn(4096, generator=g), torch.arange(1000) * (rank + 1)
     out = {}
+    got_early = torch.empty(4096)
+    early = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got_early, peer)]  # torch's own functions
     ccoll.reset_stats()
     with patch.installed(Policy.from_dict({"version": 1, "default": {"codec": "bf16", "min_bytes": 1024}})):
         assert dist.isend is dist.distributed_c10d.isend and dist.irecv is dist.distributed_c10d.irecv
@@ -56,6 +58,21 @@ def _job_p2pop(rank: int, world: int):
         out["future_is_output"] = rank == 0 or fut.value()[0] is buf
         h.wait()
         out["irecv"] = buf
+        for r in dist.batch_isend_irecv(early):  # P2POps built before install still batch (and compress)
+            r.wait()
+        out["early"] = got_early
+        # every compressed async spelling: a Work-shaped handle whose future's value is [output]
+        futures_ok = {}
+        for name, output, args in (
+            ("all_gather_into_tensor", torch.empty(2 * 4096), (mine,)), ("all_gather_single", torch.empty(2 * 4096), (mine,)),
+            ("_all_gather_base", torch.empty(2 * 4096), (mine,)), ("reduce_scatter_tensor", torch.empty(2048), (mine,)),
+            ("reduce_scatter_single", torch.empty(2048), (mine,)), ("_reduce_scatter_base", torch.empty(2048), (mine,)),
+            ("all_to_all_single", torch.empty(4096), (mine,)), ("broadcast", mine.clone(), (0,)),
+        ):
+            h = getattr(dist, name)(output, *args, async_op=True)
+            value = h.get_future().wait()
+            futures_ok[name] = len(value) == 1 and value[0] is output and h.is_completed() and h.wait()
+        out["futures_ok"] = futures_ok
         t = mine.clone()
         h = dist.all_reduce(t, async_op=True)
         assert h.wait(timeout=datetime.timedelta(seconds=60))
@@ -182,9 +199,11 @@ def test_given_patch_compressing_when_batch_isend_irecv_with_p2pop_expect_decode
         assert torch.equal(got_ints, torch.arange(1000) * (2 - rank))  # ints: exact
         assert torch.equal(got_small, theirs[:8])  # below min_bytes: exact
         assert o["future_is_output"] and o["all_reduce_future"]
+        assert all(o["futures_ok"].values()) and len(o["futures_ok"]) == 8, o["futures_ok"]
+        assert torch.allclose(o["early"], theirs, rtol=2 ** -7, atol=1e-6) and not torch.equal(o["early"], theirs)
         assert torch.equal(o["all_reduce"], results[1 - rank]["p2pop"]["all_reduce"])
         st = o["stats"]
-        assert st[("send", "bf16")] == 1 + (rank == 0) and st[("recv", "bf16")] == 1 + (rank == 1), st
+        assert st[("send", "bf16")] == 2 + (rank == 0) and st[("recv", "bf16")] == 2 + (rank == 1), st
         assert st[("send", "native")] == 2 and st[("recv", "native")] == 2, st  # ints + small
     assert torch.allclose(results[1]["p2pop"]["irecv"], results[0]["p2pop"]["mine"], rtol=2 ** -7, atol=1e-6)
 
