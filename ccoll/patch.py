@@ -48,6 +48,7 @@ DDP ``default_hooks`` run unchanged while the patch compresses.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import functools
@@ -279,9 +280,21 @@ class _DimHandle:
         self._handle = handle
         self._dim = dim
 
-    def wait(self, *args, **kwargs):
-        with dimension(self._dim):
-            return self._handle.wait(*args, **kwargs)
+    def wait(self, timeout: Any = None) -> bool:
+        """torch's ``Work.wait(timeout=)``: with a timeout, the wait runs on a ccoll thread and this
+        raises TransportError when it has not finished in time (polling ``is_completed()`` instead would
+        never end on gloo's point-to-point works, which complete only inside ``wait()``)."""
+        if timeout is None:
+            with dimension(self._dim):
+                return self._handle.wait()
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        try:
+            _submit_wait(self._handle).result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            from .errors import TransportError
+
+            raise TransportError(f"ccoll: communication not complete after {seconds:g} s") from None
+        return True
 
     def is_completed(self) -> bool:
         return self._handle.is_completed()
@@ -303,23 +316,26 @@ def handle_future(handle: Any) -> "torch.futures.Future":
     backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
     there (waiting for the works, then decoding) blocks that thread on itself — DDP's backward then
     never ends."""
+    fut: torch.futures.Future = torch.futures.Future()
+
+    def done(cf: "concurrent.futures.Future") -> None:
+        error = cf.exception()
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(handle.value())
+
+    _submit_wait(handle).add_done_callback(done)
+    return fut
+
+
+def _submit_wait(handle: Any) -> "concurrent.futures.Future":
+    """``handle.wait()`` on a ccoll waiter thread (a few, so one slow wait does not hold up others)."""
     global _waiter
     with _waiter_lock:
         if _waiter is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ccoll-wait")
-    fut: torch.futures.Future = torch.futures.Future()
-
-    def run() -> None:
-        try:
-            handle.wait()
-            fut.set_result(handle.value())
-        except BaseException as e:  # noqa: BLE001 - delivered through the future
-            fut.set_exception(e)
-
-    _waiter.submit(run)
-    return fut
+            _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ccoll-wait")
+    return _waiter.submit(handle.wait)
 
 
 def _async_result(h: Any, dim: str) -> Any:

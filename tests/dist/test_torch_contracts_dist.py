@@ -42,6 +42,7 @@ def _job_p2pop(rank: int, world: int):
                dist.P2POp(dist.isend, mine[:8].clone(), peer), dist.P2POp(dist.irecv, got_small, peer)]
         reqs = dist.batch_isend_irecv(ops)
         assert len(reqs) == len(ops)
+        assert reqs[1].wait(timeout=datetime.timedelta(seconds=60))  # torch's Work.wait(timeout=) spelling
         for r in reqs:
             r.wait()
             assert r.is_completed()
@@ -58,6 +59,22 @@ def _job_p2pop(rank: int, world: int):
         out["future_is_output"] = rank == 0 or fut.value()[0] is buf
         h.wait()
         out["irecv"] = buf
+        # wait(timeout=) on a receive whose send has not been posted yet: a typed error, then it completes
+        late = torch.empty(4096)
+        if rank == 1:
+            h = dist.irecv(late, 0)
+            try:
+                h.wait(timeout=0.3)
+                out["timed_out"] = False
+            except ccoll.errors.TransportError as e:
+                out["timed_out"] = "not complete" in str(e)
+            dist.barrier()
+            h.wait()
+        else:
+            dist.barrier()
+            dist.isend(mine, 1).wait()
+            out["timed_out"] = True
+        out["late"] = late
         for r in dist.batch_isend_irecv(early):  # P2POps built before install still batch (and compress)
             r.wait()
         out["early"] = got_early
@@ -203,9 +220,10 @@ def test_given_patch_compressing_when_batch_isend_irecv_with_p2pop_expect_decode
         assert torch.allclose(o["early"], theirs, rtol=2 ** -7, atol=1e-6) and not torch.equal(o["early"], theirs)
         assert torch.equal(o["all_reduce"], results[1 - rank]["p2pop"]["all_reduce"])
         st = o["stats"]
-        assert st[("send", "bf16")] == 2 + (rank == 0) and st[("recv", "bf16")] == 2 + (rank == 1), st
+        assert st[("send", "bf16")] == 2 + 2 * (rank == 0) and st[("recv", "bf16")] == 2 + 2 * (rank == 1), st
         assert st[("send", "native")] == 2 and st[("recv", "native")] == 2, st  # ints + small
     assert torch.allclose(results[1]["p2pop"]["irecv"], results[0]["p2pop"]["mine"], rtol=2 ** -7, atol=1e-6)
+    assert results[1]["p2pop"]["timed_out"] and torch.equal(results[1]["p2pop"]["late"], results[1]["p2pop"]["irecv"])
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
