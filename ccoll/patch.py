@@ -6,7 +6,8 @@ torch 2.13) with wrappers:
     all_reduce                                                    -> op "all_reduce"
     all_gather_into_tensor, all_gather_single, _all_gather_base   -> op "all_gather"
     reduce_scatter_tensor, reduce_scatter_single, _reduce_scatter_base -> op "reduce_scatter"
-    broadcast -> "broadcast"; all_to_all_single -> "all_to_all"; send, recv, isend, irecv -> "send_recv"
+    broadcast -> "broadcast"; all_to_all_single -> "all_to_all";
+    send, recv, isend, irecv, batch_isend_irecv                   -> "send_recv"
 
 GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
 functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
@@ -42,9 +43,9 @@ Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are repla
 ``torch.distributed`` and ``torch.distributed.distributed_c10d`` (torch's ``P2POp`` checks its op
 against the latter by identity), so ``P2POp(dist.isend, ...)`` works (Megatron, torch.distributed.
 pipelining); a ``dist.isend`` captured before ``install`` is rejected by ``P2POp`` as torch rejects any
-other function. Async calls return ``ccoll.transports.Handle`` objects shaped like torch's ``Work``
-(``wait(timeout=)``, ``is_completed()``, ``get_future()`` valued with the output tensors), so torch's
-DDP ``default_hooks`` run unchanged while the patch compresses.
+other function (P2POps built before ``install`` still batch). Compressed async calls return handles
+shaped like torch's ``Work`` (``wait(timeout=)``, ``is_completed()``, ``get_future()`` valued with the
+output tensors), so torch's DDP ``default_hooks`` run unchanged while the patch compresses.
 """
 from __future__ import annotations
 
