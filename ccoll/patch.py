@@ -548,6 +548,17 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
     is_async = name in ("isend", "irecv")
     stat_op = "send" if sending else "recv"  # the op names ccoll.collectives records
 
+    def to_torch(*args):
+        """torch's send/recv call its isend/irecv, which are ccoll's too: they must not decide (and
+        count) the same call a second time."""
+        if is_async:
+            return orig(*args)
+        _local.busy = True
+        try:
+            return orig(*args)
+        finally:
+            _local.busy = False
+
     def p2p(tensor, peer=None, group=None, tag=0, group_peer=None):
         st = _STATE
         if st is None or _local.busy:
@@ -555,12 +566,12 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         r = st.resolver
         dim = "default" if r is None else r(group, "send_recv")
         if dim is None:
-            return orig(tensor, peer, group, tag, group_peer)
+            return to_torch(tensor, peer, group, tag, group_peer)
         # an any-source recv cannot be decoded: the sender's decision is known, its rank is not
         known = peer is not None or group_peer is not None
         codec = _decide(st, dim, "send_recv", tensor) if known else None
         if codec is None:
-            return _native(dim, stat_op, tensor.numel() * tensor.element_size(), orig,
+            return _native(dim, stat_op, tensor.numel() * tensor.element_size(), to_torch,
                            tensor, peer, group, tag, group_peer)
         global_peer = _peer(group, peer, group_peer)
         _enter(st)

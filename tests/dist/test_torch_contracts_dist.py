@@ -98,6 +98,14 @@ def _job_p2pop(rank: int, world: int):
         out["all_reduce"] = t
     out["stats"] = {(r["op"], r["codec"]): r["calls"] for r in ccoll.stats()}
     out["mine"] = mine
+    # torch's send/recv call its isend/irecv (ccoll's too while installed): one call is counted once
+    ccoll.reset_stats()
+    with patch.installed(Policy.from_dict({"version": 1, "default": {"codec": "native"}})):
+        if rank == 0:
+            dist.send(mine, 1)
+        else:
+            dist.recv(torch.empty(4096), 0)
+    out["native_p2p_stats"] = {(r["op"], r["codec"]): r["calls"] for r in ccoll.stats()}
     return out
 
 
@@ -222,6 +230,7 @@ def test_given_patch_compressing_when_batch_isend_irecv_with_p2pop_expect_decode
         st = o["stats"]
         assert st[("send", "bf16")] == 2 + 2 * (rank == 0) and st[("recv", "bf16")] == 2 + 2 * (rank == 1), st
         assert st[("send", "native")] == 2 and st[("recv", "native")] == 2, st  # ints + small
+        assert o["native_p2p_stats"] == {("send" if rank == 0 else "recv", "native"): 1}, o["native_p2p_stats"]
     assert torch.allclose(results[1]["p2pop"]["irecv"], results[0]["p2pop"]["mine"], rtol=2 ** -7, atol=1e-6)
     assert results[1]["p2pop"]["timed_out"] and torch.equal(results[1]["p2pop"]["late"], results[1]["p2pop"]["irecv"])
 
