@@ -6,7 +6,8 @@ torch 2.13) with wrappers:
     all_reduce                                                    -> op "all_reduce"
     all_gather_into_tensor, all_gather_single, _all_gather_base   -> op "all_gather"
     reduce_scatter_tensor, reduce_scatter_single, _reduce_scatter_base -> op "reduce_scatter"
-    broadcast -> "broadcast"; all_to_all_single -> "all_to_all"; send, recv, isend, irecv -> "send_recv"
+    broadcast -> "broadcast"; all_to_all_single -> "all_to_all";
+    send, recv, isend, irecv, batch_isend_irecv                   -> "send_recv"
 
 GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
 functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
@@ -31,19 +32,34 @@ rank that never installs makes the others fail after ``CCOLL_FINGERPRINT_TIMEOUT
 
 Steps (for ``warmup_steps``): by default every ``torch.optim.Optimizer.step()`` in the process counts
 one (a global post-step hook); ``install(..., step_counter="manual")`` counts only ``ccoll.patch.step()``
-calls. The step count also delimits error-feedback keys: the n-th error-feedback call of a (dim, op,
-group) within a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces
-its gradient buckets in the same order every step).
+calls. The step count also delimits call keys: the n-th compressed call of a (dim, op, group) within
+a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces its gradient
+buckets in the same order every step); error-feedback residuals are keyed by it and stochastic-rounding
+salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run
+bit-identically. DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
+(keys by parameter) rather than the patch under torch's own hooks.
+
+Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both
+``torch.distributed`` and ``torch.distributed.distributed_c10d`` (torch's ``P2POp`` checks its op
+against the latter by identity), so ``P2POp(dist.isend, ...)`` works (Megatron, torch.distributed.
+pipelining); a ``dist.isend`` captured before ``install`` is rejected by ``P2POp`` as torch rejects any
+other function (P2POps built before ``install`` still batch). Compressed async calls return handles
+shaped like torch's ``Work`` (``wait(timeout=)``, ``is_completed()``, ``get_future()`` valued with the
+output tensors), so torch's DDP ``default_hooks`` run unchanged while the patch compresses.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import functools
+import hashlib
+import inspect
 import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -55,7 +71,7 @@ from .policy import Policy, load as _load_policy
 from .stats import add_flusher, dimension, record
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
-           "steps", "WRAPPED"]
+           "steps", "state_dict", "load_state_dict", "WRAPPED"]
 
 _SUM = dist.ReduceOp.SUM
 _AVG = dist.ReduceOp.AVG
@@ -70,7 +86,15 @@ _local = _Local()
 
 
 class _State:
-    """Everything one installation decides with; replaced as a whole, read once per call."""
+    """Everything one installation decides with; replaced as a whole, read once per call.
+
+    Call keys: the n-th compressed call of a (dim, op, group) within a step is one logical tensor,
+    ``(dim, op, group ranks, n)``. This positional scheme is what a generic patch can know (DeepSpeed
+    and Megatron reduce their gradient buckets in the same order every step) and it names
+    error-feedback residuals and stochastic-rounding salts; it is fragile where the order of calls
+    changes between steps (DDP rebuilds its buckets after step 0: use :mod:`ccoll.ddp`'s hook,
+    which keys by parameter, instead of patching DDP's hooks). Keys hold group ranks, not object ids,
+    so :meth:`state_dict` loads in a fresh process."""
 
     def __init__(self, policy: Policy, resolver: Callable | None, step_counter: str):
         self.policy = policy
@@ -79,8 +103,7 @@ class _State:
         self.steps = 0
         self.checked = False  # fingerprint compared across ranks
         self.lock = threading.Lock()
-        # error-feedback keys: the n-th call of a (dim, op, group) in a step is one logical tensor
-        self.ordinals: dict[tuple, int] = {}  # (dim, op, group id) -> error-feedback calls since last step
+        self.ordinals: dict[tuple, int] = {}  # (dim, op, group ranks) -> compressed calls since last step
         # calls per step, learned at the first step: a step the optimizer skips (fp16 overflow) does not
         # reset the ordinals, so the next step's calls are numbered on; modulo the period they map back
         # to the same residuals instead of leaking a new set per skipped step
@@ -89,8 +112,9 @@ class _State:
 
         self.feedback = ErrorFeedback()
 
-    def ef_key(self, dim: str, op: str, group: Any) -> tuple:
-        k = (dim, op, id(group))
+    def call_key(self, dim: str, op: str, group: Any) -> tuple:
+        """The logical name of this call: ``(dim, op, group ranks, n-th call of the step)``."""
+        k = (dim, op, _group_key(group))
         with self.lock:
             n = self.ordinals.get(k, 0)
             self.ordinals[k] = n + 1
@@ -98,10 +122,16 @@ class _State:
         if period:
             n %= period
         elif n == 10_000:
-            warn_once("ccoll-ef-no-steps", "ccoll: 10000 error-feedback calls on %s/%s without an optimizer step "
-                      "(one residual each); with step_counter='manual', call ccoll.patch.step() once per step",
-                      dim, op)
-        return (dim, op, id(group), n)
+            warn_once("ccoll-ef-no-steps", "ccoll: 10000 compressed calls on %s/%s without an optimizer step "
+                      "(one error-feedback residual each); with step_counter='manual', call ccoll.patch.step() "
+                      "once per step", dim, op)
+        return k + (n,)
+
+    ef_key = call_key
+
+    def salt(self, key: tuple) -> int:
+        """Stochastic-rounding salt of one call: from (step, call key); the collectives mix in the rank."""
+        return stable_salt(self.steps, key)
 
     def advance(self) -> None:
         with self.lock:
@@ -109,6 +139,56 @@ class _State:
             for k, n in self.ordinals.items():
                 self.periods.setdefault(k, n)
             self.ordinals.clear()
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
+                    "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != 1:
+            raise PolicyError(f"ccoll.patch.load_state_dict: unknown state version {state.get('version')!r}")
+        from .feedback import _tuplify
+
+        with self.lock:
+            self.steps = int(state["steps"])
+            self.ordinals = {_tuplify(k): int(n) for k, n in state["ordinals"]}
+            self.periods = {_tuplify(k): int(n) for k, n in state["periods"]}
+        self.feedback.load_state_dict(state["feedback"])
+
+
+_group_keys: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _group_key(group: Any) -> Any:
+    """A name for ``group`` that is the same in every process of a run: its global ranks ("world" for
+    the default group)."""
+    if group is None:
+        return "world"
+    try:
+        return _group_keys[group]
+    except (KeyError, TypeError):
+        pass
+    c10d = dist.distributed_c10d
+    if group is c10d.GroupMember.WORLD or (c10d.is_initialized() and group is c10d._get_default_group()):
+        key: Any = "world"
+    else:
+        try:
+            key = tuple(c10d.get_process_group_ranks(group))
+        except Exception:  # noqa: BLE001 - not a torch group (e.g. an mpi4py communicator)
+            key = type(group).__name__
+    try:
+        _group_keys[group] = key
+    except TypeError:
+        pass
+    return key
+
+
+def stable_salt(step: int, key: Any) -> int:
+    """A 63-bit salt from (step, key) that every process computes alike (Python's ``hash`` of strings
+    is randomised per process, so it cannot be used)."""
+    digest = hashlib.blake2b(repr((int(step), key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 _STATE: _State | None = None
@@ -127,7 +207,13 @@ WRAPPED = {
     "broadcast": "broadcast",
     "all_to_all_single": "all_to_all",
     "send": "send_recv", "recv": "send_recv", "isend": "send_recv", "irecv": "send_recv",
+    "batch_isend_irecv": "send_recv",
 }
+
+#: names also replaced in ``torch.distributed.distributed_c10d``: ``P2POp`` checks its op against
+#: ``distributed_c10d.isend/irecv`` by identity and ``batch_isend_irecv`` picks the peer keyword by
+#: identity, so ``P2POp(dist.isend, ...)`` needs the same object in both modules
+C10D_TOO = ("isend", "irecv", "batch_isend_irecv")
 
 
 # --- per-call helpers ---------------------------------------------------------------------------------
@@ -153,7 +239,11 @@ _native_lock = threading.Lock()
 def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
     t0 = time.perf_counter()
     result = fn(*args)
-    dt = time.perf_counter() - t0
+    _count_native(dim, op, nbytes, time.perf_counter() - t0)
+    return result
+
+
+def _count_native(dim: str, op: str, nbytes: int, dt: float) -> None:
     table = _local.native
     if table is None:
         table = _local.native = {}
@@ -165,7 +255,6 @@ def _native(dim: str, op: str, nbytes: int, fn: Callable, *args) -> Any:
         entry = table[key] = [0, 0.0, 0, 0.0]
     entry[0] += 1
     entry[1] += dt
-    return result
 
 
 def _flush_native() -> None:
@@ -192,12 +281,62 @@ class _DimHandle:
         self._handle = handle
         self._dim = dim
 
-    def wait(self, *args, **kwargs):
-        with dimension(self._dim):
-            return self._handle.wait(*args, **kwargs)
+    def wait(self, timeout: Any = None) -> bool:
+        """torch's ``Work.wait(timeout=)``: with a timeout, the wait runs on a ccoll thread and this
+        raises TransportError when it has not finished in time (polling ``is_completed()`` instead would
+        never end on gloo's point-to-point works, which complete only inside ``wait()``)."""
+        if timeout is None:
+            with dimension(self._dim):
+                return self._handle.wait()
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        try:
+            _submit_wait(self._handle).result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            from .errors import TransportError
+
+            raise TransportError(f"ccoll: communication not complete after {seconds:g} s") from None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def get_future(self) -> "torch.futures.Future":
+        return handle_future(self._handle)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
+
+
+_waiter: Any = None
+_waiter_lock = threading.Lock()
+
+
+def handle_future(handle: Any) -> "torch.futures.Future":
+    """A future completed with ``handle``'s output tensors once ``handle.wait()`` has run, waited for
+    on one ccoll thread. Why not chain on the c10d works' own futures: their callbacks run on the
+    backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
+    there (waiting for the works, then decoding) blocks that thread on itself — DDP's backward then
+    never ends."""
+    fut: torch.futures.Future = torch.futures.Future()
+
+    def done(cf: "concurrent.futures.Future") -> None:
+        error = cf.exception()
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(handle.value())
+
+    _submit_wait(handle).add_done_callback(done)
+    return fut
+
+
+def _submit_wait(handle: Any) -> "concurrent.futures.Future":
+    """``handle.wait()`` on a ccoll waiter thread (a few, so one slow wait does not hold up others)."""
+    global _waiter
+    with _waiter_lock:
+        if _waiter is None:
+            _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ccoll-wait")
+    return _waiter.submit(handle.wait)
 
 
 def _async_result(h: Any, dim: str) -> Any:
@@ -219,10 +358,35 @@ def _enter(st: _State) -> None:
     _local.busy = True
 
 
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Run ccoll's own communication (the DDP / FSDP hooks) with the wrappers passing straight to
+    torch, as inside a call the patch handles: the transports' byte traffic is not a user call."""
+    was = _local.busy
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = was
+
+
 def _collectives():
     from . import collectives
 
     return collectives
+
+
+_salt_accepted: dict[Callable, bool] = {}
+
+
+def salted(fn: Callable, salt: int) -> dict:
+    """``{"salt": salt}`` when ``fn`` (a ccoll collective) takes ``salt=``, else ``{}``: the per-call
+    salt keyword is being added to every collective; until a collective has it, it keeps its own
+    per-process seed counter (reproducible run to run, but not across a resume)."""
+    ok = _salt_accepted.get(fn)
+    if ok is None:
+        ok = _salt_accepted[fn] = "salt" in inspect.signature(fn).parameters
+    return {"salt": salt} if ok else {}
 
 
 # --- wrappers (signatures mirror torch 2.13 so keyword callers keep working) ----------------------------
@@ -245,9 +409,10 @@ def _make_all_reduce(orig: Callable) -> Callable:
         try:
             with dimension(dim):
                 ef = st.feedback if rule.error_feedback else None
-                key = st.ef_key(dim, "all_reduce", group) if ef is not None else None
-                h = _collectives().all_reduce(tensor, op=red, group=group, codec=codec, async_op=async_op,
-                                              error_feedback=ef, key=key, min_bytes=0)
+                key = st.call_key(dim, "all_reduce", group)
+                fn = _collectives().all_reduce
+                h = fn(tensor, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
+                       min_bytes=0, **salted(fn, st.salt(key)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -272,8 +437,9 @@ def _make_all_gather(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().all_gather_into_tensor(output_tensor, input_tensor, group=group, codec=codec,
-                                                          async_op=async_op, min_bytes=0)
+                fn = _collectives().all_gather_into_tensor
+                h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "all_gather", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -301,9 +467,10 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
         try:
             with dimension(dim):
                 ef = st.feedback if rule.error_feedback else None
-                key = st.ef_key(dim, "reduce_scatter", group) if ef is not None else None
-                h = _collectives().reduce_scatter_tensor(output, input, op=red, group=group, codec=codec,
-                                                         async_op=async_op, error_feedback=ef, key=key, min_bytes=0)
+                key = st.call_key(dim, "reduce_scatter", group)
+                fn = _collectives().reduce_scatter_tensor
+                h = fn(output, input, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
+                       min_bytes=0, **salted(fn, st.salt(key)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -330,7 +497,9 @@ def _make_broadcast(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().broadcast(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0)
+                fn = _collectives().broadcast
+                h = fn(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "broadcast", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -357,8 +526,9 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                h = _collectives().all_to_all_single(output, input, group=group, codec=codec, async_op=async_op,
-                                                     min_bytes=0)
+                fn = _collectives().all_to_all_single
+                h = fn(output, input, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, "all_to_all", group))))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -378,6 +548,17 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
     is_async = name in ("isend", "irecv")
     stat_op = "send" if sending else "recv"  # the op names ccoll.collectives records
 
+    def to_torch(*args):
+        """torch's send/recv call its isend/irecv, which are ccoll's too: they must not decide (and
+        count) the same call a second time."""
+        if is_async:
+            return orig(*args)
+        _local.busy = True
+        try:
+            return orig(*args)
+        finally:
+            _local.busy = False
+
     def p2p(tensor, peer=None, group=None, tag=0, group_peer=None):
         st = _STATE
         if st is None or _local.busy:
@@ -385,19 +566,20 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         r = st.resolver
         dim = "default" if r is None else r(group, "send_recv")
         if dim is None:
-            return orig(tensor, peer, group, tag, group_peer)
+            return to_torch(tensor, peer, group, tag, group_peer)
         # an any-source recv cannot be decoded: the sender's decision is known, its rank is not
         known = peer is not None or group_peer is not None
         codec = _decide(st, dim, "send_recv", tensor) if known else None
         if codec is None:
-            return _native(dim, stat_op, tensor.numel() * tensor.element_size(), orig,
+            return _native(dim, stat_op, tensor.numel() * tensor.element_size(), to_torch,
                            tensor, peer, group, tag, group_peer)
         global_peer = _peer(group, peer, group_peer)
         _enter(st)
         try:
             with dimension(dim):
                 fn = getattr(_collectives(), name)
-                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0)
+                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0,
+                       **salted(fn, st.salt(st.call_key(dim, stat_op, group))))
         finally:
             _local.busy = False
         if is_async:
@@ -413,7 +595,79 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
     return functools.wraps(orig)(ns[name])
 
 
+def _make_batch_isend_irecv(orig: Callable) -> Callable:
+    """``batch_isend_irecv(ops)``: compressed ops travel as their payloads inside ONE call of torch's
+    own ``batch_isend_irecv`` (so a backend that coalesces, NCCL, still gets one group and its
+    deadlock freedom); each returned handle waits for the whole batch, then decodes its receive."""
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        st = _STATE
+        if st is None or _local.busy or not isinstance(p2p_op_list, list) or not p2p_op_list:
+            return orig(p2p_op_list)
+        r = st.resolver
+        send_fn, recv_fn = _WRAPPERS.get("isend"), _WRAPPERS.get("irecv")
+        plans, stale = [], False
+        for op in p2p_op_list:
+            sending = op.op is send_fn or op.op is _ORIGINALS.get("isend")
+            stale = stale or (op.op is not send_fn and op.op is not recv_fn)  # a P2POp built before install
+            dim = "default" if r is None else r(op.group, "send_recv")
+            codec = None if dim is None else _decide(st, dim, "send_recv", op.tensor)
+            plans.append((op, sending, dim, codec))
+        if not stale and all(codec is None for *_, codec in plans):
+            return orig(p2p_op_list)  # each op runs through the isend/irecv wrappers: native, counted there
+        _enter(st)
+        t0 = time.perf_counter()
+        try:
+            rank = dist.get_rank()
+            batch, finish = [], []
+            for op, sending, dim, codec in plans:
+                # the op torch sends: our isend/irecv (torch picks the peer keyword by identity with them;
+                # busy, they go straight to torch) on the payload, or on the tensor itself when native
+                carrier = object.__new__(type(op))  # P2POp.__new__ re-checks: copy the checked op as is
+                carrier.__dict__.update(op.__dict__)
+                carrier.op = send_fn if sending else recv_fn
+                batch.append(carrier)
+                if codec is None:
+                    if dim is not None:
+                        finish.append((None, op, sending, dim, None, None))
+                    continue
+                t = op.tensor
+                nbytes = codec.encoded_nbytes(t.numel(), t.dtype)
+                payload = torch.empty(1, nbytes, dtype=torch.uint8, device=t.device)
+                if sending:
+                    key = st.call_key(dim, "send", op.group)
+                    flat = t.detach().reshape(-1)
+                    codec.encode_rows(flat if flat.is_contiguous() else flat.contiguous(), payload, t.numel(),
+                                      salt=stable_salt(st.steps, key + (rank,)))
+                carrier.tensor = payload.view(-1)
+                finish.append((codec, op, sending, dim, payload, nbytes))
+            works = orig(batch)
+        finally:
+            _local.busy = False
+        outputs = [op.tensor for op in p2p_op_list]
+
+        def then() -> None:
+            for codec, op, sending, dim, payload, nbytes in finish:
+                t = op.tensor
+                raw = t.numel() * t.element_size()
+                if codec is None:
+                    _count_native(dim, "send" if sending else "recv", raw, time.perf_counter() - t0)
+                    continue
+                if not sending:
+                    codec.decode(payload.view(-1), t.numel(), t.dtype, out=t.detach())  # buffers may require grad
+                record("send" if sending else "recv", codec.spec, raw, nbytes, time.perf_counter() - t0, dim=dim)
+
+        from .transports import Handle
+
+        done = Handle(works, then, outputs)  # decodes once, whichever op's handle is waited for first
+        return [_DimHandle(Handle([done], None, [t]), dim or "default") for t, (_, _, dim, _) in zip(outputs, plans)]
+
+    return batch_isend_irecv
+
+
 _FACTORIES: dict[str, Callable[[Callable], Callable]] = {
+    "batch_isend_irecv": _make_batch_isend_irecv,
     "all_reduce": _make_all_reduce,
     "all_gather_into_tensor": _make_all_gather, "all_gather_single": _make_all_gather,
     "_all_gather_base": _make_all_gather,
@@ -501,6 +755,13 @@ def _rebind_deepspeed(table_from: dict[str, Callable], table_to: dict[str, Calla
                 break
 
 
+def _bind(name: str, fn: Callable) -> None:
+    """Set ``torch.distributed.<name>`` (and, for :data:`C10D_TOO`, ``distributed_c10d.<name>``)."""
+    setattr(dist, name, fn)
+    if name in C10D_TOO:
+        setattr(dist.distributed_c10d, name, fn)
+
+
 # --- public API -----------------------------------------------------------------------------------------
 def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None = None, *,
             step_counter: str = "optimizer") -> Policy:
@@ -523,7 +784,7 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
                 factory = _FACTORIES.get(name, _make_init_process_group)
                 _ORIGINALS[name] = orig
                 _WRAPPERS[name] = factory(orig)
-                setattr(dist, name, _WRAPPERS[name])
+                _bind(name, _WRAPPERS[name])
             _rebind_deepspeed(_ORIGINALS, _WRAPPERS)
         st = _State(pol, resolver, step_counter)
         if _STATE is not None:
@@ -555,7 +816,7 @@ def uninstall() -> None:
         _rebind_deepspeed(_WRAPPERS, _ORIGINALS)
         for name, orig in _ORIGINALS.items():
             if getattr(dist, name, None) is _WRAPPERS[name]:
-                setattr(dist, name, orig)
+                _bind(name, orig)
             else:  # someone wrapped on top of us: leave theirs; ours is now a plain pass-through
                 warn_once(f"ccoll-uninstall-{name}", "ccoll: torch.distributed.%s was replaced after ccoll "
                           "installed; leaving it (ccoll's wrapper below it now passes through)", name)
@@ -617,3 +878,22 @@ def steps() -> int:
     """Optimizer steps counted since install (0 when not installed)."""
     st = _STATE
     return 0 if st is None else st.steps
+
+
+def state_dict() -> dict:
+    """What a resumed run needs to continue bit-identically: the step count, the per-step call
+    numbering (error-feedback keys and stochastic-rounding salts derive from it) and the
+    error-feedback residuals (on CPU). Save it with the model and optimizer (``torch.save``); call
+    :func:`load_state_dict` after ``install`` in the resumed process."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.state_dict: the patch is not installed")
+    return st.state_dict()
+
+
+def load_state_dict(state: dict) -> None:
+    """Restore :func:`state_dict`'s output into the current installation."""
+    st = _STATE
+    if st is None:
+        raise PolicyError("ccoll.patch.load_state_dict: the patch is not installed; install it first")
+    st.load_state_dict(state)

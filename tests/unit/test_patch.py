@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ccoll.patch as patch
-from ccoll import Policy
+from ccoll import Policy, get_codec
 from ccoll.errors import PolicyError
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -198,3 +198,60 @@ def test_given_skipped_optimizer_step_when_keying_error_feedback_expect_same_key
     normal = [st.ef_key("dp", "all_reduce", None) for _ in range(3)]
     assert step1 == skipped == after == normal
     assert len(set(step1)) == 3
+
+
+def test_given_installed_when_building_p2pop_expect_same_isend_object_in_both_torch_modules_and_restored():
+    """torch's P2POp checks its op against distributed_c10d.isend/irecv by identity."""
+    c10d = dist.distributed_c10d
+    before = {n: getattr(c10d, n) for n in patch.C10D_TOO}
+    patch.install(Policy.from_dict(BF16))
+    for name in patch.C10D_TOO:
+        assert getattr(c10d, name) is getattr(dist, name) and getattr(c10d, name) is not before[name], name
+    patch.uninstall()
+    assert {n: getattr(c10d, n) for n in patch.C10D_TOO} == before
+
+
+def test_given_patch_state_when_saved_and_loaded_into_new_installation_expect_same_keys_salts_and_residuals():
+    patch.install(Policy.from_dict(BF16), step_counter="manual")
+    st = patch._STATE
+    keys = [st.call_key("dp", "all_reduce", None) for _ in range(2)]
+    assert keys == [("dp", "all_reduce", "world", 0), ("dp", "all_reduce", "world", 1)]
+    patch.step()
+    st.call_key("dp", "all_reduce", None)  # mid-step: one call done
+    st.feedback.buffer(keys[0], 8, torch.float32, "cpu", get_codec("bf16")).fill_(0.25)
+    saved = torch.load(_roundtrip(patch.state_dict()), weights_only=False)
+    expected_next = st.call_key("dp", "all_reduce", None)
+    expected_salt = st.salt(expected_next)
+    patch.uninstall()
+
+    patch.install(Policy.from_dict(BF16), step_counter="manual")
+    patch.load_state_dict(saved)
+    st = patch._STATE
+    assert patch.steps() == 1
+    nxt = st.call_key("dp", "all_reduce", None)
+    assert nxt == expected_next and st.salt(nxt) == expected_salt
+    assert torch.equal(st.feedback.residual(keys[0]), torch.full((8,), 0.25))
+    with pytest.raises(PolicyError, match="version"):
+        patch.load_state_dict({"version": 99})
+    patch.uninstall()
+    with pytest.raises(PolicyError, match="not installed"):
+        patch.load_state_dict(saved)
+    with pytest.raises(PolicyError, match="not installed"):
+        patch.state_dict()
+
+
+def _roundtrip(state):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_given_stable_salt_when_computed_expect_fixed_value_independent_of_python_hash_seed():
+    """Salts must agree between the process that saved a checkpoint and the one that resumes it;
+    Python's hash() of strings changes per process, so the value is pinned here."""
+    assert patch.stable_salt(3, ("dp", "all_reduce", "world", 0)) == patch.stable_salt(3, ("dp", "all_reduce", "world", 0))
+    assert patch.stable_salt(3, ("dp", "all_reduce", "world", 0)) != patch.stable_salt(4, ("dp", "all_reduce", "world", 0))
+    assert patch.stable_salt(0, ("x",)) == 5960566720500973788

@@ -1,0 +1,202 @@
+"""A DDP communication hook that averages gradient buckets with a compressed all_reduce.
+
+    state = ccoll.ddp.CompressionState(codec="int8:block=64", model=model)
+    ddp_model.register_comm_hook(state, ccoll.ddp.compress_hook)
+    ...
+    torch.save({"model": ..., "optim": ..., "ccoll": state.state_dict()}, path)
+
+DDP's C++ reducer never calls torch.distributed's Python functions, so ``ccoll.patch`` cannot see its
+traffic; a comm hook is DDP's own extension point (torch's PowerSGD hook has the same shape:
+``hook(state, bucket) -> Future[Tensor]``). Stats are recorded under dimension ``dp``.
+
+Numerics do not depend on how DDP packs a bucket. DDP packs step 0 in forward order and rebuilds its
+buckets in the reverse order gradients became ready, and a resumed run starts from the step-0 packing
+again. So each bucket is re-packed canonically: its parameters' gradients in the order of their names
+(``model=`` given) or of first sight, each padded to the codec's ``align_numel`` so no codec block
+straddles two parameters, and the whole padded to a multiple of ``world_size * align_numel`` so the
+collective's per-rank chunks (and its segments) start on block boundaries. Error-feedback residuals
+are stored per parameter (keys ``(name, "rs")`` and ``(name, "ag")``) and assembled into the packed
+layout for each call, and stochastic-rounding salts derive from (step, the bucket's parameter names):
+the same parameters give the same bytes whatever their order in DDP's bucket, so a run resumed from
+:meth:`CompressionState.state_dict` is bit-identical to an uninterrupted one. (If DDP's rebuild moves a
+parameter to a bucket with different companions, its blocks and residuals still belong to it alone,
+but the salts and chunk ownership of that bucket change: results stay statistically equivalent, not
+bit-identical, to the other packing.)
+
+The averaged bucket is ONE compressed ``all_reduce(op="avg")`` over the packed buffer, issued when DDP
+calls the hook; the returned future completes (on a ccoll thread) once it is decoded into the bucket.
+Warm-up steps, buckets under ``min_bytes``, non-float buckets and a world of one rank run the native
+all_reduce.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import torch
+import torch.distributed as dist
+
+from . import collectives
+from .codecs import Codec, get_codec
+from .errors import PolicyError
+from .feedback import ErrorFeedback
+from .patch import handle_future, internal, salted, stable_salt
+from .stats import dimension
+
+__all__ = ["CompressionState", "compress_hook"]
+
+#: the stats dimension of DDP gradient traffic
+DIM = "dp"
+
+
+class CompressionState:
+    """What :func:`compress_hook` decides with and remembers between steps.
+
+    - ``process_group``: the data-parallel group (None: WORLD), as in torch's hooks;
+    - ``codec``: a spec string or Codec (e.g. ``"int8:block=64"``, ``"int4:block=64,round=stochastic"``);
+    - ``error_feedback``: carry each parameter's compression error into its next step (EF-SGD);
+    - ``min_bytes``: buckets smaller than this are averaged natively (the codec's fixed cost wins);
+    - ``warmup_steps``: the first steps run native (early gradients are large and fast-changing);
+    - ``model``: the module (or DDP module) whose parameter names key the residuals; without it,
+      parameters are numbered in the order the hook first sees them, which is the same in every
+      process of a run (DDP's step-0 packing is deterministic) but changes if the model does.
+    """
+
+    def __init__(self, process_group: Any = None, codec: "str | Codec" = "int8:block=64", error_feedback: bool = True,
+                 min_bytes: int = collectives.DEFAULT_MIN_BYTES, warmup_steps: int = 0, *,
+                 model: torch.nn.Module | None = None):
+        if int(min_bytes) < 0 or int(warmup_steps) < 0:
+            raise PolicyError(f"CompressionState: min_bytes ({min_bytes}) and warmup_steps ({warmup_steps}) must be >= 0")
+        self.process_group = process_group
+        self.codec = get_codec(codec) if codec is not None else None
+        self.error_feedback = bool(error_feedback)
+        self.min_bytes = int(min_bytes)
+        self.warmup_steps = int(warmup_steps)
+        # per-parameter residuals, keyed (parameter name, "rs" | "ag")
+        self.feedback = ErrorFeedback()
+        # backward passes completed (DDP calls the hook once per bucket per backward)
+        self.iter = 0
+        self._names: dict[int, str] = {}
+        if model is not None:
+            module = getattr(model, "module", model)
+            self._names = {id(p): name for name, p in module.named_parameters()}
+        self._named_by_model = model is not None
+
+    def name_of(self, param: torch.Tensor) -> str:
+        name = self._names.get(id(param))
+        if name is None:
+            if self._named_by_model:
+                raise PolicyError("ccoll.ddp: a bucket holds a parameter that is not in the model given to "
+                                  "CompressionState(model=...)")
+            name = self._names[id(param)] = f"param{len(self._names)}"
+        return name
+
+    def state_dict(self) -> dict:
+        """Steps and per-parameter residuals (on CPU), for ``torch.save`` next to the model."""
+        return {"version": 1, "iter": self.iter, "feedback": self.feedback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != 1:
+            raise PolicyError(f"CompressionState.load_state_dict: unknown state version {state.get('version')!r}")
+        self.iter = int(state["iter"])
+        self.feedback.load_state_dict(state["feedback"])
+
+    def __repr__(self) -> str:
+        spec = self.codec.spec if self.codec is not None else "native"
+        return (f"<ccoll.ddp.CompressionState {spec} error_feedback={self.error_feedback} "
+                f"min_bytes={self.min_bytes} warmup_steps={self.warmup_steps} iter={self.iter}>")
+
+
+class _PackedFeedback(ErrorFeedback):
+    """The residual buffers one packed all_reduce asks for, assembled from per-parameter residuals.
+
+    ``collectives.all_reduce`` names its residuals ``(key, "rs", chunk i) + segment`` (this rank's
+    encode of chunk i of its input) and ``(key, "ag") + segment`` (the reduced chunk this rank owns);
+    :meth:`buffer` maps each to its span of the packed layout, backed by two packed residual tensors
+    that :meth:`store` scatters back to the parameters' own residuals after the call."""
+
+    def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
+                 codec: Codec, world: int, rank: int):
+        super().__init__()
+        self._state, self._regions, self._rank = state, regions, rank
+        fb_dtype = codec.feedback_dtype(dtype)
+        self._packed = {}
+        for kind in ("rs", "ag"):
+            packed = torch.zeros(total, dtype=fb_dtype, device=device)
+            for name, off, _, padded in regions:
+                packed[off:off + padded].copy_(state.feedback.buffer((name, kind), padded, dtype, device, codec))
+            self._packed[kind] = packed
+        self._segments = collectives._segments(total, world, torch.empty((), dtype=dtype).element_size())
+
+    def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
+        kind, rest = key[1], key[2:]
+        if kind == "rs":
+            row, seg = rest[0], (rest[1] if len(rest) > 1 else 0)
+        elif kind == "ag":
+            row, seg = self._rank, (rest[0] if rest else 0)
+        else:
+            raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
+        lo, _, chunk = self._segments[seg]
+        if numel != chunk:
+            raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {chunk}")
+        start = lo + row * chunk
+        return self._packed[kind][start:start + numel]
+
+    def store(self) -> None:
+        for kind, packed in self._packed.items():
+            for name, off, _, padded in self._regions:
+                self._state.feedback.residual((name, kind)).copy_(packed[off:off + padded])
+
+
+def compress_hook(state: CompressionState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+    """Average ``bucket`` across ``state.process_group`` with ``state.codec``; returns a future of the
+    bucket's flat buffer holding the average (torch's comm-hook contract)."""
+    buf = bucket.buffer()
+    group = state.process_group
+    world = dist.get_world_size(group)
+    c = state.codec
+    compress = (
+        c is not None and world > 1 and state.iter >= state.warmup_steps and buf.dtype in c.dtypes
+        and buf.numel() * buf.element_size() >= state.min_bytes
+    )
+    try:
+        with internal(), dimension(DIM):
+            if not compress:
+                handle = collectives.all_reduce(buf, op="avg", group=group, codec=None, async_op=True)
+                return handle_future(handle).then(lambda fut: fut.value()[0])
+            return _compressed(state, bucket, buf, group, world, c)
+    finally:
+        if bucket.is_last():
+            state.iter += 1
+
+
+def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, world: int, c: Codec):
+    grads = bucket.gradients()
+    names = [state.name_of(p) for p in bucket.parameters()]
+    align = c.align_numel
+    regions, order, off = [], sorted(range(len(names)), key=names.__getitem__), 0
+    for i in order:
+        n = grads[i].numel()
+        padded = -(-n // align) * align
+        regions.append((names[i], off, n, padded))
+        off += padded
+    total = -(-off // (world * align)) * (world * align)
+    packed = torch.zeros(total, dtype=buf.dtype, device=buf.device)
+    for i, (_, start, n, _) in zip(order, regions):
+        packed[start:start + n].copy_(grads[i].reshape(-1))
+    key = ("ddp",) + tuple(r[0] for r in regions)
+    ef = None
+    if state.error_feedback:
+        ef = _PackedFeedback(state, regions, total, buf.dtype, buf.device, c, world, dist.get_rank(group))
+    fn = collectives.all_reduce
+    handle = fn(packed, op="avg", group=group, codec=c, async_op=True, error_feedback=ef, key=key, min_bytes=0,
+                **salted(fn, stable_salt(state.iter, key)))
+
+    def unpack(fut: torch.futures.Future) -> torch.Tensor:
+        fut.value()
+        for i, (_, start, n, _) in zip(order, regions):
+            grads[i].view(-1).copy_(packed[start:start + n])  # views of the bucket's buffer
+        if ef is not None:
+            ef.store()
+        return buf
+
+    return handle_future(handle).then(unpack)
