@@ -39,7 +39,7 @@ from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
 from .feedback import ErrorFeedback
-from .patch import handle_future, internal, salted, stable_salt
+from .patch import internal, stable_salt
 from .stats import dimension
 
 __all__ = ["CompressionState", "compress_hook"]
@@ -162,7 +162,7 @@ def compress_hook(state: CompressionState, bucket: "dist.GradBucket") -> "torch.
         with internal(), dimension(DIM):
             if not compress:
                 handle = collectives.all_reduce(buf, op="avg", group=group, codec=None, async_op=True)
-                return handle_future(handle).then(lambda fut: fut.value()[0])
+                return handle.get_future().then(lambda fut: fut.value()[0])
             return _compressed(state, bucket, buf, group, world, c)
     finally:
         if bucket.is_last():
@@ -189,7 +189,7 @@ def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, 
         ef = _PackedFeedback(state, regions, total, buf.dtype, buf.device, c, world, dist.get_rank(group))
     fn = collectives.all_reduce
     handle = fn(packed, op="avg", group=group, codec=c, async_op=True, error_feedback=ef, key=key, min_bytes=0,
-                **salted(fn, stable_salt(state.iter, key)))
+                salt=stable_salt(state.iter, key))
 
     def unpack(fut: torch.futures.Future) -> torch.Tensor:
         fut.value()
@@ -199,4 +199,4 @@ def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, 
             ef.store()
         return buf
 
-    return handle_future(handle).then(unpack)
+    return handle.get_future().then(unpack)

@@ -33,7 +33,7 @@ from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
 from .feedback import ErrorFeedback
-from .patch import _reduce_name, internal, salted, stable_salt
+from .patch import _reduce_name, internal, stable_salt
 from .stats import dimension
 
 __all__ = ["FSDPCompression", "compress"]
@@ -102,7 +102,7 @@ class CompressedReduceScatter(_Alloc, ReduceScatter):
         with internal(), dimension(DIM):
             fn(output_tensor, input_tensor, op=red, group=group, codec=codec,
                error_feedback=o.feedback if o.error_feedback and codec is not None else None, key=key,
-               min_bytes=o.min_bytes, **salted(fn, stable_salt(n, key)))
+               min_bytes=o.min_bytes, salt=stable_salt(n, key))
         return None
 
 
@@ -119,7 +119,7 @@ class CompressedAllGather(_Alloc, AllGather):
         fn = collectives.all_gather_into_tensor
         with internal(), dimension(DIM):
             fn(output_tensor, input_tensor, group=group, codec=self.owner.all_gather_codec,
-               min_bytes=self.owner.min_bytes, **salted(fn, stable_salt(n, (self.name, "ag"))))
+               min_bytes=self.owner.min_bytes, salt=stable_salt(n, (self.name, "ag")))
         return None
 
 

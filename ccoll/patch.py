@@ -49,12 +49,10 @@ output tensors), so torch's DDP ``default_hooks`` run unchanged while the patch 
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import datetime
 import functools
 import hashlib
-import inspect
 import os
 import sys
 import threading
@@ -282,61 +280,17 @@ class _DimHandle:
         self._dim = dim
 
     def wait(self, timeout: Any = None) -> bool:
-        """torch's ``Work.wait(timeout=)``: with a timeout, the wait runs on a ccoll thread and this
-        raises TransportError when it has not finished in time (polling ``is_completed()`` instead would
-        never end on gloo's point-to-point works, which complete only inside ``wait()``)."""
-        if timeout is None:
-            with dimension(self._dim):
-                return self._handle.wait()
-        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-        try:
-            _submit_wait(self._handle).result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
-            from .errors import TransportError
-
-            raise TransportError(f"ccoll: communication not complete after {seconds:g} s") from None
-        return True
+        with dimension(self._dim):
+            return self._handle.wait(timeout)
 
     def is_completed(self) -> bool:
         return self._handle.is_completed()
 
     def get_future(self) -> "torch.futures.Future":
-        return handle_future(self._handle)
+        return self._handle.get_future()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
-
-
-_waiter: Any = None
-_waiter_lock = threading.Lock()
-
-
-def handle_future(handle: Any) -> "torch.futures.Future":
-    """A future completed with ``handle``'s output tensors once ``handle.wait()`` has run, waited for
-    on one ccoll thread. Why not chain on the c10d works' own futures: their callbacks run on the
-    backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
-    there (waiting for the works, then decoding) blocks that thread on itself — DDP's backward then
-    never ends."""
-    fut: torch.futures.Future = torch.futures.Future()
-
-    def done(cf: "concurrent.futures.Future") -> None:
-        error = cf.exception()
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(handle.value())
-
-    _submit_wait(handle).add_done_callback(done)
-    return fut
-
-
-def _submit_wait(handle: Any) -> "concurrent.futures.Future":
-    """``handle.wait()`` on a ccoll waiter thread (a few, so one slow wait does not hold up others)."""
-    global _waiter
-    with _waiter_lock:
-        if _waiter is None:
-            _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ccoll-wait")
-    return _waiter.submit(handle.wait)
 
 
 def _async_result(h: Any, dim: str) -> Any:
@@ -376,19 +330,6 @@ def _collectives():
     return collectives
 
 
-_salt_accepted: dict[Callable, bool] = {}
-
-
-def salted(fn: Callable, salt: int) -> dict:
-    """``{"salt": salt}`` when ``fn`` (a ccoll collective) takes ``salt=``, else ``{}``: the per-call
-    salt keyword is being added to every collective; until a collective has it, it keeps its own
-    per-process seed counter (reproducible run to run, but not across a resume)."""
-    ok = _salt_accepted.get(fn)
-    if ok is None:
-        ok = _salt_accepted[fn] = "salt" in inspect.signature(fn).parameters
-    return {"salt": salt} if ok else {}
-
-
 # --- wrappers (signatures mirror torch 2.13 so keyword callers keep working) ----------------------------
 def _make_all_reduce(orig: Callable) -> Callable:
     @functools.wraps(orig)
@@ -412,7 +353,7 @@ def _make_all_reduce(orig: Callable) -> Callable:
                 key = st.call_key(dim, "all_reduce", group)
                 fn = _collectives().all_reduce
                 h = fn(tensor, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
-                       min_bytes=0, **salted(fn, st.salt(key)))
+                       min_bytes=0, salt=st.salt(key))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -439,7 +380,7 @@ def _make_all_gather(orig: Callable) -> Callable:
             with dimension(dim):
                 fn = _collectives().all_gather_into_tensor
                 h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       **salted(fn, st.salt(st.call_key(dim, "all_gather", group))))
+                       salt=st.salt(st.call_key(dim, "all_gather", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -470,7 +411,7 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
                 key = st.call_key(dim, "reduce_scatter", group)
                 fn = _collectives().reduce_scatter_tensor
                 h = fn(output, input, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
-                       min_bytes=0, **salted(fn, st.salt(key)))
+                       min_bytes=0, salt=st.salt(key))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -499,7 +440,7 @@ def _make_broadcast(orig: Callable) -> Callable:
             with dimension(dim):
                 fn = _collectives().broadcast
                 h = fn(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       **salted(fn, st.salt(st.call_key(dim, "broadcast", group))))
+                       salt=st.salt(st.call_key(dim, "broadcast", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -528,7 +469,7 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
             with dimension(dim):
                 fn = _collectives().all_to_all_single
                 h = fn(output, input, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       **salted(fn, st.salt(st.call_key(dim, "all_to_all", group))))
+                       salt=st.salt(st.call_key(dim, "all_to_all", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -579,7 +520,7 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
             with dimension(dim):
                 fn = getattr(_collectives(), name)
                 h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0,
-                       **salted(fn, st.salt(st.call_key(dim, stat_op, group))))
+                       salt=st.salt(st.call_key(dim, stat_op, group)))
         finally:
             _local.busy = False
         if is_async:
@@ -784,6 +725,8 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
                 factory = _FACTORIES.get(name, _make_init_process_group)
                 _ORIGINALS[name] = orig
                 _WRAPPERS[name] = factory(orig)
+                # what ccoll's own transports call, so moving ccoll's payloads never re-enters the patch
+                _WRAPPERS[name].__ccoll_original__ = orig
                 _bind(name, _WRAPPERS[name])
             _rebind_deepspeed(_ORIGINALS, _WRAPPERS)
         st = _State(pol, resolver, step_counter)

@@ -19,8 +19,8 @@ Reduce op names are the strings "sum", "avg", "max", "min", "product"; :func:`op
 """
 from __future__ import annotations
 
+import concurrent.futures
 import threading
-import time
 import weakref
 from typing import Any, Callable
 
@@ -62,7 +62,7 @@ class Handle:
     ``works`` are the underlying requests (torch ``Work`` objects, MPI requests, or other Handles).
     """
 
-    __slots__ = ("_works", "_then", "_done", "_result", "_outputs", "_lock", "_future")
+    __slots__ = ("_works", "_then", "_done", "_result", "_outputs", "_lock", "_future_lock", "_future")
 
     def __init__(self, works: list | tuple = (), then: Callable[[], Any] | None = None,
                  outputs: list | None = None):
@@ -71,19 +71,22 @@ class Handle:
         self._done = False
         self._result = None
         self._outputs = list(outputs) if outputs is not None else []
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # held while waiting: finishing runs once
+        self._future_lock = threading.Lock()  # never held while waiting
         self._future = None
 
     def wait(self, timeout: Any = None) -> bool:
         if self._done:
             return True
         if timeout is not None:
+            # on a ccoll waiter thread: polling is_completed() would never end on gloo's point-to-point
+            # works, which complete only inside their own wait()
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-            deadline = time.monotonic() + seconds
-            while not self.is_completed():
-                if time.monotonic() > deadline:
-                    raise TransportError(f"ccoll: communication not complete after {seconds:g} s")
-                time.sleep(0.0005)
+            try:
+                _submit_wait(self).result(timeout=seconds)
+            except concurrent.futures.TimeoutError:
+                raise TransportError(f"ccoll: communication not complete after {seconds:g} s") from None
+            return True
         with self._lock:
             if not self._done:
                 for w in self._works:
@@ -113,38 +116,42 @@ class Handle:
         return self._outputs
 
     def get_future(self) -> "torch.futures.Future":
-        """A future completed with the output tensors once this handle has finished. Inner torch Works
-        chain through their own futures (completion runs ``wait()`` on the thread that completes them);
-        other requests (MPI) are waited for by a daemon thread."""
-        with self._lock:
+        """A future completed with the output tensors once this handle has finished, waited for on a
+        ccoll waiter thread. Why not chain on the c10d works' own futures: their callbacks run on the
+        backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
+        there (waiting for the works, then decoding) blocks that thread on itself and a DDP backward
+        never ends."""
+        with self._future_lock:
             if self._future is not None:
                 return self._future
             fut: torch.futures.Future = torch.futures.Future()
             self._future = fut
 
-        def complete(_: Any = None) -> None:
-            try:
-                self.wait()
-            except BaseException as e:  # noqa: BLE001 - delivered through the future
-                if not fut.done():
-                    fut.set_exception(e)
-                return
-            if not fut.done():
+        def done(cf: "concurrent.futures.Future") -> None:
+            error = cf.exception()
+            if error is not None:
+                fut.set_exception(error)
+            else:
                 fut.set_result(self._outputs)
 
-        if self._done or not self._works:
-            complete()
-            return fut
-        try:
-            inner = [w.get_future() for w in self._works]
-        except (AttributeError, RuntimeError):  # MPI requests; c10d works without futures (gloo p2p)
-            inner = None
-        if inner is not None:
-            chained = inner[0] if len(inner) == 1 else torch.futures.collect_all(inner)
-            chained.add_done_callback(complete)
+        if self._done:
+            fut.set_result(self._outputs)
         else:
-            threading.Thread(target=complete, name="ccoll-future", daemon=True).start()
+            _submit_wait(self).add_done_callback(done)
         return fut
+
+
+_waiter: Any = None
+_waiter_lock = threading.Lock()
+
+
+def _submit_wait(handle: "Handle") -> "concurrent.futures.Future":
+    """``handle.wait()`` on a ccoll waiter thread (a few, so one slow wait does not hold up others)."""
+    global _waiter
+    with _waiter_lock:
+        if _waiter is None:
+            _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ccoll-wait")
+    return _waiter.submit(handle.wait)
 
 
 def _wait_one(w: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TransportError
-from . import Handle, Transport, check_bytes
+from . import Handle, Transport
 
 
 class _Slot:

@@ -38,6 +38,14 @@ _all_gather = getattr(c10d, "all_gather_single", None) or c10d.all_gather_into_t
 _reduce_scatter = getattr(c10d, "reduce_scatter_single", None) or c10d.reduce_scatter_tensor
 
 
+def _original(name: str) -> Any:
+    """``distributed_c10d.<name>`` as torch defines it, also while ccoll.patch has replaced it (the patch
+    marks its wrappers with ``__ccoll_original__``): ccoll's own payload traffic never goes through the
+    patch (no double-counted stats, no second policy decision)."""
+    fn = getattr(c10d, name)
+    return getattr(fn, "__ccoll_original__", fn)
+
+
 def default_group() -> Any:
     if not c10d.is_initialized():
         raise TransportError("torch.distributed is not initialized: call init_process_group() first")
@@ -89,11 +97,11 @@ class TorchTransport(Transport):
     # byte movement: the Transport defaults (checked buffers, native calls) -----------------------
     def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
         check_bytes(buf)
-        c10d.send(buf, self.global_rank(dst), group=self.group, tag=tag)
+        _original("isend")(buf, self.global_rank(dst), group=self.group, tag=tag).wait()
 
     def recv(self, buf: torch.Tensor, src: int, tag: int = 0) -> None:
         check_bytes(buf)
-        c10d.recv(buf, self.global_rank(src), group=self.group, tag=tag)
+        _original("irecv")(buf, self.global_rank(src), group=self.group, tag=tag).wait()
 
     # native calls ------------------------------------------------------------------------------
     def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
@@ -127,10 +135,10 @@ class TorchTransport(Transport):
         return self._all_to_all(output, input, output_split_sizes, input_split_sizes, async_op)
 
     def native_isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
-        return _wrap(c10d.isend(tensor, self.global_rank(dst), group=self.group, tag=tag))
+        return _wrap(_original("isend")(tensor, self.global_rank(dst), group=self.group, tag=tag))
 
     def native_irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle:
-        return _wrap(c10d.irecv(tensor, self.global_rank(src), group=self.group, tag=tag))
+        return _wrap(_original("irecv")(tensor, self.global_rank(src), group=self.group, tag=tag))
 
     # helpers -----------------------------------------------------------------------------------
     def _reduce_op(self, op: str, result: torch.Tensor):
