@@ -63,17 +63,16 @@ _MIN_NUMEL = _env_int("CCOLL_CAPTURE_MIN_NUMEL", 1024)
 
 def configure(directory: str | None, *, steps=None, per_key: int | None = None, max_numel: int | None = None,
               max_bytes: int | None = None, min_numel: int | None = None) -> None:
-    """Turn capture on (``directory``) or off (None) in this process, overriding the environment;
-    resets the counters."""
+    """Turn capture on (``directory``) or off (None) in this process; bounds not given come from the
+    environment (or the defaults). Resets the counters."""
     global _DIR, active, _STEPS, _PER_KEY, _MAX_NUMEL, _MAX_BYTES, _MIN_NUMEL, _written_bytes
     with _lock:
         _DIR = directory
-        if steps is not None:
-            _STEPS = frozenset(int(s) for s in steps)
-        _PER_KEY = _PER_KEY if per_key is None else per_key
-        _MAX_NUMEL = _MAX_NUMEL if max_numel is None else max_numel
-        _MAX_BYTES = _MAX_BYTES if max_bytes is None else max_bytes
-        _MIN_NUMEL = _MIN_NUMEL if min_numel is None else min_numel
+        _STEPS = _env_steps() if steps is None else frozenset(int(s) for s in steps)
+        _PER_KEY = _env_int("CCOLL_CAPTURE_PER_KEY", 6) if per_key is None else per_key
+        _MAX_NUMEL = _env_int("CCOLL_CAPTURE_MAX_NUMEL", 1 << 20) if max_numel is None else max_numel
+        _MAX_BYTES = _env_int("CCOLL_CAPTURE_MAX_BYTES", 256 << 20) if max_bytes is None else max_bytes
+        _MIN_NUMEL = _env_int("CCOLL_CAPTURE_MIN_NUMEL", 1024) if min_numel is None else min_numel
         _counts.clear()
         _written_bytes = 0
         active = directory is not None

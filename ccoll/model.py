@@ -280,9 +280,8 @@ def step_time(lay: Layout, cl: Cluster, policy=None) -> dict:
             link[r["dim"]] += t
             if r["codec"] != "native":
                 # values through the codec: all_reduce encodes n + n/p and decodes n + n; others n and n
-                values = r["numel"] * r["calls_per_rank"]
                 factor = 4.0 if r["op"] == "all_reduce" else 2.0
-                codec_s += factor * values * 4 / (cl.codec_gbps * 1e9)  # throughput in fp32-input bytes
+                codec_s += factor * r["raw_per_rank"] / (cl.codec_gbps * 1e9)  # throughput in input bytes
         total = comp + sum(link.values()) + codec_s
         if worst is None or total > worst["total_s"]:
             worst = {"stage": st, "compute_s": comp, "link_s": link, "codec_s": codec_s, "total_s": total}

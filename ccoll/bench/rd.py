@@ -1,6 +1,6 @@
 """Rate–distortion of every codec on tensors captured from real training (``CCOLL_CAPTURE=DIR``).
 
-    python -m ccoll.bench.rd results/capture [--json rd.json] [--plot rd.png] [--codec SPEC,SPEC...]
+    python -m ccoll.bench.rd results/capture [--json rd.json] [--plot rd.png] [--codec SPEC --codec SPEC...]
 
 For every tensor class and every codec spec: ``bits/value`` (encoded bits per value, from the real
 payload size), ``rel_l2`` (pooled over the class: sqrt(sum ||x̂ - x||^2 / sum ||x||^2)), ``worst_l2`` (the
@@ -165,10 +165,10 @@ def print_table(rows: list[dict], classes: list[dict], directory: str, file=sys.
     print(f"# rel_l2 pooled over the class; max_blk = max |err| / max|x| over {BLOCK}-value blocks; cosine = mean",
           file=file)
     head = f"{'class':<22} {'codec':<34} {'bits/value':>10} {'rel_l2':>10} {'worst_l2':>10} {'max_blk':>10} {'cosine':>10}"
-    print(f"#{head[1:]}", file=file)
-    print(f"#{'':<21} {'':<34} {'(bits)':>10} {'':>10} {'':>10} {'':>10} {'':>10}", file=file)
+    print(f"#{head}", file=file)
+    print(f"#{'':<22} {'':<34} {'(bits)':>10} {'':>10} {'':>10} {'':>10} {'':>10}", file=file)
     for r in rows:
-        print(f"{r['class']:<22} {r['codec']:<34} {r['bits_per_value']:>10.3f} {r['rel_l2']:>10.3e} "
+        print(f" {r['class']:<22} {r['codec']:<34} {r['bits_per_value']:>10.3f} {r['rel_l2']:>10.3e} "
               f"{r['worst_l2']:>10.3e} {r['max_blk']:>10.3e} {r['cosine']:>10.6f}", file=file)
 
 
@@ -207,7 +207,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ccoll.bench.rd", description=__doc__.split("\n\n")[0])
     p.add_argument("directory", help="a CCOLL_CAPTURE directory (searched recursively for .pt samples)")
-    p.add_argument("--codec", default=None, help="comma-separated codec specs (default: the built-in sweep)")
+    p.add_argument("--codec", action="append", default=None,
+                   help="codec spec (repeatable; or several separated by ';'); default: the built-in sweep")
     p.add_argument("--json", default=None, help="write rows and class descriptions here")
     p.add_argument("--plot", default=None, help="write the rate-distortion plot here (png)")
     p.add_argument("--max-per-class", type=int, default=12, help="tensors per class (evenly spread) at most")
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no captured tensors (*.pt) under {args.directory}", file=sys.stderr)
         return 2
     try:
-        specs = default_specs() if args.codec is None else [s.strip() for s in args.codec.split(",") if s.strip()]
+        specs = default_specs() if args.codec is None else [s.strip() for a in args.codec for s in a.split(";") if s.strip()]
         rows = evaluate(samples, specs, args.max_per_class)
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
