@@ -383,7 +383,8 @@ def _fmt(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def print_traffic(lay: Layout, policy, file=sys.stdout) -> None:
+def print_traffic(lay: Layout, policy, file=None) -> None:
+    file = sys.stdout if file is None else file
     rows = traffic(lay, policy)
     print(f"# ccoll.model: {lay.layers} layers x {lay.hidden} hidden, {lay.heads} heads, seq {lay.seq}, vocab "
           f"{lay.vocab}, micro-batch {lay.micro_batch} x {lay.micro_batches}, dp={lay.dp} tp={lay.tp} pp={lay.pp}, "
@@ -402,7 +403,8 @@ def print_traffic(lay: Layout, policy, file=sys.stdout) -> None:
                   file=file)
 
 
-def cluster_table(policies: list[str], codec_gbps: float, file=sys.stdout) -> list[dict]:
+def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
+    file = sys.stdout if file is None else file
     rows = []
     print(f"# predicted step time and speedup over native (codec throughput {codec_gbps:g} GB/s, no DP overlap)",
           file=file)

@@ -157,7 +157,8 @@ def describe(samples: list[dict]) -> list[dict]:
     return sorted(out, key=lambda r: r["class"])
 
 
-def print_table(rows: list[dict], classes: list[dict], directory: str, file=sys.stdout) -> None:
+def print_table(rows: list[dict], classes: list[dict], directory: str, file=None) -> None:
+    file = sys.stdout if file is None else file
     print(f"# ccoll.bench.rd: rate-distortion on captured training tensors from {directory}", file=file)
     for c in classes:
         print(f"# class {c['class']}: {c['tensors']} tensors, {c['values']} values, steps {c['steps']}, "
