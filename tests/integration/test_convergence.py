@@ -25,7 +25,8 @@ STEPS = 14
 SEEDS = [1234, 1235]
 EVAL_EVERY = 7
 
-pytestmark = pytest.mark.timeout(400)
+# four tiny runs in the shared fixture (2 policies x 2 seeds) and two for TP: minutes on a loaded 2-core machine
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 
 
 def _cfg(name: str) -> str:
