@@ -95,9 +95,9 @@ def run(spec: dict) -> dict:
     os.environ.setdefault("LOCAL_RANK", "0")
     dp, tp, pp = spec["dp"], spec["tp"], spec["pp"]
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
-    if spec.get("capture"):
-        from .. import capture
+    from .. import capture
 
+    if spec.get("capture"):
         capture.context.update(pp_stage=topology.get_coord(rank).pipe, pp_size=pp, tp_size=tp, dp_size=dp)
     uninstall = _install_patch(spec.get("policy"), topology)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False, rank=rank, world_size=world)
@@ -135,7 +135,11 @@ def run(spec: dict) -> dict:
     def evaluate() -> float:
         before = ccoll.stats()
         val = iter([val_sampler.micro_batch_at(0, dp_rank, i) for i in range(n_val)])
-        loss = float(engine.eval_batch(data_iter=val, num_micro_batches=n_val))
+        capturing, capture.active = capture.active, False  # capture training traffic only
+        try:
+            loss = float(engine.eval_batch(data_iter=val, num_micro_batches=n_val))
+        finally:
+            capture.active = capturing
         engine.module.train()
         eval_traffic.append(subtract_stats(ccoll.stats(), before))
         return loss
