@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped convergence kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped convergence rate-distortion model kernels-host kernels-check gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,8 +41,22 @@ test-fast: venv kernels-host
 demo: venv
 	$(PY) -m ccoll.convergence --demo --out results/demo
 
+# every policy x 3 seeds (paired by seed), held-out loss, verdicts; then the model checked against its bytes
 convergence: venv
-	$(PY) -m ccoll.convergence --policies configs/baseline.yaml configs/naive.yaml configs/hybrid.yaml --out results/convergence
+	$(PY) -m ccoll.convergence --seeds 3 --policies configs/baseline.yaml configs/naive.yaml configs/hybrid.yaml configs/znaive.yaml configs/zhybrid.yaml --out results/convergence
+	$(PY) -m ccoll.model --validate results/convergence/summary.json
+
+# capture the tensors that travel (DP2xPP2 and TP2xDP2, demo size, 60 steps, baseline: exact training),
+# then every codec's rate-distortion on them: table, JSON and plot
+rate-distortion: venv
+	$(PY) -m ccoll.convergence --demo --policies configs/baseline.yaml --steps 60 --dp 2 --pp 2 --tp 1 --capture results/capture/dp2pp2 --out results/capture_run_dp2pp2
+	$(PY) -m ccoll.convergence --demo --policies configs/baseline.yaml --steps 60 --dp 2 --pp 1 --tp 2 --capture results/capture/tp2dp2 --out results/capture_run_tp2dp2
+	$(PY) -m ccoll.bench.rd results/capture --max-per-class 6 --json results/rd.json --plot results/rd.png | tee results/rd.txt
+
+# predicted bytes and step time for real clusters (codec throughput in GB/s: CODEC_GBPS=...)
+CODEC_GBPS ?= 100
+model: venv
+	$(PY) -m ccoll.model --clusters --codec-gbps $(CODEC_GBPS) --policy configs/hybrid.yaml --policy configs/zhybrid.yaml --policy configs/naive.yaml
 
 BENCH_CODECS := native,none,bf16,int8:block=256,int4:block=64,zfp:rate=8
 

@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from . import capture as _capture
 from .errors import PolicyError
 from .log import logger, warn_once
 from .policy import Policy, load as _load_policy
@@ -300,6 +301,7 @@ def _async_result(h: Any, dim: str) -> Any:
 def _decide(st: _State, dim: str, op: str, tensor: torch.Tensor):
     """The codec for this call, or None. Rejects cheaply first (native rule, below min_bytes): most
     calls the patch sees are tiny or on native dimensions; the full policy check runs for the rest."""
+    if _capture.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
     rule = st.policy.rule(dim, op)
     if rule.codec_obj is None or tensor.numel() * tensor.element_size() < rule.min_bytes:
         return None

@@ -1,12 +1,17 @@
-"""``python -m ccoll.convergence``: train the same small GPT once per policy file and compare.
+"""``python -m ccoll.convergence``: train the same small GPT per policy file and seed, and compare.
 
 Example::
 
-    python -m ccoll.convergence --policies configs/baseline.yaml configs/hybrid.yaml --steps 300 --out results/cmp
-    python -m ccoll.convergence --demo --out results/demo      # baseline vs hybrid, a few minutes on 2 cores
+    python -m ccoll.convergence --policies configs/baseline.yaml configs/hybrid.yaml --steps 300 --seeds 3
+    python -m ccoll.convergence --demo --out results/demo      # baseline vs hybrid, 1 seed, a few minutes
+    python -m ccoll.convergence --demo --tp 2 --pp 1 --capture results/capture   # + tensors for bench.rd
 
-Every run uses the same seed, initial weights and batches; only the policy differs. The special policy
-name ``unpatched`` runs without ccoll installed (a reference for ``baseline.yaml``).
+Each (policy, seed) is one run; runs with the same seed use the same initial weights and the same
+batches, so only the policy differs and deltas vs baseline are paired by seed. Seeds are ``--seed``,
+``--seed``+1, ... Every run also measures the loss on a held-out split of the corpus (the same fixed
+batches for every run) every ``--eval-every`` steps and after the last step. The special policy name
+``unpatched`` runs without ccoll installed (a reference for ``baseline.yaml``). Progress lines (step,
+loss, samples/s, validation loss) go to stderr; the summary (see report.py for the verdicts) to stdout.
 """
 from __future__ import annotations
 
@@ -37,7 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, default=2, help="data-parallel degree")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=2, help="pipeline-parallel degree")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="first seed (model init and batch order)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per policy (default 3; demo 1)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between held-out evaluations (default steps/8, at least 1; always after the last)")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out micro-batches per evaluation per DP rank")
+    p.add_argument("--capture", default=None, metavar="DIR",
+                   help="write samples of the tensors that travel (ccoll.capture) at early/middle/late steps of "
+                        "the first seed's runs, for python -m ccoll.bench.rd DIR")
     p.add_argument("--out", default="results/convergence", help="output directory")
     p.add_argument("--data", default=None, help="training text file (default: the Python stdlib's own sources)")
     p.add_argument("--netem-rate", default=None, metavar="RATE",
@@ -55,15 +67,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args) -> dict:
-    defaults = dict(steps=400, hidden=128, layers=4, heads=4, seq_len=128, micro_batch=4, grad_accum=2)
+    defaults = dict(steps=400, hidden=128, layers=4, heads=4, seq_len=128, micro_batch=4, grad_accum=2, seeds=3)
     if args.demo:
-        defaults.update({k: v for k, v in DEMO.items() if k != "policies"})
+        defaults.update({k: v for k, v in DEMO.items() if k != "policies"}, seeds=1)
         if args.policies == _parser().get_default("policies"):
             args.policies = DEMO["policies"]
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    for k in ("steps", "dp", "tp", "pp", "hidden", "layers", "heads", "seq_len", "micro_batch", "grad_accum"):
+    if args.eval_every is None:
+        args.eval_every = max(1, args.steps // 8)
+    for k in ("steps", "dp", "tp", "pp", "hidden", "layers", "heads", "seq_len", "micro_batch", "grad_accum",
+              "seeds", "eval_every", "eval_batches"):
         if getattr(args, k) < 1:
             raise CcollError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
     names = [_stem(p) for p in args.policies]
@@ -80,7 +95,8 @@ def _resolve(args) -> dict:
         raise CcollError(f"--layers {args.layers} must be >= --pp {args.pp} (at least one block per stage)")
     return dict(steps=args.steps, dp=args.dp, tp=args.tp, pp=args.pp, seed=args.seed, model=model,
                 micro_batch=args.micro_batch, grad_accum=args.grad_accum, lr=args.lr,
-                data=os.path.abspath(args.data) if args.data else None)
+                data=os.path.abspath(args.data) if args.data else None, eval_every=args.eval_every,
+                eval_batches=args.eval_batches, seeds=[args.seed + i for i in range(args.seeds)])
 
 
 def _raise_interrupt(signum, frame):
@@ -98,28 +114,50 @@ def main(argv: list[str] | None = None) -> int:
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
 
     # SIGTERM (timeout, job schedulers) must unwind like Ctrl-C so the runner stops the ranks it started
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return _run_all(args, spec, tqdm)
+        return _run_all(args, spec)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_all(args, spec: dict, tqdm) -> int:
+class _Progress:
+    """Progress lines on stderr for one run: every ~10% of steps and every evaluation."""
+
+    def __init__(self, label: str, steps: int, samples_per_step: int):
+        self.label, self.steps, self.samples_per_step = label, steps, samples_per_step
+        self.every = max(1, steps // 10)
+
+    def __call__(self, step, loss, seconds) -> None:
+        if step == "eval":
+            print(f"{self.label} step {loss}/{self.steps} held-out loss {seconds:.4f}", file=sys.stderr, flush=True)
+        elif (step + 1) % self.every == 0 or step == 0:
+            rate = self.samples_per_step / seconds if seconds > 0 else float("nan")
+            print(f"{self.label} step {step + 1}/{self.steps} loss {loss:.4f} samples/s {rate:.1f}",
+                  file=sys.stderr, flush=True)
+
+
+def _run_all(args, spec: dict) -> int:
     results = []
     t_all = time.monotonic()
+    seeds = spec["seeds"]
+    total, done = len(seeds) * len(args.policies), 0
+    global_batch = spec["micro_batch"] * spec["grad_accum"] * spec["dp"]
     try:
-        for path in args.policies:
-            name = _stem(path)
-            run_spec = dict(spec, policy=None if path == "unpatched" else os.path.abspath(path))
-            with tqdm(total=spec["steps"], desc=f"{name:>12}", unit="step", dynamic_ncols=True) as bar:
-                def on_step(step, loss, bar=bar):
-                    bar.update(step + 1 - bar.n)
-                    bar.set_postfix(loss=f"{loss:.3f}")
-                results.append(run_policy(name, run_spec, os.path.join(args.out, "runs", name), on_step=on_step,
+        for i, seed in enumerate(seeds):  # seed-major: an interrupted comparison still has complete seeds
+            for path in args.policies:
+                name = _stem(path)
+                done += 1
+                run_spec = dict(spec, seed=seed, policy=None if path == "unpatched" else os.path.abspath(path))
+                if args.capture and i == 0:
+                    steps = spec["steps"]
+                    run_spec.update(capture=os.path.abspath(os.path.join(args.capture, name)),
+                                    capture_steps=sorted({min(1, steps - 1), steps // 2, steps - 1}))
+                label = f"[{done}/{total} {name} seed={seed}]"
+                run_dir = os.path.join(args.out, "runs", name, f"seed{seed}")
+                results.append(run_policy(name, run_spec, run_dir, on_step=_Progress(label, spec["steps"], global_batch),
                                           timeout_s=args.timeout, netem_rate=args.netem_rate))
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -127,9 +165,9 @@ def _run_all(args, spec: dict, tqdm) -> int:
     except KeyboardInterrupt:
         print("interrupted: ranks stopped", file=sys.stderr)
         return 130
-    meta = dict(spec, policies=args.policies, global_batch=spec["micro_batch"] * spec["grad_accum"] * spec["dp"],
+    meta = dict(spec, policies=args.policies, global_batch=global_batch,
                 data=spec["data"] or "python stdlib sources", netem_rate=args.netem_rate,
-                wall_seconds=time.monotonic() - t_all)
+                wall_seconds=time.monotonic() - t_all, capture=args.capture)
     write_all(results, args.out, meta)
     with open(os.path.join(args.out, "summary.md")) as f:
         print(f.read())

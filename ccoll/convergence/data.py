@@ -48,6 +48,17 @@ def load_corpus(path: str | None = None, max_nbytes: int = 8 << 20) -> torch.Ten
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
 
 
+def split_corpus(corpus: torch.Tensor, heldout_fraction: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training text, held-out text): the last ``heldout_fraction`` of the corpus is never trained on.
+
+    A contiguous tail, not random windows: with the stdlib corpus it is whole files the model never saw,
+    so the validation loss measures generalisation, not memorisation of overlapping windows."""
+    if not 0.0 < heldout_fraction < 1.0:
+        raise CcollError(f"held-out fraction must be in (0, 1), got {heldout_fraction}")
+    cut = int(corpus.numel() * (1.0 - heldout_fraction))
+    return corpus[:cut], corpus[cut:]
+
+
 class BatchSampler:
     """Seeded random windows of ``seq_len + 1`` bytes: input = window[:-1], label = window[1:].
 

@@ -39,6 +39,9 @@ class RunResult:
     seconds: float
     bytes: dict[str, dict[str, int]]
     stats: list[dict] = field(default_factory=list)
+    seed: int = 0
+    #: [[step, held-out loss], ...] (steps counted from 1, as in losses.csv)
+    val_losses: list[list[float]] = field(default_factory=list)
 
 
 def _tail(path: str, nlines: int = 30) -> str:
@@ -52,6 +55,10 @@ def _tail(path: str, nlines: int = 30) -> str:
 def _launch(spec_path: str, run_dir: str, world: int, netem_rate: str | None) -> list[subprocess.Popen]:
     worker = [sys.executable, "-m", "ccoll.convergence.worker", spec_path]
     base_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if spec.get("capture"):  # ccoll.capture reads these at import, in every rank
+        base_env.update(CCOLL_CAPTURE=spec["capture"], CCOLL_CAPTURE_STEPS=",".join(map(str, spec["capture_steps"])))
     if netem_rate:
         cmd = [sys.executable, "-m", "ccoll.bench.netem", "--ranks", str(world), "--rate", netem_rate, "--", *worker]
         log = open(os.path.join(run_dir, "netem.log"), "w")
@@ -72,7 +79,8 @@ def _logs(run_dir: str, world: int, netem: bool) -> list[str]:
 
 def run_policy(name: str, spec: dict, run_dir: str, on_step=None, timeout_s: float = 3600.0,
                netem_rate: str | None = None) -> RunResult:
-    """Train ``spec`` on ``dp*tp*pp`` ranks; ``on_step(step, loss)`` is called as rank 0 reports progress."""
+    """Train ``spec`` on ``dp*tp*pp`` ranks. As rank 0 reports progress, ``on_step(step, loss, seconds)``
+    is called per training step (``step`` from 0) and ``on_step("eval", step, val_loss)`` per evaluation."""
     os.makedirs(run_dir, exist_ok=True)
     for n in os.listdir(run_dir):  # a rerun must never read a previous run's results
         if n.startswith("rank") or n in ("progress.txt", "netem.log"):
@@ -103,7 +111,7 @@ def run_policy(name: str, spec: dict, run_dir: str, on_step=None, timeout_s: flo
         _poll_progress(progress_path, seen, on_step)
     finally:
         stop_process_groups(procs, term_wait_s=10.0)
-    return _merge(name, run_dir, world, time.monotonic() - t0)
+    return _merge(name, run_dir, world, time.monotonic() - t0, spec["seed"])
 
 
 def _poll_progress(path: str, seen: int, on_step) -> int:
@@ -114,13 +122,15 @@ def _poll_progress(path: str, seen: int, on_step) -> int:
         return seen
     for line in lines[seen:]:
         parts = line.split()
-        if len(parts) == 2 and on_step is not None:
-            on_step(int(parts[0]), float(parts[1]))
+        if on_step is not None and len(parts) == 3 and parts[0] == "eval":
+            on_step("eval", int(parts[1]), float(parts[2]))
+        elif on_step is not None and len(parts) == 3:
+            on_step(int(parts[0]), float(parts[1]), float(parts[2]))
         seen += 1
     return seen
 
 
-def _merge(name: str, run_dir: str, world: int, wall_s: float) -> RunResult:
+def _merge(name: str, run_dir: str, world: int, wall_s: float, seed: int = 0) -> RunResult:
     ranks = []
     for r in range(world):
         path = os.path.join(run_dir, f"rank{r}.json")
@@ -144,4 +154,4 @@ def _merge(name: str, run_dir: str, world: int, wall_s: float) -> RunResult:
             if row["dim"] in totals and row["op"] not in RECEIVE_OPS:
                 totals[row["dim"]]["raw"] += int(row["raw_bytes"])
                 totals[row["dim"]]["wire"] += int(row["wire_bytes"])
-    return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats)
+    return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats, seed, ranks[0].get("val_losses", []))

@@ -6,8 +6,12 @@ Order matters and mirrors GPT-NeoX: the ccoll patch is installed with the policy
 are already wrapped); TP groups are built from the same PipeModelDataParallelTopology object the
 PipelineModule gets, so the resolver maps every group to dp/tp/pp by its rank set.
 
-Writes, in the spec's ``run_dir``: ``progress.txt`` (rank 0: "step loss" per line, for the progress bar)
-and ``rank<R>.json`` (losses, timing, ``ccoll.stats()`` of this rank's training steps).
+Writes, in the spec's ``run_dir``: ``progress.txt`` (rank 0: "step loss seconds" per training step and
+"eval step val_loss" per evaluation, for the progress lines) and ``rank<R>.json`` (losses, validation
+losses, timing, ``ccoll.stats()`` of this rank's training steps: evaluation traffic is subtracted).
+
+Validation: every ``eval_every`` steps and after the last one, the engine evaluates the same fixed
+micro-batches of the held-out split (see data.py); the loss is averaged over them and over DP replicas.
 """
 from __future__ import annotations
 
@@ -17,6 +21,27 @@ import math
 import os
 import sys
 import time
+
+
+#: seed of the held-out batches: fixed, so every policy and every training seed is scored on the same text
+VAL_SEED = 99_991
+
+
+def subtract_stats(after: list[dict], before: list[dict]) -> list[dict]:
+    """``ccoll.stats()`` rows of ``after`` minus those of ``before`` (per dim, op, codec), dropping rows
+    left with no calls: the traffic of what happened in between taken out (or, swapped, kept alone)."""
+    old = {(r["dim"], r["op"], r["codec"]): r for r in before}
+    out = []
+    for r in after:
+        b = old.get((r["dim"], r["op"], r["codec"]))
+        if b is not None:
+            hist = {k: v - b["histogram"].get(k, 0) for k, v in r["histogram"].items()}
+            r = dict(r, calls=r["calls"] - b["calls"], raw_bytes=r["raw_bytes"] - b["raw_bytes"],
+                     wire_bytes=r["wire_bytes"] - b["wire_bytes"], seconds=r["seconds"] - b["seconds"],
+                     histogram={k: v for k, v in hist.items() if v})
+        if r["calls"]:
+            out.append(r)
+    return out
 
 
 def _tp_state(topology, rank: int):
@@ -57,7 +82,7 @@ def run(spec: dict) -> dict:
 
     import ccoll
 
-    from .data import BatchSampler, load_corpus
+    from .data import BatchSampler, load_corpus, split_corpus
     from .model import GPTConfig, build_pipeline
 
     ds_logger.setLevel(logging.WARNING)
@@ -70,6 +95,10 @@ def run(spec: dict) -> dict:
     os.environ.setdefault("LOCAL_RANK", "0")
     dp, tp, pp = spec["dp"], spec["tp"], spec["pp"]
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    from .. import capture
+
+    if spec.get("capture"):
+        capture.context.update(pp_stage=topology.get_coord(rank).pipe, pp_size=pp, tp_size=tp, dp_size=dp)
     uninstall = _install_patch(spec.get("policy"), topology)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False, rank=rank, world_size=world)
     phase("process group up")
@@ -95,12 +124,29 @@ def run(spec: dict) -> dict:
                                            config=ds_config)
     phase("engine ready")
     dp_rank = topology.get_coord(rank).data
-    sampler = BatchSampler(load_corpus(spec.get("data")), cfg.seq_len, mb, spec["seed"])
+    train_text, heldout_text = split_corpus(load_corpus(spec.get("data")), spec.get("heldout_fraction", 0.05))
+    sampler = BatchSampler(train_text, cfg.seq_len, mb, spec["seed"])
     batches = sampler.iterator(dp_rank, gas)
+    # the held-out batches depend on neither the run's seed nor the policy: every run is scored alike
+    val_sampler = BatchSampler(heldout_text, cfg.seq_len, mb, VAL_SEED)
+    n_val = spec.get("eval_batches", 4)
+    eval_every = spec.get("eval_every", 0) or steps
+
+    def evaluate() -> float:
+        before = ccoll.stats()
+        val = iter([val_sampler.micro_batch_at(0, dp_rank, i) for i in range(n_val)])
+        capturing, capture.active = capture.active, False  # capture training traffic only
+        try:
+            loss = float(engine.eval_batch(data_iter=val, num_micro_batches=n_val))
+        finally:
+            capture.active = capturing
+        engine.module.train()
+        eval_traffic.append(subtract_stats(ccoll.stats(), before))
+        return loss
 
     # count only training traffic: init-time parameter broadcasts are never compressed by design
     ccoll.reset_stats()
-    losses, step_seconds = [], []
+    losses, step_seconds, val_losses, eval_traffic = [], [], [], []
     progress = open(os.path.join(spec["run_dir"], "progress.txt"), "a") if rank == 0 else None
     for step in range(steps):
         t0 = time.perf_counter()
@@ -108,14 +154,22 @@ def run(spec: dict) -> dict:
         step_seconds.append(time.perf_counter() - t0)
         losses.append(float(loss))
         if progress is not None:
-            progress.write(f"{step} {losses[-1]:.6f}\n")
+            progress.write(f"{step} {losses[-1]:.6f} {step_seconds[-1]:.6f}\n")
             progress.flush()
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            val_losses.append([step + 1, evaluate()])
+            if progress is not None:
+                progress.write(f"eval {step + 1} {val_losses[-1][1]:.6f}\n")
+                progress.flush()
     if progress is not None:
         progress.close()
     phase(f"{steps} steps done")
+    stats = ccoll.stats()
+    for t in eval_traffic:
+        stats = subtract_stats(stats, t)
     result = {
-        "rank": rank, "coord": topology.get_coord(rank)._asdict(), "losses": losses,
-        "step_seconds": step_seconds, "samples_per_step": mb * gas * dp, "stats": ccoll.stats(),
+        "rank": rank, "coord": topology.get_coord(rank)._asdict(), "losses": losses, "val_losses": val_losses,
+        "step_seconds": step_seconds, "samples_per_step": mb * gas * dp, "stats": stats,
     }
     uninstall()
     import torch.distributed as dist

@@ -1,0 +1,507 @@
+"""Analytical traffic and step-time model of GPT training per parallel dimension (``python -m ccoll.model``).
+
+Why: a user deciding whether to turn ccoll on needs to know what it buys on *their* cluster; measuring
+every cluster is impossible, but the bytes each dimension moves follow from the layout, and step time
+follows from bytes, link bandwidths, codec throughput and compute time.
+
+Traffic per optimizer step, per rank, for a GPT of ``L`` layers, hidden ``h``, sequence ``s``, vocabulary
+``V``, micro-batch ``b``, ``m`` micro-batches, degrees dp/tp/pp (Megatron TP, DeepSpeed/Megatron PP,
+ZeRO for DP; "elements" are of the activation / gradient dtype):
+
+TP (Megatron column/row-parallel layers, per micro-batch, on a stage holding ``l`` layers):
+    forward:  2 all-reduces per layer (attention output, MLP output) of b*s*h elements
+    backward: 2 all-reduces per layer (inputs of QKV and of the first MLP linear) of b*s*h elements
+    embedding: vocab-parallel: 1 forward all-reduce of b*s*h; replicated: none
+    LM head:  column-parallel input: 1 backward all-reduce of b*s*h; output gathered (``gathered``):
+              1 all-gather of b*s*V/tp per rank, or vocab-parallel cross-entropy (``parallel``):
+              3 all-reduces of b*s elements
+PP (per micro-batch and stage boundary, sender side): the activation b*s*h forward and its gradient
+    b*s*h backward; every TP rank of a stage sends its full copy (DeepSpeed; ``pp_scatter_gather``
+    divides by tp as Megatron's scatter-gather optimisation does)
+DP (per step): the gradient reduction of this rank's parameters P_rank (the local shard: sharded
+    weights / tp + replicated ones), as ``all_reduce`` (ZeRO-0/1 here) or ``reduce_scatter``
+    (ZeRO-2); with ZeRO-1/2 the updated parameter partition P_rank/dp is all-gathered
+    (ZeRO-3's per-layer gathers are not modelled)
+
+Raw bytes count what a rank contributes (the tensor it passes to the collective, as ``ccoll.stats``
+does); wire bytes what ccoll's collectives put on the wire for them under the policy (the codec's
+``encoded_nbytes`` over the same segments/chunks the collectives use; calls the policy keeps native,
+including those below ``min_bytes``, count raw).
+
+Step time (per rank, no overlap unless ``dp_overlap``): compute + TP + PP + DP link time + codec time,
+where link time = bytes moved by a bandwidth-optimal algorithm / bandwidth of that dimension
+(all-reduce 2(n-1)/n x size, reduce-scatter / all-gather (n-1)/n x size, p2p 1 x size) and codec time =
+values encoded and decoded / codec throughput. Compute: given, or 6 x parameters x tokens (+ attention)
+/ (GPUs x peak x MFU), stretched by the pipeline bubble (m + pp - 1) / m.
+
+    python -m ccoll.model --preset neox20b-v100 --policy configs/hybrid.yaml
+    python -m ccoll.model --layers 4 --hidden 128 --heads 4 --seq 128 --vocab 256 --micro-batch 4 \\
+        --micro-batches 2 --dp 2 --pp 2 --tp 1 --zero 1 --dtype float32 --policy configs/hybrid.yaml
+    python -m ccoll.model --clusters --codec-gbps 100         # the table for real clusters
+    python -m ccoll.model --validate results/convergence/summary.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .errors import CcollError
+
+DIMS = ("dp", "tp", "pp")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: step at which the policy is asked (past any warm-up)
+_LATE_STEP = 10**9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A GPT training layout. ``embedding``: "replicated" (ccoll.convergence's model) or "vocab_parallel"
+    (Megatron/NeoX); ``lm_head``: "gathered" (logits all-gathered; ccoll.convergence) or "parallel"
+    (vocab-parallel cross-entropy; Megatron/NeoX); ``learned_positions``: a learned s x h position table."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    micro_batch: int
+    micro_batches: int
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 1
+    dtype: str = "float16"
+    ffn_mult: int = 4
+    embedding: str = "vocab_parallel"
+    lm_head: str = "parallel"
+    learned_positions: bool = False
+    lm_head_bias: bool = False
+    pp_scatter_gather: bool = False
+
+    def check(self) -> None:
+        bad = [f"{k}={getattr(self, k)}" for k in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch",
+                                                   "micro_batches", "dp", "tp", "pp") if getattr(self, k) < 1]
+        if bad:
+            raise CcollError(f"layout: must be >= 1: {', '.join(bad)}")
+        if self.zero not in (0, 1, 2):
+            raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1 or 2)")
+        if self.dtype not in DTYPES:
+            raise CcollError(f"layout: dtype {self.dtype!r}; one of {sorted(DTYPES)}")
+        if self.layers < self.pp:
+            raise CcollError(f"layout: layers={self.layers} < pp={self.pp}")
+        if self.heads % self.tp or self.hidden % self.heads:
+            raise CcollError(f"layout: tp={self.tp} must divide heads={self.heads}, heads must divide hidden")
+        if self.embedding not in ("replicated", "vocab_parallel") or self.lm_head not in ("gathered", "parallel"):
+            raise CcollError(f"layout: embedding {self.embedding!r} / lm_head {self.lm_head!r} unknown")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def stage_layers(self) -> list[int]:
+        """Blocks per pipeline stage, balanced (DeepSpeed's type:TransformerBlock partition: earlier
+        stages take the remainder)."""
+        q, r = divmod(self.layers, self.pp)
+        return [q + (1 if i < r else 0) for i in range(self.pp)]
+
+    def stage_params(self, stage: int) -> int:
+        """Parameters one TP rank of ``stage`` holds (its shard of split weights + replicated ones)."""
+        h, f, v, tp = self.hidden, self.ffn_mult, self.vocab, self.tp
+        sharded = (4 + 2 * f) * h * h + (3 + f) * h  # qkv, dense, fc1, fc2 weights; qkv and fc1 biases
+        replicated = 6 * h  # two layer norms, dense and fc2 biases (added after the all-reduce)
+        n = self.stage_layers()[stage] * (sharded // tp + replicated)
+        if stage == 0:
+            n += v * h // (tp if self.embedding == "vocab_parallel" else 1)
+            n += self.seq * h if self.learned_positions else 0
+        if stage == self.pp - 1:
+            n += 2 * h + (v * h + (v if self.lm_head_bias else 0)) // tp
+        return n
+
+    def total_params(self) -> int:
+        """Model parameters (each counted once)."""
+        return sum(dataclasses.replace(self, tp=1).stage_params(s) for s in range(self.pp))
+
+
+@dataclass(frozen=True)
+class Flow:
+    """``calls`` calls per step on every rank of ``ranks``, each of ``numel`` elements of ``dtype``;
+    ``group`` = the collective's group size."""
+
+    dim: str
+    op: str
+    what: str
+    numel: int
+    calls: int
+    ranks: int
+    group: int
+    dtype: str
+    stage: int
+
+
+def flows(lay: Layout) -> list[Flow]:
+    """Every collective/p2p message of one optimizer step (see the module docstring)."""
+    lay.check()
+    b, s, h, v, m = lay.micro_batch, lay.seq, lay.hidden, lay.vocab, lay.micro_batches
+    act = b * s * h
+    out: list[Flow] = []
+    per_stage = lay.dp * lay.tp  # ranks of one pipeline stage
+    grad_dtype = lay.dtype
+    for st, nl in enumerate(lay.stage_layers()):
+        first, last = st == 0, st == lay.pp - 1
+        if lay.tp > 1:
+            fwd = 2 * nl + (1 if first and lay.embedding == "vocab_parallel" else 0)
+            bwd = 2 * nl + (1 if last else 0)
+            out.append(Flow("tp", "all_reduce", "activations (forward)", act, fwd * m, per_stage, lay.tp, lay.dtype, st))
+            out.append(Flow("tp", "all_reduce", "activation gradients (backward)", act, bwd * m, per_stage, lay.tp,
+                            lay.dtype, st))
+            if last and lay.lm_head == "gathered":
+                out.append(Flow("tp", "all_gather", "logits", b * s * v // lay.tp, m, per_stage, lay.tp, lay.dtype, st))
+            elif last:
+                out.append(Flow("tp", "all_reduce", "vocab-parallel cross-entropy", b * s, 3 * m, per_stage, lay.tp,
+                                "float32", st))
+        if lay.pp > 1:
+            n = act // lay.tp if lay.pp_scatter_gather else act
+            if not last:
+                out.append(Flow("pp", "send", "activations", n, m, per_stage, 2, lay.dtype, st))
+            if not first:
+                out.append(Flow("pp", "send", "activation gradients", n, m, per_stage, 2, lay.dtype, st))
+        if lay.dp > 1:
+            p_rank = lay.stage_params(st)
+            op = "reduce_scatter" if lay.zero == 2 else "all_reduce"
+            out.append(Flow("dp", op, "gradients", p_rank, 1, per_stage, lay.dp, grad_dtype, st))
+            if lay.zero >= 1:
+                out.append(Flow("dp", "all_gather", "parameters (ZeRO)", -(-p_rank // lay.dp), 1, per_stage, lay.dp,
+                                lay.dtype, st))
+    return out
+
+
+def _policy_op(op: str) -> str:
+    return "send_recv" if op == "send" else op
+
+
+def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> int:
+    """Bytes ccoll's collectives record as sent for one call (mirrors ccoll.collectives' segmenting)."""
+    from .collectives import _segments, _spans
+
+    elt = torch.empty((), dtype=dtype).element_size()
+    if codec is None:
+        return numel * elt
+    if op == "all_reduce":
+        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in _segments(numel, group, elt))
+    if op == "reduce_scatter":
+        return sum(group * codec.encoded_nbytes(n, dtype) for _, n in _spans(numel // group, group, elt))
+    if op == "all_gather":
+        return sum(codec.encoded_nbytes(n, dtype) for _, n in _spans(numel, group, elt))
+    return codec.encoded_nbytes(numel, dtype)
+
+
+def traffic(lay: Layout, policy=None) -> list[dict]:
+    """Per (dim, op, what): calls, raw and wire bytes per step summed over all ranks, the codec, and the
+    same per rank of the busiest stage (for step time)."""
+    from .policy import load
+
+    pol = load(policy) if policy is not None else None
+    rows = []
+    for f in flows(lay):
+        dt = DTYPES[f.dtype]
+        codec = pol.resolve(f.dim, _policy_op(f.op), (f.numel, dt), step=_LATE_STEP) if pol is not None else None
+        raw = f.numel * torch.empty((), dtype=dt).element_size()
+        wire = wire_nbytes(codec, f.op, f.numel, dt, f.group)
+        rows.append({"dim": f.dim, "op": f.op, "what": f.what, "stage": f.stage, "codec": codec.spec if codec else "native",
+                     "numel": f.numel, "calls_per_rank": f.calls, "ranks": f.ranks, "group": f.group,
+                     "raw_per_rank": raw * f.calls, "wire_per_rank": wire * f.calls,
+                     "raw": raw * f.calls * f.ranks, "wire": wire * f.calls * f.ranks})
+    return rows
+
+
+def per_dim(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Raw and wire bytes per step per dimension, summed over ranks (the convergence summary's unit)."""
+    out = {d: {"raw": 0, "wire": 0} for d in DIMS}
+    for r in rows:
+        out[r["dim"]]["raw"] += r["raw"]
+        out[r["dim"]]["wire"] += r["wire"]
+    return out
+
+
+# --- step time -------------------------------------------------------------------------------------
+_ALGO = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+         "all_gather": lambda n: (n - 1), "send": lambda n: 1.0}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Bandwidths in Gbit/s per GPU; TP inside a node, DP and PP across nodes (the usual placement).
+    ``codec_gbps``: codec throughput in GB/s of input values (encode and decode alike)."""
+
+    tp_gbps: float
+    inter_gbps: float
+    codec_gbps: float
+    compute_s: float | None = None
+    peak_tflops: float = 125.0
+    mfu: float = 0.35
+    dp_overlap: float = 0.0
+    latency_us: float = 10.0
+
+
+def compute_seconds(lay: Layout, cl: Cluster) -> float:
+    """Given, or training FLOPs / (GPUs x peak x MFU) x pipeline bubble (m + pp - 1) / m."""
+    if cl.compute_s is not None:
+        return cl.compute_s
+    tokens = lay.micro_batch * lay.micro_batches * lay.dp * lay.seq
+    flops = 6 * lay.total_params() * tokens + 12 * lay.layers * lay.hidden * lay.seq * tokens  # + attention
+    return flops / (lay.world * cl.peak_tflops * 1e12 * cl.mfu) * (lay.micro_batches + lay.pp - 1) / lay.micro_batches
+
+
+def step_time(lay: Layout, cl: Cluster, policy=None) -> dict:
+    """Predicted seconds per step: compute, link time per dimension, codec time, total (busiest stage)."""
+    rows = traffic(lay, policy)
+    comp = compute_seconds(lay, cl)
+    worst = None
+    for st in range(lay.pp):
+        link = {d: 0.0 for d in DIMS}
+        codec_s = 0.0
+        for r in rows:
+            if r["stage"] != st:
+                continue
+            gbps = cl.tp_gbps if r["dim"] == "tp" else cl.inter_gbps
+            # ccoll's compressed all_reduce (all-to-all + all-gather of encoded chunks) moves 2(n-1)/n of
+            # its wire bytes, as the ring does of the raw ones
+            moved = r["wire_per_rank"] * _ALGO[r["op"]](r["group"])
+            t = moved * 8 / (gbps * 1e9) + r["calls_per_rank"] * cl.latency_us * 1e-6
+            if r["dim"] == "dp":
+                t *= 1.0 - cl.dp_overlap
+            link[r["dim"]] += t
+            if r["codec"] != "native":
+                # values through the codec: all_reduce encodes n + n/p and decodes n + n; others n and n
+                factor = 4.0 if r["op"] == "all_reduce" else 2.0
+                codec_s += factor * r["raw_per_rank"] / (cl.codec_gbps * 1e9)  # throughput in input bytes
+        total = comp + sum(link.values()) + codec_s
+        if worst is None or total > worst["total_s"]:
+            worst = {"stage": st, "compute_s": comp, "link_s": link, "codec_s": codec_s, "total_s": total}
+    return worst
+
+
+# --- presets and the cluster table ------------------------------------------------------------------
+PRESETS = {
+    # GPT-NeoX-20B (44 layers, 6144 hidden, 64 heads, 2048 tokens, 50432 vocab) on 192 V100, as in the
+    # paper's setting: TP 2 x PP 4 x DP 24, micro-batch 4 x 8, ZeRO-1, fp16; 100 Gbit/s per node shared by
+    # 8 GPUs between nodes (12.5 Gbit/s per GPU), NVLink 2 within (~1200 Gbit/s per GPU); 125 TFLOPS peak
+    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=8,
+                            dp=24, tp=2, pp=4, zero=1, dtype="float16"),
+                     Cluster(tp_gbps=1200.0, inter_gbps=12.5, codec_gbps=100.0, peak_tflops=125.0, mfu=0.35)),
+    # GPT-13B (40 layers, 5120 hidden, 40 heads, 2048 tokens, 50257 vocab) on 32 H800 (COCCL's setting):
+    # TP 8 in a node x DP 4, micro-batch 1 x 16, ZeRO-1, bf16; H800 NVLink ~3200 Gbit/s per GPU, 400 Gbit/s
+    # per node between nodes (50 Gbit/s per GPU); 989 TFLOPS dense bf16 peak
+    "gpt13b-h800": (Layout(layers=40, hidden=5120, heads=40, seq=2048, vocab=50304, micro_batch=1, micro_batches=16,
+                           dp=4, tp=8, pp=1, zero=1, dtype="bfloat16"),
+                    Cluster(tp_gbps=3200.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=989.0, mfu=0.35)),
+}
+
+#: ccoll.convergence's model: replicated byte embedding with learned positions, gathered logits, fp32
+RUNNER = dict(vocab=256, dtype="float32", embedding="replicated", lm_head="gathered", learned_positions=True,
+              lm_head_bias=True, zero=1)
+
+
+def runner_layout(meta: dict) -> Layout:
+    """The Layout of a ``python -m ccoll.convergence`` run from its summary's ``meta``."""
+    m = meta["model"]
+    return Layout(layers=m["layers"], hidden=m["hidden"], heads=m["heads"], seq=m["seq_len"],
+                  micro_batch=meta["micro_batch"], micro_batches=meta["grad_accum"], dp=meta["dp"], tp=meta["tp"],
+                  pp=meta["pp"], **RUNNER)
+
+
+def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.05, link_gbps: float | None = None,
+             codec_gbps: float = 1.0) -> dict:
+    """Compare the model with a convergence summary: per policy and dimension, predicted vs measured raw
+    and wire bytes (per step, summed over ranks; ``ok`` when within ``tolerance``), and predicted vs
+    measured speedup over the baseline (compute time taken from the baseline's measured step time minus
+    its predicted link time at ``link_gbps``; meaningful only for runs on shaped links)."""
+    meta = summary["meta"]
+    lay = runner_layout(meta)
+    steps = meta["steps"]
+    policies = meta.get("policies") or list(summary["policies"])
+    paths = {os.path.splitext(os.path.basename(p))[0]: p for p in policies}
+    out = {"layout": dataclasses.asdict(lay), "tolerance": tolerance, "policies": {}, "ok": True}
+    base = summary["policies"][summary["baseline"]]
+    gbps = link_gbps or _rate_gbps(meta.get("netem_rate"))
+    base_step = summary["meta"]["global_batch"] / base["samples_per_s"] if base["samples_per_s"] else None
+    for name, p in summary["policies"].items():
+        path = paths.get(name)
+        if path == "unpatched" or path is None:
+            pol = None
+        else:
+            pol = path if policy_dir is None else os.path.join(policy_dir, os.path.basename(path))
+        pred = per_dim(traffic(lay, pol))
+        dims = {}
+        for d in DIMS:
+            meas = {k: p["bytes"][d][k] / steps for k in ("raw", "wire")}
+            row = {"predicted_raw": pred[d]["raw"], "measured_raw": meas["raw"], "predicted_wire": pred[d]["wire"],
+                   "measured_wire": meas["wire"]}
+            row["ok"] = all(_close(pred[d][k], meas[k], tolerance) for k in ("raw", "wire"))
+            out["ok"] &= row["ok"]
+            dims[d] = row
+        entry = {"dims": dims, "measured_speedup": p["samples_per_s"] / base["samples_per_s"]}
+        if gbps and base_step:
+            cl = Cluster(tp_gbps=gbps, inter_gbps=gbps, codec_gbps=codec_gbps, compute_s=0.0)
+            base_link = step_time(lay, cl, None)["total_s"]
+            cl = dataclasses.replace(cl, compute_s=max(0.0, base_step - base_link))
+            entry["predicted_speedup"] = step_time(lay, cl, None)["total_s"] / step_time(lay, cl, pol)["total_s"]
+            entry["link_gbps"] = gbps
+        out["policies"][name] = entry
+    return out
+
+
+def _close(pred: float, meas: float, tol: float) -> bool:
+    if meas == 0:
+        return pred == 0
+    return abs(pred - meas) <= tol * meas
+
+
+def _rate_gbps(rate: str | None) -> float | None:
+    """netem rate string ("1gbit", "100mbit") -> Gbit/s."""
+    if not rate:
+        return None
+    r = rate.lower()
+    for unit, scale in (("gbit", 1.0), ("mbit", 1e-3), ("kbit", 1e-6)):
+        if r.endswith(unit):
+            return float(r[: -len(unit)]) * scale
+    raise CcollError(f"netem rate {rate!r}: expected <n>gbit/mbit/kbit")
+
+
+# --- printing ----------------------------------------------------------------------------------------
+def _fmt(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def print_traffic(lay: Layout, policy, file=None) -> None:
+    file = sys.stdout if file is None else file
+    rows = traffic(lay, policy)
+    print(f"# ccoll.model: {lay.layers} layers x {lay.hidden} hidden, {lay.heads} heads, seq {lay.seq}, vocab "
+          f"{lay.vocab}, micro-batch {lay.micro_batch} x {lay.micro_batches}, dp={lay.dp} tp={lay.tp} pp={lay.pp}, "
+          f"ZeRO-{lay.zero}, {lay.dtype}; policy {policy or 'none (native)'}", file=file)
+    print("# bytes per optimizer step: per rank (busiest rank of the stage) and summed over all ranks", file=file)
+    print(f"#{'dim':<4} {'op':<15} {'what':<32} {'stage':>5} {'codec':<26} {'calls/rank':>10} {'raw/rank':>12} "
+          f"{'wire/rank':>12} {'raw total':>12} {'wire total':>12} {'ratio':>6}", file=file)
+    for r in rows:
+        ratio = r["raw"] / r["wire"] if r["wire"] else float("nan")
+        print(f" {r['dim']:<4} {r['op']:<15} {r['what']:<32} {r['stage']:>5} {r['codec']:<26} {r['calls_per_rank']:>10} "
+              f"{_fmt(r['raw_per_rank']):>12} {_fmt(r['wire_per_rank']):>12} {_fmt(r['raw']):>12} {_fmt(r['wire']):>12} "
+              f"{ratio:>6.2f}", file=file)
+    for d, b in per_dim(rows).items():
+        if b["raw"]:
+            print(f"# {d}: raw {_fmt(b['raw'])}, wire {_fmt(b['wire'])} per step (all ranks), {b['raw'] / b['wire']:.2f}x",
+                  file=file)
+
+
+def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
+    file = sys.stdout if file is None else file
+    rows = []
+    print(f"# predicted step time and speedup over native (codec throughput {codec_gbps:g} GB/s, no DP overlap)",
+          file=file)
+    print(f"#{'preset':<14} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} {'codec s':>8} "
+          f"{'step s':>8} {'speedup':>8}", file=file)
+    for name, (lay, cl) in PRESETS.items():
+        cl = dataclasses.replace(cl, codec_gbps=codec_gbps)
+        base = step_time(lay, cl, None)
+        for pol in [None, *policies]:
+            t = step_time(lay, cl, pol)
+            label = "native" if pol is None else os.path.splitext(os.path.basename(pol))[0]
+            row = {"preset": name, "policy": label, **{f"{d}_s": t["link_s"][d] for d in DIMS},
+                   "compute_s": t["compute_s"], "codec_s": t["codec_s"], "step_s": t["total_s"],
+                   "speedup": base["total_s"] / t["total_s"]}
+            rows.append(row)
+            print(f" {name:<14} {label:<22} {row['compute_s']:>10.3f} {row['tp_s']:>8.3f} {row['pp_s']:>8.3f} "
+                  f"{row['dp_s']:>8.3f} {row['codec_s']:>8.3f} {row['step_s']:>8.3f} {row['speedup']:>7.2f}x", file=file)
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ccoll.model", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a real cluster layout (overrides the layout options)")
+    for k, v in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 128), ("vocab", 256), ("micro-batch", 4),
+                 ("micro-batches", 2), ("dp", 2), ("tp", 1), ("pp", 2), ("zero", 1)):
+        p.add_argument(f"--{k}", type=int, default=v)
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--runner", action="store_true", help="ccoll.convergence's model (replicated byte embedding, "
+                                                          "learned positions, gathered logits)")
+    p.add_argument("--policy", action="append", default=[], help="policy YAML (repeatable; traffic uses the first)")
+    p.add_argument("--codec-gbps", type=float, default=100.0, help="codec throughput, GB/s of input values")
+    p.add_argument("--tp-gbps", type=float, default=1200.0, help="TP link, Gbit/s per GPU")
+    p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
+    p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step (default: from FLOPs)")
+    p.add_argument("--peak-tflops", type=float, default=125.0)
+    p.add_argument("--mfu", type=float, default=0.35)
+    p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
+    p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
+    p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
+    p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
+    p.add_argument("--json", default=None, help="write the result as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.validate:
+            with open(args.validate) as f:
+                summary = json.load(f)
+            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps)
+            print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
+                  f"{100 * res['tolerance']:.0f}%")
+            print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
+            for name, e in res["policies"].items():
+                for d, r in e["dims"].items():
+                    print(f" {name:<14} {d:<4} {r['predicted_raw']:>12.0f} {r['measured_raw']:>12.0f} "
+                          f"{r['predicted_wire']:>12.0f} {r['measured_wire']:>12.0f} {'yes' if r['ok'] else 'NO'}")
+            for name, e in res["policies"].items():
+                pred = e.get("predicted_speedup")
+                print(f"# {name}: measured speedup {e['measured_speedup']:.3f}x, predicted "
+                      + (f"{pred:.3f}x at {e['link_gbps']:g} Gbit/s" if pred else "- (no link rate: unshaped run)"))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1)
+            return 0 if res["ok"] else 1
+        if args.clusters:
+            rows = cluster_table(args.policy or ["configs/hybrid.yaml"], args.codec_gbps)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+            return 0
+        if args.preset:
+            lay, cl = PRESETS[args.preset]
+            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps)
+        else:
+            extra = RUNNER if args.runner else {}
+            lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                         micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp, tp=args.tp,
+                         pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
+                                                                                 if k not in ("vocab", "zero")}})
+            cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
+                         compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
+                         dp_overlap=args.dp_overlap)
+        pol = args.policy[0] if args.policy else None
+        print_traffic(lay, pol)
+        base = step_time(lay, cl, None)
+        t = step_time(lay, cl, pol)
+        print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
+              f"pp {t['link_s']['pp']:.4f} s, dp {t['link_s']['dp']:.4f} s, codec {t['codec_s']:.4f} s, "
+              f"total {t['total_s']:.4f} s; native {base['total_s']:.4f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+        return 0
+    except (CcollError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
