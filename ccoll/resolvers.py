@@ -198,9 +198,10 @@ AUTO_SOURCES = (
 
 UNPLACED = "default"
 
-# DeviceMeshes built while tracking is on (weak: a mesh the user drops is forgotten). Needed for one case
-# only: a mesh dim spanning all ranks reuses the default group, whose group_desc does not name the dim.
-_meshes: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is forgotten;
+# ordered: every rank reads them in the same order). Needed for one case only: a mesh dim spanning all
+# ranks reuses the default group, whose group_desc does not name the dim.
+_meshes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _mesh_version = 0
 _mesh_init_original: Callable | None = None
 
@@ -218,8 +219,8 @@ def track_device_meshes(on: bool) -> None:
         def __init__(self, *args, **kwargs):
             global _mesh_version
             original(self, *args, **kwargs)
-            _meshes.add(self)
             _mesh_version += 1
+            _meshes[_mesh_version] = self
 
         cls.__init__ = __init__
     elif not on and _mesh_init_original is not None:
@@ -227,11 +228,21 @@ def track_device_meshes(on: bool) -> None:
         _mesh_init_original = None
 
 
-@functools.lru_cache(maxsize=None)
-def _c10d():
-    from torch.distributed import distributed_c10d
+def _c10d_state() -> tuple[Any, int]:
+    """(default group or None, groups created so far): read per call, so from c10d's own variables
+    (the public properties cost several times more); looked up through the properties if a torch
+    version renames them."""
+    from torch.distributed import distributed_c10d as c10d
 
-    return distributed_c10d
+    world = c10d._world
+    if hasattr(world, "_default_pg") and hasattr(c10d, "_group_count"):
+        def read() -> tuple[Any, int]:
+            return world._default_pg, c10d._group_count
+    else:  # pragma: no cover - other torch versions
+        def read() -> tuple[Any, int]:
+            return (world.default_pg if c10d.is_initialized() else None), world.group_count
+    globals()["_c10d_state"] = read
+    return read()
 
 
 def _ranks(group: Any) -> frozenset[int]:
@@ -267,7 +278,9 @@ class AutoResolver:
     def __init__(self):
         self._lock = threading.Lock()
         self._signature: tuple | None = None
-        self._cache: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        # id(group) -> (weak reference, dim): one dict lookup per call; the reference proves the entry is
+        # still about this group object and not a dead one whose address was reused
+        self._cache: dict[int, tuple[weakref.ref, str]] = {}
         self._by_group: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
         self._by_ranks: dict[frozenset[int], str] = {}
         self._p2p_on_world = UNPLACED
@@ -276,27 +289,23 @@ class AutoResolver:
 
     # --- per call -------------------------------------------------------------------------------------
     def __call__(self, group: Any, op: str) -> str:
-        c10d = _c10d()
-        world = c10d._world
-        default_pg = world.default_pg if c10d.is_initialized() else None
+        default_pg, group_count = _c10d_state()
         if default_pg is None:
             return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
         ds = sys.modules.get("deepspeed.utils.groups")
-        sig = (world.group_count, id(default_pg), _mesh_version,
+        sig = (group_count, id(default_pg), _mesh_version,
                0 if ds is None else id(ds.mpu), 0 if ds is None else id(getattr(ds, "_WORLD_GROUP", None)))
         if sig != self._signature:
             self._refresh(sig, default_pg)
         g = default_pg if group is None else group
         if op == "send_recv" and g is default_pg:
             return self._p2p_on_world
-        try:
-            return self._cache[g]
-        except KeyError:
-            return self._lookup(g)
-        except TypeError:  # not weak-referenceable: look it up every time
-            return self._lookup(g, cache=False)
+        entry = self._cache.get(id(g))
+        if entry is not None and entry[0]() is g:
+            return entry[1]
+        return self._lookup(g)
 
-    def _lookup(self, g: Any, cache: bool = True) -> str:
+    def _lookup(self, g: Any) -> str:
         dim = None
         desc = getattr(g, "group_desc", "") or ""
         if desc.startswith("mesh_") and desc[5:] in MESH_DIMS:
@@ -313,9 +322,12 @@ class AutoResolver:
         if dim is None:
             dim = self._by_ranks.get(_ranks(g))
         dim = dim or UNPLACED
-        if cache:
-            with self._lock:
-                self._cache[g] = dim
+        try:
+            ref = weakref.ref(g)
+        except TypeError:
+            return dim  # not weak-referenceable: looked up every time
+        with self._lock:
+            self._cache[id(g)] = (ref, dim)
         return dim
 
     # --- when the frameworks' state changed -----------------------------------------------------------
@@ -348,7 +360,7 @@ class AutoResolver:
             return topo.get_dim("pipe") if "pipe" in axes else 1
 
         # DeviceMesh dims (all of them; group_desc already names the ones that are not the default group)
-        for mesh in list(_meshes):
+        for _, mesh in sorted(_meshes.items()):
             names = getattr(mesh, "mesh_dim_names", None) or ()
             for name in names:
                 dim = MESH_DIMS.get(name)
@@ -398,7 +410,7 @@ class AutoResolver:
             self._by_group = by_group
             self._by_ranks = by_ranks
             self._p2p_on_world = "pp" if pipe_stages > 1 else UNPLACED
-            self._cache = weakref.WeakKeyDictionary()
+            self._cache = {}
             self.found |= found
             self._signature = sig
 
