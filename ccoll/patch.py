@@ -10,10 +10,12 @@ torch 2.13) with wrappers:
 
 GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
 functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
-``reduce_scatter_function``): those are rebound on the live backend at install and uninstall; a backend
-built while the patch is installed picks the wrappers up by itself.
+``reduce_scatter_function``) and the ones Megatron(-core) modules bind at import
+(``dist_all_gather_func``, ``dist_reduce_scatter_func``): those are rebound at install and uninstall; a
+backend built or a module imported while the patch is installed picks the wrappers up by itself.
 
-Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched); the policy
+Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched; by default the
+automatic resolver, :class:`ccoll.resolvers.AutoResolver`, which never answers None); the policy
 gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG, uneven
 all_to_all splits and any-source recv stay native. Native calls on a resolved dimension are
 recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to

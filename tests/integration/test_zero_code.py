@@ -34,7 +34,7 @@ def _env(tmp_path: pathlib.Path, **extra) -> dict:
     return env
 
 
-def _run(cmd: list[str], env: dict, cwd: pathlib.Path, timeout_s: float = 420) -> str:
+def _run(cmd: list[str], env: dict, cwd: pathlib.Path, timeout_s: float = 840) -> str:
     proc = subprocess.run([sys.executable, "-m", "ccoll.run", "--", *cmd], env=env, cwd=str(cwd), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout[-6000:]
@@ -58,13 +58,14 @@ def test_given_torchrun_and_plain_script_when_ccoll_run_expect_world_mesh_dp_gra
     int4 = _spec("int4:block=64")
     for rows in _dp_rows(tmp_path, 2):
         row = rows[("dp", "all_reduce", int4)]
-        assert row["calls"] == 3  # the 256x256 weight's gradient, every step (the rest is below min_bytes)
+        assert row["calls"] == 2 * 3  # both weights' gradients, every step
         assert row["raw_bytes"] / row["wire_bytes"] == pytest.approx(32 / 4.5, rel=0.01)
-        assert rows[("dp", "all_reduce", "native")]["calls"] == 3 * 3  # two biases + the small weight
+        assert rows[("dp", "all_reduce", "native")]["calls"] == 2 * 3  # the biases: below min_bytes
         assert not [k for k in rows if k[0] == "default"]  # WORLD (the mesh's dp group) was placed on dp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # DeepSpeed's CPU init waits on a shared JIT-extension lock (minutes on a busy machine)
 def test_given_deepspeed_launcher_and_plain_script_when_ccoll_run_expect_dp_gradients_int4(tmp_path):
     deepspeed_exe = shutil.which("deepspeed", path=os.path.dirname(sys.executable))
     if deepspeed_exe is None:
@@ -91,7 +92,7 @@ def test_given_mpirun_and_plain_script_when_ccoll_run_expect_dp_gradients_int4(t
           str(HERE / "zero_code_train.py")], env, tmp_path)
     int4 = _spec("int4:block=64")
     for rows in _dp_rows(tmp_path, 2):
-        assert rows[("dp", "all_reduce", int4)]["calls"] == 3
+        assert rows[("dp", "all_reduce", int4)]["calls"] == 2 * 3
 
 
 # --- the activation itself, one process each (fast) ------------------------------------------------------
