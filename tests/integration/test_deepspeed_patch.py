@@ -215,7 +215,17 @@ def test_given_pipeline_2x_data_2_when_baseline_patched_expect_losses_bit_identi
         assert _calls(st, dim="dp", op="all_reduce") > 0 and _calls(st, dim="pp") > 0
 
 
+def _report(layout: str, res: dict) -> None:
+    """Rank 0's hybrid wire ratios and final-loss delta against the unpatched run (shown with pytest -s)."""
+    st = res["hybrid"]["stats"]
+    ratios = {d: round(_ratio(st, d, c), 2) for d, c in (("dp", INT4_64), ("tp", INT8_256), ("pp", INT8_256))
+              if _rows(st, dim=d, codec=c)}
+    a, b = res["hybrid"]["losses"][-1], res["unpatched"]["losses"][-1]
+    print(f"\nDeepSpeed {layout}: hybrid wire ratios {ratios}; final loss {a:.5f} vs {b:.5f} unpatched ({a - b:+.5f})")
+
+
 def test_given_pipeline_2x_data_2_when_hybrid_expect_dp_int4_pp_int8_mask_exact_and_replicas_identical(pipe_results):
+    _report("PP2xDP2 ZeRO-1", pipe_results[0])
     for res in pipe_results:
         run = res["hybrid"]
         st = run["stats"]
@@ -344,6 +354,7 @@ def test_given_tensor_2x_data_2_when_baseline_patched_expect_losses_bit_identica
 
 
 def test_given_tensor_2x_data_2_when_hybrid_expect_tp_int8_dp_int4_and_identical_replicas(tp_results):
+    _report("TP2xDP2 ZeRO-2", tp_results[0])
     for res in tp_results:
         run = res["hybrid"]
         st = run["stats"]
