@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU build of torch from local disk first, so later dependency ranges are already satisfied
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,mpi]'
+	$(PY) -m pip install -q -e '.[dev,mpi,neox]' -c <(echo torch==2.13.0)
 	# DeepSpeed's sdist imports torch at build time: build it against the torch above, not an isolated (CUDA) one
 	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $@

@@ -1,15 +1,28 @@
 """ccoll: compression-assisted collectives for LLM training.
 
-Importing ccoll is cheap: torch and the codec registry only. cupy, mpi4py and deepspeed are imported
+Importing ccoll is cheap: torch and the codec registry only. ``ccoll.stats()`` returns the traffic table;
+``ccoll.stats`` is also the stats module (``ccoll.stats.dimension("dp")``, ``ccoll.stats.dump(path)``). cupy, mpi4py and deepspeed are imported
 when first needed (a CUDA tensor, an MPI communicator, a DeepSpeed resolver).
 """
 from __future__ import annotations
 
 import importlib
+import types
 
-from . import errors
+from . import errors, stats
 from .codecs import CODECS, Codec, get_codec
-from .stats import reset_stats, stats
+from .stats import reset_stats
+
+
+class _StatsModule(types.ModuleType):
+    """``ccoll.stats`` is the module (``ccoll.stats.dimension``, ``ccoll.stats.dump``, ...) and calling it
+    returns the table, as ``ccoll.stats.stats()`` does: both spellings users meet keep working."""
+
+    def __call__(self) -> list[dict]:
+        return self.stats()
+
+
+stats.__class__ = _StatsModule
 
 __version__ = "0.1.0"
 

@@ -74,9 +74,7 @@ from .log import warn_once
 from .stats import current_dimension, record as _record_stats
 from .transports import Handle, Transport, for_group, op_name
 
-#: tensors with fewer bytes than this go native unless the caller passes ``min_bytes``; below it the
-#: codec's fixed per-call cost (kernel launches, Python) outweighs the bytes saved on any real link
-DEFAULT_MIN_BYTES = 64 * 1024
+from .defaults import DEFAULT_MIN_BYTES  # tensors below it go native unless min_bytes= says otherwise
 
 _codecs: dict[str, Codec] = {}
 _codecs_lock = threading.Lock()

@@ -11,10 +11,12 @@ torch 2.13) with wrappers:
 
 GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
 functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
-``reduce_scatter_function``): those are rebound on the live backend at install and uninstall; a backend
-built while the patch is installed picks the wrappers up by itself.
+``reduce_scatter_function``) and the ones Megatron(-core) modules bind at import
+(``dist_all_gather_func``, ``dist_reduce_scatter_func``): those are rebound at install and uninstall; a
+backend built or a module imported while the patch is installed picks the wrappers up by itself.
 
-Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched); the policy
+Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched; by default the
+automatic resolver, :class:`ccoll.resolvers.AutoResolver`, which never answers None); the policy
 gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG, uneven
 all_to_all splits and any-source recv stay native. Native calls on a resolved dimension are
 recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to
@@ -66,7 +68,7 @@ import torch.distributed as dist
 from . import capture as _capture
 from .errors import PolicyError
 from .log import logger, warn_once
-from .policy import Policy, load as _load_policy
+from .policy import OPS, Policy, load as _load_policy
 from .stats import add_flusher, dimension, record
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
@@ -682,20 +684,36 @@ def _check_fingerprint(st: _State) -> None:
     logger.debug("ccoll policy %s agreed on %d ranks", mine, world)
 
 
-# --- deepspeed.comm cached functions --------------------------------------------------------------------
-def _rebind_deepspeed(table_from: dict[str, Callable], table_to: dict[str, Callable]) -> None:
+# --- functions frameworks cached at import or init -----------------------------------------------------------
+#: module-level names Megatron(-core) binds to torch.distributed functions at import
+#: (tensor_parallel/mappings.py, distributed/param_and_grad_buffer.py, ...)
+MEGATRON_CACHED = ("dist_all_gather_func", "dist_reduce_scatter_func")
+
+
+def _rebind_cached(table_from: dict[str, Callable], table_to: dict[str, Callable]) -> None:
+    """Where a framework holds one of ``table_from``'s functions, put ``table_to``'s in its place:
+    DeepSpeed's TorchBackend (``all_gather_function``, ``reduce_scatter_function``, cached at
+    construction) and every imported ``megatron.*`` module's :data:`MEGATRON_CACHED` names (bound at
+    import). Modules imported while the patch is installed bind the wrappers by themselves; this covers
+    the ones imported before install (and puts the originals back at uninstall), so the import order
+    does not matter. Looks only at modules already in sys.modules."""
+    by_id = {id(f): name for name, f in table_from.items()}
+
+    def swap(obj: Any, attr: str) -> None:
+        fn = getattr(obj, attr, None)
+        name = by_id.get(id(fn)) if fn is not None else None
+        if name is not None and name in table_to:
+            setattr(obj, attr, table_to[name])
+
     comm = sys.modules.get("deepspeed.comm.comm")
     cdb = getattr(comm, "cdb", None) if comm is not None else None
-    if cdb is None:
-        return
-    for attr in ("all_gather_function", "reduce_scatter_function"):
-        fn = getattr(cdb, attr, None)
-        if fn is None:
-            continue
-        for name, f in table_from.items():
-            if f is fn and name in table_to:
-                setattr(cdb, attr, table_to[name])
-                break
+    if cdb is not None:
+        for attr in ("all_gather_function", "reduce_scatter_function"):
+            swap(cdb, attr)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and (mod_name == "megatron" or mod_name.startswith("megatron.")):
+            for attr in MEGATRON_CACHED:
+                swap(mod, attr)
 
 
 def _bind(name: str, fn: Callable) -> None:
@@ -710,14 +728,21 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
             step_counter: str = "optimizer") -> Policy:
     """Route torch.distributed calls through ccoll by ``policy`` (a Policy or a YAML path).
 
-    ``resolver(group, op) -> dim | None`` (see ccoll.resolvers); None: every call belongs to the
-    "default" dimension. Installing again replaces policy and resolver (wrappers are not stacked) and
+    ``resolver(group, op) -> dim | None`` (see ccoll.resolvers). None (the default): a new
+    :class:`ccoll.resolvers.AutoResolver`, which places groups from what DeepSpeed, GPT-NeoX/Megatron
+    mpu, Megatron-core parallel_state or torch DeviceMesh built, at call time, so installing before
+    the framework exists is fine; groups it cannot place use the policy's "default" rules. An explicit
+    resolver wins. Installing again replaces policy and resolver (wrappers are not stacked) and
     compares fingerprints again, so every rank must install the same sequence of policies.
     Returns the loaded Policy."""
     global _STATE, _hook_handle
     if step_counter not in ("optimizer", "manual"):
         raise PolicyError(f"step_counter must be 'optimizer' or 'manual', got {step_counter!r}")
     pol = _load_policy(policy)
+    if resolver is None:
+        from .resolvers import AutoResolver
+
+        resolver = AutoResolver()
     with _install_lock:
         if not _ORIGINALS:
             for name in list(WRAPPED) + ["init_process_group"]:
@@ -730,7 +755,10 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
                 # what ccoll's own transports call, so moving ccoll's payloads never re-enters the patch
                 _WRAPPERS[name].__ccoll_original__ = orig
                 _bind(name, _WRAPPERS[name])
-            _rebind_deepspeed(_ORIGINALS, _WRAPPERS)
+            _rebind_cached(_ORIGINALS, _WRAPPERS)
+            from .resolvers import track_device_meshes
+
+            track_device_meshes(True)
         st = _State(pol, resolver, step_counter)
         if _STATE is not None:
             st.steps = _STATE.steps
@@ -758,7 +786,10 @@ def uninstall() -> None:
             _hook_handle = None
         if not _ORIGINALS:
             return
-        _rebind_deepspeed(_WRAPPERS, _ORIGINALS)
+        _rebind_cached(_WRAPPERS, _ORIGINALS)
+        from .resolvers import track_device_meshes
+
+        track_device_meshes(False)
         for name, orig in _ORIGINALS.items():
             if getattr(dist, name, None) is _WRAPPERS[name]:
                 _bind(name, orig)
@@ -794,17 +825,45 @@ def current_policy() -> Policy | None:
 
 
 def set_resolver(resolver: Callable | None) -> None:
-    """Attach a resolver to the current installation (e.g. once a framework's groups exist)."""
+    """Attach a resolver to the current installation (e.g. once a framework's groups exist); None: a
+    new automatic resolver."""
     st = _STATE
     if st is None:
         raise PolicyError("ccoll.patch.set_resolver: the patch is not installed")
+    if resolver is None:
+        from .resolvers import AutoResolver
+
+        resolver = AutoResolver()
     st.resolver = resolver
+
+
+#: optimizer steps after which an automatic resolver that placed nothing is reported (once)
+UNRESOLVED_WARNING_STEPS = 2
 
 
 def _advance() -> None:
     st = _STATE
     if st is not None:
         st.advance()
+        if st.steps == UNRESOLVED_WARNING_STEPS:
+            _warn_if_unresolved(st)
+
+
+def _warn_if_unresolved(st: _State) -> None:
+    """A compressing policy with an automatic resolver that found no framework groups compresses at
+    most the "default" dimension: say so once, with what was looked for, instead of a silent 1.00x."""
+    found = getattr(st.resolver, "found", None)
+    if found is None or found:
+        return
+    compressing = sorted({dim for dim in ("dp", "tp", "pp", "ep") for op in OPS
+                          if st.policy.rule(dim, op).codec_obj is not None})
+    if compressing:
+        warn_once("ccoll-unresolved",
+                  "ccoll: policy %s compresses %s, but after %d optimizer steps no process group was placed on a "
+                  "parallel dimension, so only its 'default' rules applied. Looked for: %s. Pass "
+                  "ccoll.patch.install(policy, resolver=...) (ccoll.resolvers.TopologyResolver / RankSetResolver) "
+                  "for groups built another way.", st.policy.source, "/".join(compressing), st.steps,
+                  st.resolver.tried())
 
 
 def step() -> None:

@@ -22,7 +22,7 @@ Schema (``version: 1``)::
         all_gather: {codec: bf16}
 
 Each setting of (dimension, op) is looked up in this order: ``<dim>.ops.<op>``, ``<dim>``,
-``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes 4096, no error feedback,
+``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes ``ccoll.defaults.DEFAULT_MIN_BYTES`` = 4096, no error feedback,
 no warm-up, nothing excluded). ``exclude`` lists are replaced, not merged, by a more specific level.
 
 What a "step" is: one optimizer step. ``ccoll.patch`` counts them (by default with a global
@@ -47,6 +47,7 @@ from typing import Any, Mapping
 import torch
 
 from .codecs import Codec, get_codec
+from .defaults import DEFAULT_MIN_BYTES
 from .errors import PolicyError
 
 VERSION = 1
@@ -59,8 +60,6 @@ RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude")
 DIM_KEYS = RULE_KEYS + ("ops",)
 EXCLUDE_KEYS = ("dtype", "ndim")
 
-#: below this, a collective is latency-bound: encoding cannot pay for itself (4096 B = 1024 fp32)
-DEFAULT_MIN_BYTES = 4096
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,

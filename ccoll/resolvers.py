@@ -11,12 +11,16 @@ Point-to-point on WORLD: DeepSpeed's pipeline engine (runtime/pipe/p2p.py, torch
 ``dist.send/recv(tensor, peer)`` without a group, so WORLD send/recv is pipeline traffic when the
 topology has more than one stage.
 
-Nothing here imports deepspeed: resolvers take the topology or mpu object the caller already has.
+Nothing here imports deepspeed or megatron: the explicit resolvers take the topology or mpu object the
+caller already has; :class:`AutoResolver` (what ``ccoll.patch.install(policy)`` uses by default) looks
+only at modules already in ``sys.modules``.
 """
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import PolicyError
@@ -164,3 +168,263 @@ class MpuResolver:
             pipe_stages = len(rank_sets["pp"][0]) if "pp" in rank_sets else 1
             self._inner = RankSetResolver(rank_sets, p2p_on_world="pp" if pipe_stages > 1 else None)
             return self._inner
+
+
+# --- automatic resolution ---------------------------------------------------------------------------------
+#: torch DeviceMesh dimension names (torchtitan's spelling) -> policy dimension. Other names (cp, ...) have
+#: no policy dimension and stay unplaced.
+MESH_DIMS = {"dp": "dp", "dp_replicate": "dp", "dp_shard": "dp", "fsdp": "dp", "dp_shard_cp": "dp", "dp_cp": "dp",
+             "tp": "tp", "pp": "pp", "ep": "ep"}
+
+#: Megatron-core ``parallel_state`` group_desc -> policy dimension (the groups its initialize_model_parallel
+#: builds; combined groups such as MODEL_PARALLEL_GROUP or EMBEDDING_GROUP stay unplaced)
+MEGATRON_CORE_GROUPS = {
+    "DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp",
+    "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp",
+    "INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp", "EXPERT_DATA_PARALLEL_GROUP": "dp",
+    "EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "EXPERT_TENSOR_PARALLEL_GROUP": "tp",
+    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+}
+
+#: what AutoResolver looks for, in the order it trusts them (named in the "nothing resolved" warning)
+AUTO_SOURCES = (
+    "group_desc names (Megatron-core parallel_state, torch DeviceMesh 'mesh_<dim>')",
+    "DeviceMesh dims spanning all ranks (meshes built while ccoll.patch is installed)",
+    "GPT-NeoX/Megatron 'megatron.mpu' (model_parallel_is_initialized, get_topology)",
+    "DeepSpeed 'deepspeed.utils.groups' (mpu / PipelineParallelGrid topology, expert groups, DP world group)",
+)
+
+UNPLACED = "default"
+
+# DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is forgotten;
+# ordered: every rank reads them in the same order). Needed for one case only: a mesh dim spanning all
+# ranks reuses the default group, whose group_desc does not name the dim.
+_meshes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_mesh_version = 0
+_mesh_init_original: Callable | None = None
+
+
+def track_device_meshes(on: bool) -> None:
+    """Record every torch DeviceMesh built from now on (``ccoll.patch.install`` turns this on)."""
+    global _mesh_init_original
+    from torch.distributed import device_mesh
+
+    cls = device_mesh.DeviceMesh
+    if on and _mesh_init_original is None:
+        original = _mesh_init_original = cls.__init__
+
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            global _mesh_version
+            original(self, *args, **kwargs)
+            _mesh_version += 1
+            _meshes[_mesh_version] = self
+
+        cls.__init__ = __init__
+    elif not on and _mesh_init_original is not None:
+        cls.__init__ = _mesh_init_original
+        _mesh_init_original = None
+
+
+def _c10d_state() -> tuple[Any, int]:
+    """(default group or None, groups created so far): read per call, so from c10d's own variables
+    (the public properties cost several times more); looked up through the properties if a torch
+    version renames them."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    if hasattr(world, "_default_pg") and hasattr(c10d, "_group_count"):
+        def read() -> tuple[Any, int]:
+            return world._default_pg, c10d._group_count
+    else:  # pragma: no cover - other torch versions
+        def read() -> tuple[Any, int]:
+            return (world.default_pg if c10d.is_initialized() else None), world.group_count
+    globals()["_c10d_state"] = read
+    return read()
+
+
+def _ranks(group: Any) -> frozenset[int]:
+    try:
+        return frozenset(_dist().get_process_group_ranks(group))
+    except (ValueError, RuntimeError, AttributeError, TypeError):
+        return frozenset()
+
+
+class AutoResolver:
+    """Finds the parallel dimension of a group from what the training framework already built.
+
+    Looked up lazily at call time, from modules already imported (nothing is imported here):
+    group_desc names (Megatron-core ``parallel_state``, torch DeviceMesh ``mesh_<dim>`` with torchtitan's
+    dim names, see :data:`MESH_DIMS` / :data:`MEGATRON_CORE_GROUPS`), DeviceMesh dims that span all ranks
+    (those reuse the default group), GPT-NeoX / Megatron ``megatron.mpu`` (its topology, or its own
+    groups), and DeepSpeed's ``deepspeed.utils.groups`` (its mpu -- a PipelineParallelGrid in pipeline
+    runs -- with its topology, expert-parallel groups -> ep, expert-data-parallel -> dp, and, with no mpu,
+    the cloned world group -> dp). Groups nothing places belong to the policy's ``default`` dimension.
+
+    WORLD is placed like any group, by rank set: when data parallelism spans all ranks, a WORLD
+    collective *is* a DP collective (same ranks, same meaning), so it follows the ``dp`` rules. WORLD
+    send/recv is ``pp`` when a pipeline topology (or a DeviceMesh ``pp`` dim over all ranks) exists,
+    otherwise ``default``: DeepSpeed's pipeline engine sends on WORLD.
+
+    Per call: a signature of the frameworks' state (group count, default group, DeepSpeed's mpu and world
+    group, meshes built) is compared, then one dict lookup keyed by the group object, held weakly (a
+    destroyed group cannot answer for a new one that reuses its address). The cache is rebuilt only when
+    the signature changes, which happens at the same program point on every rank (group creation is
+    collective), so all ranks -- both sides of a send/recv -- always decide alike.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._signature: tuple | None = None
+        # id(group) -> (weak reference, dim): one dict lookup per call; the reference proves the entry is
+        # still about this group object and not a dead one whose address was reused
+        self._cache: dict[int, tuple[weakref.ref, str]] = {}
+        self._by_group: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self._by_ranks: dict[frozenset[int], str] = {}
+        self._p2p_on_world = UNPLACED
+        #: sources that placed at least one group (empty: nothing resolved so far)
+        self.found: set[str] = set()
+
+    # --- per call -------------------------------------------------------------------------------------
+    def __call__(self, group: Any, op: str) -> str:
+        default_pg, group_count = _c10d_state()
+        if default_pg is None:
+            return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
+        ds = sys.modules.get("deepspeed.utils.groups")
+        sig = (group_count, id(default_pg), _mesh_version,
+               0 if ds is None else id(ds.mpu), 0 if ds is None else id(getattr(ds, "_WORLD_GROUP", None)))
+        if sig != self._signature:
+            self._refresh(sig, default_pg)
+        g = default_pg if group is None else group
+        if op == "send_recv" and g is default_pg:
+            return self._p2p_on_world
+        entry = self._cache.get(id(g))
+        if entry is not None and entry[0]() is g:
+            return entry[1]
+        return self._lookup(g)
+
+    def _lookup(self, g: Any) -> str:
+        dim = None
+        desc = getattr(g, "group_desc", "") or ""
+        if desc.startswith("mesh_") and desc[5:] in MESH_DIMS:
+            dim = MESH_DIMS[desc[5:]]
+            self.found.add("DeviceMesh")
+        elif desc in MEGATRON_CORE_GROUPS:
+            dim = MEGATRON_CORE_GROUPS[desc]
+            self.found.add("megatron.core.parallel_state")
+        if dim is None:
+            try:
+                dim = self._by_group.get(g)
+            except TypeError:
+                dim = None
+        if dim is None:
+            dim = self._by_ranks.get(_ranks(g))
+        dim = dim or UNPLACED
+        try:
+            ref = weakref.ref(g)
+        except TypeError:
+            return dim  # not weak-referenceable: looked up every time
+        with self._lock:
+            self._cache[id(g)] = (ref, dim)
+        return dim
+
+    # --- when the frameworks' state changed -----------------------------------------------------------
+    def _refresh(self, sig: tuple, default_pg: Any) -> None:
+        by_group: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        by_ranks: dict[frozenset[int], str] = {}
+        found: set[str] = set()
+        pipe_stages = 1
+
+        def add(dim: str, source: str, groups=(), rank_sets=()) -> None:
+            for grp in groups:
+                if grp is not None:
+                    try:
+                        by_group.setdefault(grp, dim)
+                    except TypeError:
+                        pass
+                    rank_sets = list(rank_sets) + [_ranks(grp)]
+            for ranks in rank_sets:
+                key = frozenset(int(r) for r in ranks)
+                if len(key) > 1:
+                    by_ranks.setdefault(key, dim)
+                    found.add(source)
+
+        def add_topology(topo: Any, source: str) -> int:
+            axes = set(topo.get_axis_names())
+            for dim in _DIMS:
+                for axis, d in AXES.items():
+                    if d == dim and axis in axes:
+                        add(dim, source, rank_sets=topo.get_axis_comm_lists(axis))
+            return topo.get_dim("pipe") if "pipe" in axes else 1
+
+        # DeviceMesh dims (all of them; group_desc already names the ones that are not the default group)
+        for _, mesh in sorted(_meshes.items()):
+            names = getattr(mesh, "mesh_dim_names", None) or ()
+            for name in names:
+                dim = MESH_DIMS.get(name)
+                if dim is None:
+                    continue
+                try:
+                    grp = mesh.get_group(name)
+                except Exception:  # noqa: BLE001 - a mesh this rank is not part of, or being torn down
+                    continue
+                add(dim, "DeviceMesh", groups=[grp])
+                if dim == "pp" and _ranks(grp) == _ranks(default_pg):
+                    pipe_stages = max(pipe_stages, 2)
+
+        # GPT-NeoX / Megatron (legacy) mpu
+        mpu = sys.modules.get("megatron.mpu")
+        if mpu is not None and _call(mpu, "model_parallel_is_initialized"):
+            topo = _call(mpu, "get_topology")
+            if topo is not None:
+                pipe_stages = max(pipe_stages, add_topology(topo, "megatron.mpu"))
+            else:
+                add("dp", "megatron.mpu", groups=[_call(mpu, "get_data_parallel_group")])
+                add("tp", "megatron.mpu", groups=[_call(mpu, "get_model_parallel_group")])
+                pipe = _call(mpu, "get_pipe_parallel_group")
+                if pipe is not None:
+                    add("pp", "megatron.mpu", groups=[pipe])
+                    pipe_stages = max(pipe_stages, len(_ranks(pipe)))
+
+        # DeepSpeed
+        ds = sys.modules.get("deepspeed.utils.groups")
+        if ds is not None:
+            ds_mpu = getattr(ds, "mpu", None)
+            if ds_mpu is not None:
+                topo = getattr(ds_mpu, "_topo", None) or _call(ds_mpu, "get_topology")
+                if topo is not None and hasattr(topo, "get_axis_comm_lists"):
+                    pipe_stages = max(pipe_stages, add_topology(topo, "deepspeed"))
+                else:
+                    add("dp", "deepspeed", groups=[_call(ds_mpu, "get_data_parallel_group")])
+                    add("tp", "deepspeed", groups=[_call(ds_mpu, "get_model_parallel_group")])
+            elif getattr(ds, "_WORLD_GROUP", None) is not None:
+                add("dp", "deepspeed", groups=[ds._WORLD_GROUP])  # no mpu: DeepSpeed's DP is every rank
+            add("ep", "deepspeed", groups=list(getattr(ds, "_EXPERT_PARALLEL_GROUP", {}).values()),
+                rank_sets=list(getattr(ds, "_EXPERT_PARALLEL_GROUP_RANKS", {}).values()))
+            add("dp", "deepspeed", groups=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP", {}).values()),
+                rank_sets=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP_RANKS", {}).values()))
+
+        with self._lock:
+            self._by_group = by_group
+            self._by_ranks = by_ranks
+            self._p2p_on_world = "pp" if pipe_stages > 1 else UNPLACED
+            self._cache = {}
+            self.found |= found
+            self._signature = sig
+
+    def tried(self) -> str:
+        """What this resolver looks for (for the warning when nothing was placed)."""
+        return "; ".join(AUTO_SOURCES)
+
+
+def _call(obj: Any, name: str) -> Any:
+    """``obj.name()`` or None when the accessor is missing or asserts that it is not initialised."""
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn()
+    except (AssertionError, RuntimeError, AttributeError, TypeError, KeyError):
+        return None

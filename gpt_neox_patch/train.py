@@ -6,11 +6,13 @@
 deepy.py hands this script to the DeepSpeed launcher in place of NeoX's train.py; on every rank it
 1. loads the policy named by ``CCOLL_POLICY`` (NeoX rejects unknown YAML keys, so the policy travels in
    the environment) and fails before any work if it is missing or invalid;
-2. installs ``ccoll.patch`` with a :class:`ccoll.resolvers.MpuResolver` over NeoX's ``megatron.mpu``,
-   before NeoX calls ``deepspeed.init_distributed``: the policy fingerprints are compared right after
-   the process group comes up, and DeepSpeed's backend caches the wrapped all-gather/reduce-scatter;
-   the resolver stays pass-through until ``mpu.initialize_model_parallel`` has built the groups, then
-   maps NeoX's data / model / pipe groups (and the pipeline engine's WORLD send/recv) to dp / tp / pp;
+2. installs ``ccoll.patch`` with the automatic resolver (:class:`ccoll.resolvers.AutoResolver`) before
+   NeoX calls ``deepspeed.init_distributed``: the policy fingerprints are compared right after the
+   process group comes up, and DeepSpeed's backend caches the wrapped all-gather/reduce-scatter; until
+   ``mpu.initialize_model_parallel`` has built NeoX's groups every call uses the policy's ``default``
+   rules (native in the shipped policies), then NeoX's data / model / pipe groups (found through
+   ``megatron.mpu``'s topology) and the pipeline engine's WORLD send/recv are dp / tp / pp. An explicit
+   ``MpuResolver(megatron.mpu)`` is still available for scripts that want exactly NeoX's groups;
 3. runs NeoX's own ``train.py`` unchanged (same ``sys.argv``), as ``__main__``.
 
 ``GPT_NEOX_DIR`` names the NeoX checkout (default: the working directory, where deepy.py runs).
@@ -44,10 +46,8 @@ def main() -> None:
     sys.path.insert(0, neox_dir)
 
     import ccoll.patch
-    from ccoll.resolvers import MpuResolver
-    from megatron import mpu  # NeoX's own module; its groups do not exist yet
 
-    ccoll.patch.install(policy_path, resolver=MpuResolver(mpu))
+    ccoll.patch.install(policy_path)  # automatic resolver: finds megatron.mpu's groups once they exist
     sys.argv[0] = neox_train
     runpy.run_path(neox_train, run_name="__main__")
 

@@ -7,6 +7,10 @@ Two spawned jobs, each trains a few steps per policy in the same processes (same
   built from DeepSpeed's topology (PipelineParallelGrid), DP by a DeepSpeed engine with ZeRO-2.
 Policies: unpatched, configs/baseline.yaml (must be bit-identical to unpatched), configs/hybrid.yaml,
 and (pipeline) hybrid with the ZeRO-1 parameter all-gather compressed too (replicas must stay identical).
+Every policy is installed the way a user writes it first -- ``ccoll.patch.install(policy)``, no resolver,
+before ``deepspeed.initialize`` -- so the automatic resolver has to find DeepSpeed's groups by itself
+(its PipelineParallelGrid / the mpu passed to initialize). The explicit TopologyResolver is used once, for
+the exclusion check on raw WORLD send/recv.
 """
 from __future__ import annotations
 
@@ -157,7 +161,7 @@ def _pipe_job(rank: int, world: int):
         return {"losses": losses, "params": flat, "replicas_identical": _replicas_identical(flat, engine.grid.get_data_parallel_group()),
                 "mask_ok": bool(mask_ok) and all(mask_ok)}
 
-    results = _run_policies(_policies(), TopologyResolver(topo), train)
+    results = _run_policies(_policies(), None, train)  # None: automatic resolution
 
     # the exclusion rule itself on WORLD p2p (= PP): a float16 tensor arrives bit-exact, fp32 is int8
     import ccoll.patch as patch
@@ -196,6 +200,12 @@ def _calls(stats, **kw) -> int:
     return sum(r["calls"] for r in _rows(stats, **kw))
 
 
+def _ratio(stats, dim, codec) -> float:
+    """raw / wire bytes of one dimension's traffic under one codec (the codec's compression ratio)."""
+    rows = _rows(stats, dim=dim, codec=codec)
+    return sum(r["raw_bytes"] for r in rows) / max(1, sum(r["wire_bytes"] for r in rows))
+
+
 def test_given_pipeline_2x_data_2_when_baseline_patched_expect_losses_bit_identical_to_unpatched(pipe_results):
     for res in pipe_results:
         assert res["unpatched"]["losses"] == res["baseline"]["losses"]
@@ -205,7 +215,17 @@ def test_given_pipeline_2x_data_2_when_baseline_patched_expect_losses_bit_identi
         assert _calls(st, dim="dp", op="all_reduce") > 0 and _calls(st, dim="pp") > 0
 
 
+def _report(layout: str, res: dict) -> None:
+    """Rank 0's hybrid wire ratios and final-loss delta against the unpatched run (shown with pytest -s)."""
+    st = res["hybrid"]["stats"]
+    ratios = {d: round(_ratio(st, d, c), 2) for d, c in (("dp", INT4_64), ("tp", INT8_256), ("pp", INT8_256))
+              if _rows(st, dim=d, codec=c)}
+    a, b = res["hybrid"]["losses"][-1], res["unpatched"]["losses"][-1]
+    print(f"\nDeepSpeed {layout}: hybrid wire ratios {ratios}; final loss {a:.5f} vs {b:.5f} unpatched ({a - b:+.5f})")
+
+
 def test_given_pipeline_2x_data_2_when_hybrid_expect_dp_int4_pp_int8_mask_exact_and_replicas_identical(pipe_results):
+    _report("PP2xDP2 ZeRO-1", pipe_results[0])
     for res in pipe_results:
         run = res["hybrid"]
         st = run["stats"]
@@ -221,6 +241,8 @@ def test_given_pipeline_2x_data_2_when_hybrid_expect_dp_int4_pp_int8_mask_exact_
         assert not _rows(st, dim="tp")
         for r in _rows(st, codec=INT4_64) + _rows(st, codec=INT8_256):
             assert r["wire_bytes"] * 3 < r["raw_bytes"], r
+        assert _ratio(st, "dp", INT4_64) == pytest.approx(32 / 4.5, rel=0.05)
+        assert _ratio(st, "pp", INT8_256) == pytest.approx(32 / 8.125, rel=0.02)
         assert run["mask_ok"] and run["replicas_identical"]
         assert run["cdb_rebound"] and run["cdb_restored"]
     assert all(r["p2p_half_exact"] and r["p2p_fp32_compressed"] for r in pipe_results if "p2p_half_exact" in r)
@@ -242,8 +264,6 @@ def _tp_job(rank: int, world: int):
     import torch.distributed as dist
     import torch.nn as nn
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
-
-    from ccoll.resolvers import TopologyResolver
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -316,7 +336,7 @@ def _tp_job(rank: int, world: int):
         flat = _flat_params(engine.module)
         return {"losses": losses, "replicas_identical": _replicas_identical(flat, grid.get_data_parallel_group())}
 
-    results = _run_policies(_policies()[:3], TopologyResolver(topo), train)
+    results = _run_policies(_policies()[:3], None, train)  # None: automatic resolution (the mpu passed to initialize)
     results["coord"] = {"tp": tp_rank, "data": dp_rank}
     return results
 
@@ -334,6 +354,7 @@ def test_given_tensor_2x_data_2_when_baseline_patched_expect_losses_bit_identica
 
 
 def test_given_tensor_2x_data_2_when_hybrid_expect_tp_int8_dp_int4_and_identical_replicas(tp_results):
+    _report("TP2xDP2 ZeRO-2", tp_results[0])
     for res in tp_results:
         run = res["hybrid"]
         st = run["stats"]
@@ -341,6 +362,8 @@ def test_given_tensor_2x_data_2_when_hybrid_expect_tp_int8_dp_int4_and_identical
         # per step: 2 forward row-parallel reduces + 1 backward column-parallel reduce (the first block's
         # input needs no gradient); the tp-group scalar reductions (grad norm) stay native
         assert _calls(st, dim="tp", op="all_reduce", codec=INT8_256) == 3 * STEPS
+        assert _ratio(st, "tp", INT8_256) == pytest.approx(32 / 8.125, rel=0.02)
+        assert _ratio(st, "dp", INT4_64) == pytest.approx(32 / 4.5, rel=0.05)
         assert all(r["histogram"] == {"4": r["calls"]} for r in _rows(st, dim="tp", codec="native"))
         assert _calls(st, dim="dp", op="all_reduce", codec=INT4_64) >= STEPS
         assert not _rows(st, dim="pp")

@@ -1,5 +1,6 @@
-"""gpt_neox_patch/train.py against a minimal stand-in GPT-NeoX checkout (GPT-NeoX itself needs CUDA, so
-its real import cannot run here). The stand-in mirrors what the wrapper relies on: a ``train.py`` run as
+"""gpt_neox_patch/train.py's launch path against a minimal stand-in GPT-NeoX checkout: NeoX's own
+train.py / megatron/initialize.py assert CUDA, so that path cannot run here (the real GPT2ModelPipe is
+trained in test_gpt_neox_real.py, with NeoX's init calls made directly). The stand-in mirrors what the wrapper relies on: a ``train.py`` run as
 ``__main__`` that calls ``deepspeed.init_distributed`` (real DeepSpeed, gloo, CPU) and then
 ``megatron.mpu.initialize_model_parallel(..., topology=PipeModelDataParallelTopology)``, and an mpu
 module with NeoX's accessor names. 4 ranks: tensor 2 x data 2, policy configs/hybrid.yaml."""
@@ -83,7 +84,7 @@ def main():
                           and ds_comm.cdb.reduce_scatter_function is dist.reduce_scatter_tensor)
     out["policy_source"] = ccoll.patch.current_policy().source
     t = torch.ones(4096)
-    dist.all_reduce(t)  # before mpu exists: the resolver does not place anything yet
+    dist.all_reduce(t)  # before mpu exists: nothing is placed on a parallel dimension yet
     out["stats_before_mpu"] = ccoll.stats()
     mpu.initialize_model_parallel(2, topology=PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=2))
     ccoll.reset_stats()
@@ -153,7 +154,8 @@ def test_given_standin_neox_when_launched_through_wrapper_expect_patch_before_in
         assert out["argv"] == argv  # NeoX's train.py sees deepy's arguments unchanged
         assert out["installed_before_init"] and out["cdb_wrapped"]
         assert out["policy_source"].endswith("hybrid.yaml")
-        assert out["stats_before_mpu"] == []  # nothing placed before mpu built its groups
+        # before mpu built its groups: the policy's default dimension (native), nothing on dp/tp/pp
+        assert [(r["dim"], r["codec"]) for r in out["stats_before_mpu"]] == [("default", "native")]
         by = {(r["dim"], r["op"], r["codec"]): r["calls"] for r in out["stats"]}
         assert by == {("dp", "all_reduce", int4): 1, ("tp", "all_reduce", int8): 1, ("dp", "all_reduce", "native"): 1}, by
         # CCOLL_STATS: one dump per rank, at exit

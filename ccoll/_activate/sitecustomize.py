@@ -1,0 +1,69 @@
+"""ccoll's zero-code activation, run by Python at start-up in every process that has this directory on
+PYTHONPATH (``ccoll-run`` / ``python -m ccoll.run`` put it there; torchrun, the deepspeed launcher and
+mpirun -x pass PYTHONPATH on to every rank).
+
+With ``CCOLL_POLICY`` set, the process gets ``ccoll.patch.install(CCOLL_POLICY)`` (automatic resolver)
+as soon as ``torch`` has been imported -- before any user code can reach torch.distributed, and without
+importing torch (or deepspeed) in processes that never use it. Without ``CCOLL_POLICY`` it does nothing.
+Any other ``sitecustomize`` on the path (a distribution's, a site's) still runs, first. A policy that
+cannot be installed is an error in the process that imports torch (a traceback, non-zero exit), never a
+silent uncompressed run.
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain() -> None:
+    """Run the sitecustomize this one shadows (the next one on sys.path), under its own name."""
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["_ccoll_chained_sitecustomize"] = module
+
+
+def _install() -> None:
+    import ccoll.patch
+
+    ccoll.patch.install(os.environ["CCOLL_POLICY"])
+
+
+class _AfterTorch:
+    """Meta-path finder that lets the normal finders locate ``torch`` and runs :func:`_install` right after
+    torch's own ``__init__`` has finished (torch.distributed and torch.optim are then complete)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            sys.modules[name] = module  # what the import system does right after; ccoll imports torch
+            _install()
+
+        spec.loader.exec_module = exec_then_install
+        return spec
+
+
+def _activate() -> None:
+    if not os.environ.get("CCOLL_POLICY"):
+        return
+    if "torch" in sys.modules:
+        _install()
+    else:
+        sys.meta_path.insert(0, _AfterTorch())
+
+
+_chain()
+_activate()
