@@ -522,9 +522,10 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                fn = getattr(_collectives(), name)
-                h = fn(tensor, global_peer, group=group, codec=codec, tag=tag, min_bytes=0,
-                       salt=st.salt(st.call_key(dim, stat_op, group)))
+                salt = st.salt(st.call_key(dim, stat_op, group))  # decoding needs none: receivers take no salt
+                extra = {"salt": salt} if sending else {}
+                h = getattr(_collectives(), name)(tensor, global_peer, group=group, codec=codec, tag=tag,
+                                                  min_bytes=0, **extra)
         finally:
             _local.busy = False
         if is_async:
