@@ -119,26 +119,28 @@ class _PackedFeedback(ErrorFeedback):
         super().__init__()
         self._state, self._regions, self._rank = state, regions, rank
         fb_dtype = codec.feedback_dtype(dtype)
+        self._segments = collectives._segments(total, world, torch.empty((), dtype=dtype).element_size(),
+                                               codec.align_numel)
+        # the last segment's rows may run past the bucket (zero padding): its residuals stay zero
+        padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
+        self._world = world
         self._packed = {}
         for kind in ("rs", "ag"):
-            packed = torch.zeros(total, dtype=fb_dtype, device=device)
+            packed = torch.zeros(padded_total, dtype=fb_dtype, device=device)
             for name, off, _, padded in regions:
                 packed[off:off + padded].copy_(state.feedback.buffer((name, kind), padded, dtype, device, codec))
             self._packed[kind] = packed
-        self._segments = collectives._segments(total, world, torch.empty((), dtype=dtype).element_size())
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
+        # the collectives' keys: (key, "rs") + segment -> p * chunk residuals of the segment's rows;
+        # (key, "ag") + segment -> the chunk this rank owns
         kind, rest = key[1], key[2:]
-        if kind == "rs":
-            row, seg = rest[0], (rest[1] if len(rest) > 1 else 0)
-        elif kind == "ag":
-            row, seg = self._rank, (rest[0] if rest else 0)
-        else:
+        if kind not in ("rs", "ag"):
             raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
-        lo, _, chunk = self._segments[seg]
-        if numel != chunk:
-            raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {chunk}")
-        start = lo + row * chunk
+        lo, _, chunk = self._segments[rest[0] if rest else 0]
+        start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
+        if numel != expected:
+            raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")
         return self._packed[kind][start:start + numel]
 
     def store(self) -> None:

@@ -194,11 +194,11 @@ def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> i
     if codec is None:
         return numel * elt
     if op == "all_reduce":
-        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in _segments(numel, group, elt))
+        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in _segments(numel, group, elt, codec.align_numel))
     if op == "reduce_scatter":
-        return sum(group * codec.encoded_nbytes(n, dtype) for _, n in _spans(numel // group, group, elt))
+        return sum(group * codec.encoded_nbytes(n, dtype) for _, n in _spans(numel // group, group, elt, codec.align_numel))
     if op == "all_gather":
-        return sum(codec.encoded_nbytes(n, dtype) for _, n in _spans(numel, group, elt))
+        return sum(codec.encoded_nbytes(n, dtype) for _, n in _spans(numel, group, elt, codec.align_numel))
     return codec.encoded_nbytes(numel, dtype)
 
 

@@ -66,16 +66,16 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
         off += n
     total = -(-off // 128) * 128
     ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec, world=2, rank=1)
-    segments = collectives._segments(total, 2, 4)
+    segments = collectives._segments(total, 2, 4, codec.align_numel)
     assert (len(segments) > 1) == (segment_bytes is not None)
     seen = 0
     for s, (lo, seg_numel, chunk) in enumerate(segments):
         suffix = () if s == 0 else (s,)
-        for i in range(2):
-            view = ef.buffer(("k", "rs", i) + suffix, chunk, torch.float32, "cpu", codec)
-            assert view.numel() == chunk and view.is_contiguous()
-            view.add_(1)  # what an encode's residual update would do
-            seen += chunk
+        view = ef.buffer(("k", "rs") + suffix, 2 * chunk, torch.float32, "cpu", codec)  # the segment's 2 rows
+        assert view.numel() == 2 * chunk and view.is_contiguous()
+        assert view.data_ptr() == ef._packed["rs"][lo:].data_ptr()
+        view.add_(1)  # what an encode's residual update would do
+        seen += 2 * chunk
         ag = ef.buffer(("k", "ag") + suffix, chunk, torch.float32, "cpu", codec)
         ag.fill_(7)
         assert ag.data_ptr() == ef._packed["ag"][lo + chunk:].data_ptr()  # rank 1 owns the second chunk
@@ -84,4 +84,4 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     assert torch.equal(st.feedback.residual(("a", "rs")), torch.arange(sizes["a"]) + 1.0)
     assert torch.equal(st.feedback.residual(("b", "rs")), torch.arange(sizes["b"]) + 1001.0)
     with pytest.raises(PolicyError, match="expected"):
-        ef.buffer(("k", "rs", 0), 3, torch.float32, "cpu", codec)
+        ef.buffer(("k", "rs"), 3, torch.float32, "cpu", codec)
