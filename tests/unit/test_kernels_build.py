@@ -86,9 +86,9 @@ def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifyi
     import ccoll.codecs.zfp as zfp_codec
 
     kernels.verify_nvrtc_build(zfp_build)  # the real module exports what zfp.py launches
-    assert {"ccoll_zfp_encode_f32", "ccoll_zfp_decode_f64", "ccoll_zfp_decode_sum_f32"} <= zfp_build.entries
-    monkeypatch.setattr(zfp_codec, "CUDA_KERNELS", ("ccoll_zfp_encode_f32", "ccoll_zfp_encode_f128"), raising=False)
-    assert kernels.launched_kernels("zfp") == ["ccoll_zfp_encode_f32", "ccoll_zfp_encode_f128"]
+    assert {"ccoll_zfp_encode_rows_f32", "ccoll_zfp_decode_rows_f64", "ccoll_zfp_decode_sum_f32"} <= zfp_build.entries
+    monkeypatch.setattr(zfp_codec, "CUDA_KERNELS", ("ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"), raising=False)
+    assert kernels.launched_kernels("zfp") == ["ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"]
     with pytest.raises(KernelError, match="ccoll_zfp_encode_f128"):
         kernels.verify_nvrtc_build(zfp_build)
 
