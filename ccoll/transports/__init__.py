@@ -141,17 +141,22 @@ class Handle:
         return fut
 
 
-_waiter: Any = None
-_waiter_lock = threading.Lock()
-
-
 def _submit_wait(handle: "Handle") -> "concurrent.futures.Future":
-    """``handle.wait()`` on a ccoll waiter thread (a few, so one slow wait does not hold up others)."""
-    global _waiter
-    with _waiter_lock:
-        if _waiter is None:
-            _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ccoll-wait")
-    return _waiter.submit(handle.wait)
+    """``handle.wait()`` on its own daemon thread. Not a bounded pool: a wait may block until other
+    ranks' waits run (the in-memory transport of ``simulated_world`` is one rendezvous per collective),
+    so a pool smaller than the number of outstanding handles could deadlock."""
+    cf: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            handle.wait()
+        except BaseException as e:  # noqa: BLE001 - delivered through the future
+            cf.set_exception(e)
+        else:
+            cf.set_result(None)
+
+    threading.Thread(target=run, name="ccoll-wait", daemon=True).start()
+    return cf
 
 
 def _wait_one(w: Any) -> None:
