@@ -154,8 +154,14 @@ def dump(path: str) -> str:
 
 
 def _dump_at_exit() -> None:
+    """A launcher process (torchrun, deepspeed) imports torch too, so ccoll-run activates ccoll there;
+    it never joins the world and records nothing. Writing its empty table would put a stray rank-0 file
+    beside (or over) the real rank 0's, so a process that recorded nothing writes nothing."""
     path = os.environ.get("CCOLL_STATS")
-    if path:
+    if not path:
+        return
+    _flush()  # the patch's pass-through counts are handed over here
+    if _table:
         dump(path)
 
 

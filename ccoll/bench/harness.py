@@ -615,7 +615,7 @@ def _wire_ratio(codec, raw_before: tuple[int, int]) -> float:
 
 
 def _recorded(spec: str) -> tuple[int, int]:
-    from ..stats import stats  # the package attribute ccoll.stats is this function, not the module
+    from ..stats import stats
 
     rows = [r for r in stats() if r["codec"] == spec]
     return sum(r["raw_bytes"] for r in rows), sum(r["wire_bytes"] for r in rows)

@@ -62,6 +62,8 @@ def test_given_torchrun_and_plain_script_when_ccoll_run_expect_world_mesh_dp_gra
         assert row["raw_bytes"] / row["wire_bytes"] == pytest.approx(32 / 4.5, rel=0.01)
         assert rows[("dp", "all_reduce", "native")]["calls"] == 2 * 3  # the biases: below min_bytes
         assert not [k for k in rows if k[0] == "default"]  # WORLD (the mesh's dp group) was placed on dp
+    # the torchrun launcher process is activated too but joins no world: it must not leave an empty table
+    assert not (tmp_path / "stats.json").exists()
 
 
 @pytest.mark.slow
