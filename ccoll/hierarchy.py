@@ -231,9 +231,11 @@ def _with_subgroups(tr: Transport, lay: Layout) -> Layout:
         comm = tr.comm
         intra = comm.Split(lay.node, lay.local)
         inter = comm.Split(lay.local, lay.node)
+    elif tr.kind == "memory":
+        intra, inter = _memory_group(tr, intra_members), _memory_group(tr, inter_members)
     else:
         raise TransportError(f"hierarchy: cannot create subgroups of a {tr.kind or type(tr).__name__} group "
-                             f"(torch.distributed and MPI groups only)")
+                             f"(torch.distributed, MPI and simulated groups only)")
     ti, tx = for_group(intra), for_group(inter)
     if ti.world_size != lay.local_size or ti.rank != lay.local or tx.world_size != lay.nodes:
         raise TransportError(f"hierarchy: subgroup creation gave ranks {ti.rank}/{ti.world_size} and "
@@ -255,6 +257,32 @@ def _torch_group(tr: Transport, members: list[int]) -> Any:
         with _lock:
             _subgroups[key] = g
     return g
+
+
+def _memory_group(tr: Transport, members: list[int]) -> Any:
+    """A simulated world's subgroup of ``members`` (its ranks, in this order): one shared
+    :class:`~ccoll.transports.memory.MemoryWorld` per member list, created by the first member to get
+    here; its transport names the parent world's ranks (salts and rank arguments stay global). A
+    failing rank aborts the parent world only: waits in a subgroup end at the world's timeout."""
+    from .transports.memory import MemoryTransport, MemoryWorld
+
+    class _Sub(MemoryTransport):
+        def group_rank(self, global_rank: int) -> int:
+            if int(global_rank) not in members:
+                raise TransportError(f"rank {global_rank} is not in the simulated subgroup {members}")
+            return members.index(int(global_rank))
+
+        def global_rank(self, group_rank: int) -> int:
+            return members[int(group_rank)]
+
+    world = tr.world
+    with world.cond:
+        sub = world.objects.get(("ccoll.hierarchy", tuple(members)))
+        if sub is None:
+            sub = world.objects[("ccoll.hierarchy", tuple(members))] = MemoryWorld(len(members), world.timeout_s)
+    group = sub.groups[members.index(tr.global_rank(tr.rank))]
+    group.ccoll_transport = _Sub(group)
+    return group
 
 
 def _resolve(group: Any) -> Layout | None:
