@@ -202,3 +202,12 @@ def test_hierarchy_given_2_nodes_x_2_ranks_expect_one_lossy_phase_identical_repl
     for name, figs in reports[0].items():
         for what, (hier, flat) in figs.items():
             print(f"{name}: {what} {hier:.3g} / {flat:.3g}")
+
+
+@pytest.mark.mpi
+def test_hierarchy_given_mpi_comm_split_into_interleaved_nodes_expect_bounded_identical_results():
+    from launch import run_mpi
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hierarchy_mpi_checks.py")
+    out = run_mpi(4, script, timeout_s=180, env={"CCOLL_NODE_MAP": "0,1,0,1"}).stdout
+    assert "CCOLL_HIER_OK" in out, out[-4000:]
