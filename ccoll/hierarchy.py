@@ -341,37 +341,76 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
         raise PolicyError("all_reduce: error_feedback needs key= naming the logical tensor")
     t0 = flat._start()
     t = tensor.detach()
-    n, dtype, L = t.numel(), t.dtype, lay.local_size
-    k = -(-n // L)
-    src = torch.zeros(L * k, dtype=dtype, device=t.device)
-    src[:n].copy_(t.reshape(-1))
-    part = torch.empty(k, dtype=dtype, device=t.device)
+    n, dtype, L, N, dev = t.numel(), t.dtype, lay.local_size, lay.nodes, t.device
     intra, inter = for_group(lay.intra), for_group(lay.inter)
-    intra.native_reduce_scatter(part, src, "sum")  # this node's exact partial sum of block `local`
-    if lay.nodes == 2:
-        # one lossy phase: each peer encodes its node's partial block once; all decode the same rows
-        payload = flat._rows(1, c.encoded_nbytes(k, dtype), t.device)
-        fb = flat._feedback(error_feedback, (key, "node"), k, dtype, t.device, c)
-        c.encode_rows(part, payload, k, feedback=fb, salt=flat._salts(salt, inter)(2, 0))
-        rows = flat._rows(lay.nodes, payload.shape[1], t.device)
-        inter.all_gather(rows.view(-1), payload.view(-1))
-        acc = c.decode_sum(rows, k, dtype, out=torch.empty(k, dtype=torch.float32, device=t.device))
+    flat_in = flat._contig(t.reshape(-1))
+    # N = 2: pipelined over the flat collectives' segments (a segment's L blocks aligned to the codec),
+    # so the intra-node phases of one segment overlap the inter-node exchange of another. N > 2: one
+    # segment; the inner flat all_reduce pipelines itself (and keeps its error-feedback keys).
+    segments = flat._segments(n, L, t.element_size(), c.align_numel) if N == 2 else [(0, n, -(-n // L))]
+    parts, scatters = [], []
+    for lo, seg_numel, k in segments:  # every intra-node reduce-scatter is issued first, in order
+        if seg_numel == L * k:
+            src = flat_in[lo:lo + seg_numel]
+        else:
+            src = torch.zeros(L * k, dtype=dtype, device=dev)
+            src[:seg_numel].copy_(flat_in[lo:lo + seg_numel])
+        parts.append(torch.empty(k, dtype=dtype, device=dev))
+        scatters.append((src, intra.native_reduce_scatter(parts[-1], src, "sum", True)))
+    salt_of = flat._salts(salt, inter) if N == 2 else None
+    wire = [0, 0]  # raw and payload bytes of the node exchange (N = 2)
+    exchanges: list = []  # (segment, payload, rows, handle), issued, not yet summed
+    gathers: list = []  # (segment, gathered, handle)
+
+    def exchanged(s: int, k: int, reduced: torch.Tensor) -> None:
+        """The node exchange of segment s is done: divide for avg, issue its intra-node all-gather."""
         if opn == "avg":
-            acc.div_(lay.nodes * L)
-        part = acc if dtype == torch.float32 else acc.to(dtype)
-        record_stats("all_reduce", c.spec, k * t.element_size(), payload.numel(), time.perf_counter() - t0[0], dim=t0[1])
-    else:
-        flat.all_reduce(part, "sum", lay.inter, c, False, error_feedback=error_feedback, key=key,
-                        min_bytes=0, salt=salt)
-        if opn == "avg":
-            part.div_(lay.nodes * L)
-    whole = torch.empty(L * k, dtype=dtype, device=t.device)
-    work = intra.native_all_gather(whole, part, async_op)
+            reduced.div_(N * L)
+        mine = reduced if reduced.dtype == dtype else reduced.to(dtype)
+        whole = torch.empty(L * k, dtype=dtype, device=dev)
+        gathers.append((s, whole, intra.native_all_gather(whole, mine, True)))
+
+    def sum_payloads(x) -> None:
+        s, payload, rows, work = x
+        work.wait()
+        k = segments[s][2]
+        exchanged(s, k, c.decode_sum(rows, k, dtype, out=torch.empty(k, dtype=torch.float32, device=dev)))
+
+    for s, ((lo, seg_numel, k), (src, work)) in enumerate(zip(segments, scatters)):
+        work.wait()  # this node's exact partial sum of block `local` of segment s
+        part = parts[s]
+        if N == 2:
+            # one lossy phase: each peer encodes its node's partial block once; both decode the same rows
+            payload = flat._rows(1, c.encoded_nbytes(k, dtype), dev)
+            fb = flat._feedback(error_feedback, (key, "node") + flat._ef_segment(s), k, dtype, dev, c)
+            c.encode_rows(part, payload, k, feedback=fb, salt=salt_of(2, s))
+            rows = flat._rows(N, payload.shape[1], dev)
+            wire[0] += k * t.element_size()
+            wire[1] += payload.numel()
+            exchanges.append((s, payload, rows, inter.all_gather(rows.view(-1), payload.view(-1), True)))
+            if len(exchanges) > 1:
+                sum_payloads(exchanges.pop(0))
+        else:
+            flat.all_reduce(part, "sum", lay.inter, c, False, error_feedback=error_feedback, key=key,
+                            min_bytes=0, salt=salt)
+            exchanged(s, k, part)
+    for x in exchanges:
+        sum_payloads(x)
+    if N == 2:
+        record_stats("all_reduce", c.spec, wire[0], wire[1], time.perf_counter() - t0[0], dim=t0[1])
 
     def then() -> None:
-        flat._copy_back(t, whole[:n])
+        out = flat._output_flat(t)
+        for s, whole, work in gathers:
+            work.wait()
+            lo, seg_numel, _ = segments[s]
+            out[lo:lo + seg_numel].copy_(whole[:seg_numel])
+        flat._copy_back(t, out)
 
-    return _finish_last(async_op, work, then, [tensor])
+    if async_op:
+        return Handle([g[2] for g in gathers], then, [tensor])
+    then()
+    return None
 
 
 # --- reduce_scatter_tensor ------------------------------------------------------------------------

@@ -80,6 +80,16 @@ def _checks(rank: int, world: int, nodes: list[int], seed: int) -> dict:
         h = cc.all_reduce(a, codec=spec, min_bytes=0, hierarchy="node", async_op=True)
         h.wait()
         assert torch.equal(a, t), f"{spec} async all_reduce differs from sync"
+        # many pipeline segments (the node exchange of one overlaps the intra-node phases of others)
+        seg_bytes, cc.SEGMENT_BYTES = cc.SEGMENT_BYTES, 2048
+        try:
+            sg = xs[rank].clone()
+            cc.all_reduce(sg, codec=spec, min_bytes=0, hierarchy="node")
+            sa = xs[rank].clone()
+            cc.all_reduce(sa, codec=spec, min_bytes=0, hierarchy="node", async_op=True).get_future().wait()
+        finally:
+            cc.SEGMENT_BYTES = seg_bytes
+        assert float((sg.double() - exact).abs().max()) <= bound and _same(dist, sg) and torch.equal(sa, sg)
         # avg on a non-contiguous view
         base = torch.zeros(n, 2)
         base[:, 0] = xs[rank]
