@@ -88,6 +88,20 @@ def _measure(args: argparse.Namespace) -> int:
         print(json.dumps({"header": desc, "world": p, "nodes": lay.nodes if lay else 1,
                           "per_node": lay.local_size if lay else p, "loadavg": os.getloadavg()}), flush=True)
 
+    def link_bytes() -> int:
+        """Bytes sent so far on this node's shaped link (local rank 0 of each node reads the counter of
+        the namespace's interface; intra-node traffic never shows there), summed over the nodes."""
+        mine = 0
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            try:
+                with open(f"/sys/class/net/{os.environ.get('GLOO_SOCKET_IFNAME', '')}/statistics/tx_bytes") as f:
+                    mine = int(f.read())
+            except OSError:
+                mine = 0
+        total = torch.tensor([mine], dtype=torch.float64)
+        dist.all_reduce(total)
+        return int(total)
+
     def timed(fn) -> float:
         dist.barrier()
         t = time.perf_counter()
@@ -105,13 +119,17 @@ def _measure(args: argparse.Namespace) -> int:
         variants = [("native", None, None)] + [(v, c, h) for c in args.codec for v, h in (("flat", None), ("hier", "node"))]
         for name, codec, hier in variants:
             secs, out = [], None
-            for _ in range(args.reps + 1):  # the first call warms up (and creates the subgroups)
+            for i in range(args.reps + 1):  # the first call warms up (and creates the subgroups)
+                if i == 1:
+                    sent = link_bytes()
                 out = x.clone()
                 secs.append(timed(lambda: cc.all_reduce(out, codec=codec, hierarchy=hier, min_bytes=0)))
+            sent = (link_bytes() - sent) / args.reps / (lay.nodes if lay else 1)
             err = float((out.double() - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt())
             digests = [None] * p
             dist.all_gather_object(digests, hashlib.sha256(out.numpy().tobytes()).hexdigest())
             row = {"bytes": size, "variant": name, "codec": codec or "native", "seconds": statistics.median(secs[1:]),
+                   "node_link_bytes": sent,
                    "rel_rms_error": err, "replicas_identical": len(set(digests)) == 1}
             if rank == 0:
                 print(json.dumps(row), flush=True)
@@ -145,7 +163,7 @@ def table(header: dict, rows: list[dict]) -> str:
     """Rows side by side per size: seconds and error of each variant, and hier/flat time ratios."""
     lines = [f"# {header.get('header', '')}; load average {header.get('loadavg')}",
              f"{'size':>8} {'codec':<16} {'native s':>9} {'flat s':>8} {'hier s':>8} {'hier/flat':>9} "
-             f"{'flat err':>9} {'hier err':>9} identical"]
+             f"{'flat err':>9} {'hier err':>9} {'flat MB/node':>12} {'hier MB/node':>12} identical"]
     by = {(r["bytes"], r["variant"], r["codec"]): r for r in rows}
     for size in sorted({r["bytes"] for r in rows}):
         native = by.get((size, "native", "native"))
@@ -155,7 +173,8 @@ def table(header: dict, rows: list[dict]) -> str:
                 continue
             lines.append(f"{size / 2**20:>7g}M {codec:<16} {native['seconds']:>9.3f} {f['seconds']:>8.3f} "
                          f"{h['seconds']:>8.3f} {h['seconds'] / f['seconds']:>9.2f} {f['rel_rms_error']:>9.2e} "
-                         f"{h['rel_rms_error']:>9.2e} {f['replicas_identical'] and h['replicas_identical']}")
+                         f"{h['rel_rms_error']:>9.2e} {f.get('node_link_bytes', 0) / 1e6:>12.2f} "
+                         f"{h.get('node_link_bytes', 0) / 1e6:>12.2f} {f['replicas_identical'] and h['replicas_identical']}")
     return "\n".join(lines)
 
 
