@@ -36,7 +36,7 @@ The node map (which node each global rank is on), first match wins:
 Falls back to the flat path (exactly today's call) when the group spans one node or one rank per
 node (nothing to split), and for everything the flat path passes through natively (``codec=None``,
 MAX/MIN, integers, small tensors, ...). A group whose nodes hold different numbers of its ranks cannot
-be split into equal subgroups: :func:`layout` raises :class:`~ccoll.errors.PolicyError`; the
+be split into equal subgroups: :func:`layout` raises :class:`UnevenNodesError` (a PolicyError); the
 collectives log it once and run flat (documented fallback, the same decision on every rank since
 every rank has the same node map).
 
@@ -72,6 +72,12 @@ from .transports import Handle, Transport, for_group, op_name
 
 #: what the hierarchical entry points return when the call should take the flat path instead
 FLAT = object()
+
+
+class UnevenNodesError(PolicyError):
+    """The group's ranks are spread over its nodes in unequal numbers, so it has no equal intra/inter
+    split; the collectives log it once and run flat."""
+
 
 HIERARCHIES = ("node",)
 
@@ -183,7 +189,7 @@ class Layout:
 
 def split(nodes: list[Hashable], rank: int) -> Layout | None:
     """The layout of a group whose member i is on ``nodes[i]``, seen by member ``rank`` (no subgroups
-    yet); None when there is nothing to split (one node, or one rank per node); PolicyError when the
+    yet); None when there is nothing to split (one node, or one rank per node); UnevenNodesError when the
     nodes hold different numbers of the group's ranks."""
     order: dict[Hashable, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -191,7 +197,7 @@ def split(nodes: list[Hashable], rank: int) -> Layout | None:
     members = list(order.values())
     sizes = sorted({len(m) for m in members})
     if len(sizes) > 1:
-        raise PolicyError(
+        raise UnevenNodesError(
             f"hierarchy: the group's {len(nodes)} ranks are spread unevenly over {len(members)} nodes "
             f"({', '.join(f'{n!r}: {len(m)}' for n, m in order.items())}); hierarchical collectives need "
             f"the same number of the group's ranks on every node"
@@ -289,9 +295,7 @@ def _resolve(group: Any) -> Layout | None:
     """The layout to use, or None for flat (uneven nodes log once and go flat)."""
     try:
         return layout(group)
-    except PolicyError as e:
-        if "unevenly" not in str(e):
-            raise
+    except UnevenNodesError as e:
         warn_once(f"hier-uneven-{e}", "ccoll: %s; running the flat collective instead", e)
         return None
 
@@ -312,16 +316,6 @@ def _plan(tensor: torch.Tensor, group: Any, codec: Any, min_bytes: int | None, o
         return None
     lay = _resolve(group)
     return None if lay is None else (c, lay)
-
-
-def _finish_last(async_op: bool, work: Any, then, outputs: list) -> Handle | None:
-    """Sync: wait for the last step and run ``then``. Async: a handle doing both in ``wait()``."""
-    if async_op:
-        return Handle([work] if work is not None else [], then, outputs)
-    if work is not None:
-        work.wait()
-    then()
-    return None
 
 
 # --- all_reduce ---------------------------------------------------------------------------------
@@ -458,7 +452,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = "
             mine.div_(p)
         flat._copy_back(out, mine)
 
-    return _finish_last(async_op, h, then, [output])
+    return flat._finish(async_op, h, then, [output])
 
 
 # --- all_gather_into_tensor -----------------------------------------------------------------------
@@ -494,8 +488,8 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
         ordered = whole.view(N * L, m).index_select(0, torch.tensor(index, device=whole.device))
         flat._copy_back(out, ordered.view(-1))
 
-    return _finish_last(async_op, work, then, [output])
+    return flat._finish(async_op, work, then, [output])
 
 
-__all__ = ["FLAT", "HIERARCHIES", "Layout", "all_gather_into_tensor", "all_reduce", "layout",
+__all__ = ["FLAT", "HIERARCHIES", "Layout", "UnevenNodesError", "all_gather_into_tensor", "all_reduce", "layout",
            "nodes_of_group", "reduce_scatter_tensor", "set_node_map", "split"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ccoll
 from ccoll import collectives as cc
 from ccoll import hierarchy
 from ccoll.testing import simulated_world
