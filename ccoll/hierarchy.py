@@ -10,9 +10,13 @@ that carry the bulk of training traffic run in two levels over a group of N node
   1/L; native intra-node all-gather. With N = 2 the exchange is ONE lossy phase: every rank encodes its
   node's partial chunk once (error feedback key ``(key, "node")``), the N payloads are all-gathered and
   every peer decodes-and-sums the same payloads in the same order (bit-identical, and for N = 2 the
-  same inter-node bytes as the two-phase exchange). With N > 2 the all-gather would send N/2 times the
-  bytes, so the exchange is ccoll's flat compressed all_reduce of the chunk among the N peers (two lossy
-  phases, as flat, but over N partial sums instead of p inputs).
+  same inter-node bytes as the two-phase exchange); it is pipelined over the flat collectives'
+  segments (:data:`ccoll.collectives.SEGMENT_BYTES`), so one segment's intra-node phases overlap
+  another's exchange. With N > 2 the all-gather would send N/2 times the bytes, so the exchange is
+  ccoll's flat compressed all_reduce of the chunk among the N peers (two lossy phases, as flat, but
+  over N partial sums instead of p inputs; that call pipelines itself). Bytes on each node's link:
+  N/(2L) of flat's for N = 2 (the flat all_reduce sends each rank's chunks and its reduced chunk to
+  every remote rank; here each node's partial crosses once).
 - ``reduce_scatter_tensor``: native intra-node reduce-scatter of the input rearranged so local rank l
   receives its node's exact partial sums of the N chunks owned by the ranks of local index l; then the
   compressed flat reduce_scatter among those N peers (one lossy phase, N encodes instead of p).
@@ -45,9 +49,13 @@ created once per group, on the first hierarchical call, by the members only (``t
 new_group(..., use_local_synchronization=True)``, intra before inter on every rank, so there is no
 cycle of waits; MPI: ``comm.Split``), and cached by their member ranks.
 
-``async_op=True``: as the flat collectives, every communication step except the last runs at call time,
-in program order; the handle's ``wait()`` finishes the last step (reduce_scatter: the compressed
-exchange; all_reduce / all_gather: the native intra-node all-gather).
+``async_op=True``: as the flat collectives, every communication step is issued at call time, in
+program order (so ranks never issue them in different orders, even when handles are waited on other
+threads); the handle's ``wait()`` finishes the last step (reduce_scatter: the compressed exchange;
+all_reduce / all_gather: the native intra-node all-gathers).
+
+CUDA: the native phases and the N = 2 exchange run on the caller's current stream (the inner flat
+calls use ccoll's side stream as usual); untested on a GPU so far (no device in CI).
 
 Stats: the compressed inter-node phase records as its collective (the N = 2 all_reduce exchange as
 ``all_reduce``; otherwise the inner flat call's op) with the bytes that entered it as raw; the native
