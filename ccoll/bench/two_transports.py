@@ -11,11 +11,18 @@ progress on their own threads; an MPI request progresses inside any MPI wait, wh
 reaches because its own gloo waits complete without it). This runner stresses exactly that: a seeded
 program (the same on every rank) of ``--calls`` calls picks transport, op (all_reduce, all_gather,
 reduce_scatter, broadcast), size, codec (native or int8) and sync/async per call; up to ``--depth``
-async handles stay outstanding and each rank waits for them in its OWN (rank-seeded) order. Every
+async handles stay outstanding, waited for in program order (``--wait-order program``, the same on every
+rank) or in each rank's own random order (``--wait-order rank``). Every
 result is checked against the exact value (dyadic inputs: sums are exact in fp32; with int8 against the
 codec's bound) and hashed; rank 0 prints one JSON line with calls, seconds, calls/s, load average and
 whether every rank's results hash the same. Exits non-zero on a wrong result; ``--timeout`` bounds the
-run (a deadlock ends as a failure, not a hang).
+run (a deadlock ends as a failure naming the call each rank was at, not a hang).
+
+Finding (see ``--wait-order rank``): MPI requests progress only inside MPI calls (Open MPI has no
+progress thread by default), so when ranks wait for their outstanding handles in DIFFERENT orders, one
+rank can block in an MPI wait whose peers are blocked in a later torch.distributed call that this rank
+has not issued yet: a deadlock that neither transport alone has. Waiting in program order (the same on
+every rank), or on ccoll waiter threads (``get_future()``, which keep MPI progressing), avoids it.
 """
 from __future__ import annotations
 
@@ -38,7 +45,10 @@ def _inputs(seed: int, rank: int, n: int):
     return torch.randint(-1024, 1024, (n,), generator=g).float() / 64  # exact sums in fp32
 
 
-def run(calls: int, depth: int, seed: int) -> dict:
+AT = {"call": -1}  # the call this rank is at, for the timeout message
+
+
+def run(calls: int, depth: int, seed: int, wait_order: str = "program", gloo_timeout_s: float = 300.0) -> dict:
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -56,7 +66,7 @@ def run(calls: int, depth: int, seed: int) -> dict:
         os.environ["MASTER_PORT"] = str(comm.bcast(port))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=p, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("gloo", rank=rank, world_size=p, timeout=datetime.timedelta(seconds=gloo_timeout_s))
     torch.set_num_threads(1)
     program = random.Random(seed)  # the same program on every rank
     waits = random.Random(seed * 31 + rank)  # each rank's own wait order
@@ -78,7 +88,11 @@ def run(calls: int, depth: int, seed: int) -> dict:
         check(item)
 
     t0 = time.perf_counter()
+    def next_wait() -> int:
+        return 0 if wait_order == "program" else waits.randrange(len(pending))
+
     for i in range(calls):
+        AT["call"] = i
         transport = program.choice(("torch", "mpi"))
         group = None if transport == "torch" else comm
         op = program.choice(("all_reduce", "all_gather", "reduce_scatter", "broadcast"))
@@ -111,17 +125,19 @@ def run(calls: int, depth: int, seed: int) -> dict:
         if async_op:
             pending.append((h, item))
             while len(pending) > depth:
-                finish(waits.randrange(len(pending)))
+                finish(next_wait())
         else:
             check(item)
+    AT["call"] = calls
     while pending:
-        finish(waits.randrange(len(pending)))
+        finish(next_wait())
     seconds = time.perf_counter() - t0
     mine = hashlib.sha256("".join(digests_by_call[k] for k in sorted(digests_by_call)).encode()).hexdigest()
     digests = comm.allgather(mine)
     dist.destroy_process_group()
     return {"ranks": p, "calls": calls, "seconds": seconds, "calls_per_s": calls / seconds,
-            "identical_across_ranks": len(set(digests)) == 1, "loadavg": os.getloadavg(), "mix": counts}
+            "identical_across_ranks": len(set(digests)) == 1, "wait_order": wait_order, "depth": depth,
+            "loadavg": os.getloadavg(), "mix": counts}
 
 
 def main(argv=None) -> int:
@@ -129,17 +145,20 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--depth", type=int, default=4, help="async handles kept outstanding (default 4)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wait-order", choices=("program", "rank"), default="program",
+                    help="wait for outstanding handles in program order (every rank alike) or in a per-rank random order")
     ap.add_argument("--timeout", type=float, default=900.0, help="fail (exit 124) after this many seconds")
     args = ap.parse_args(argv)
 
     def expire() -> None:
-        print(f"two_transports: not finished after {args.timeout:g} s (deadlock?)", file=sys.stderr, flush=True)
+        print(f"two_transports: rank {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} not finished after "
+              f"{args.timeout:g} s, at call {AT['call']} of {args.calls} (deadlock?)", file=sys.stderr, flush=True)
         os._exit(124)
 
     timer = threading.Timer(args.timeout, expire)
     timer.daemon = True
     timer.start()
-    result = run(args.calls, args.depth, args.seed)
+    result = run(args.calls, args.depth, args.seed, args.wait_order, gloo_timeout_s=args.timeout + 60)
     timer.cancel()
     from mpi4py import MPI
 
