@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped convergence rate-distortion model kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped bench-nodes bench-two-transports convergence rate-distortion model kernels-host kernels-check gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,16 @@ bench: venv kernels-host
 bench-shaped: venv kernels-host
 	$(PY) -m ccoll.bench.netem --ranks 4 --rate 1gbit -- $(PY) -m ccoll.bench all_reduce -b 64M -e 64M -n 5 -w 1 --codec $(BENCH_CODECS) --json results/bench/shaped_1gbit.json
 	$(PY) -m ccoll.bench.plot results/bench/shaped_1gbit.json
+
+# as root: 2 namespaces ("nodes") x 2 ranks, unshaped inside a node, 1 Gbit/s and 100 Mbit/s between nodes:
+# hierarchical (hierarchy: node) vs flat all_reduce, time, error and bytes on the nodes' links
+bench-nodes: venv kernels-host
+	$(PY) -m ccoll.bench.nodes --rate 1gbit --sizes 1M,4M,16M,64M --json results/bench/nodes_1gbit.json
+	$(PY) -m ccoll.bench.nodes --rate 100mbit --sizes 1M,4M,16M,64M --json results/bench/nodes_100mbit.json
+
+# torch.distributed (gloo) + MPI in one job: 1000 mixed collectives, async handles waited in per-rank orders
+bench-two-transports: venv
+	$(BIN)/mpiexec --allow-run-as-root --oversubscribe -n 4 $(PY) -m ccoll.bench.two_transports --calls 1000
 
 # On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy, pytest preinstalled;
 # no network): never installs anything, never builds .venv. Bytes of cupy vs emulated vs torch for every

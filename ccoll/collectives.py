@@ -230,6 +230,7 @@ def all_reduce(
     key: Hashable = None,
     min_bytes: int | None = None,
     salt: int | None = None,
+    hierarchy: str | None = None,
 ) -> Handle | None:
     """In-place all-reduce of ``tensor``. ``error_feedback`` (with ``key`` naming the logical tensor)
     compensates both lossy encodes: each rank's reduce-scatter chunks, and the all-gather payload of
@@ -237,6 +238,12 @@ def all_reduce(
     error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
     bit-identical because all of them decode the same compensated payload. ``salt``: see
     :func:`_salts`."""
+    if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
+        from . import hierarchy as _hier
+        h = _hier.all_reduce(tensor, op, group, codec, async_op, hierarchy=hierarchy, error_feedback=error_feedback,
+                             key=key, min_bytes=min_bytes, salt=salt)
+        if h is not _hier.FLAT:
+            return h
     t0 = _start()
     _check_tensor(tensor, "all_reduce")
     opn = op_name(op)
@@ -385,10 +392,17 @@ def reduce_scatter_tensor(
     key: Hashable = None,
     min_bytes: int | None = None,
     salt: int | None = None,
+    hierarchy: str | None = None,
 ) -> Handle | None:
     """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
     elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
     chunks, then a fused decode-and-sum."""
+    if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
+        from . import hierarchy as _hier
+        h = _hier.reduce_scatter_tensor(output, input, op, group, codec, async_op, hierarchy=hierarchy,
+                                        error_feedback=error_feedback, key=key, min_bytes=min_bytes, salt=salt)
+        if h is not _hier.FLAT:
+            return h
     t0 = _start()
     _check_tensor(output, "reduce_scatter_tensor")
     _check_tensor(input, "reduce_scatter_tensor")
@@ -475,9 +489,16 @@ def all_gather_into_tensor(
     *,
     min_bytes: int | None = None,
     salt: int | None = None,
+    hierarchy: str | None = None,
 ) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
+    if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
+        from . import hierarchy as _hier
+        h = _hier.all_gather_into_tensor(output, input, group, codec, async_op, hierarchy=hierarchy,
+                                         min_bytes=min_bytes, salt=salt)
+        if h is not _hier.FLAT:
+            return h
     t0 = _start()
     _check_tensor(output, "all_gather_into_tensor")
     _check_tensor(input, "all_gather_into_tensor")
