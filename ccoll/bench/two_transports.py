@@ -18,7 +18,7 @@ codec's bound) and hashed; rank 0 prints one JSON line with calls, seconds, call
 whether every rank's results hash the same. Exits non-zero on a wrong result; ``--timeout`` bounds the
 run (a deadlock ends as a failure naming the call each rank was at, not a hang).
 
-Finding (see ``--wait-order rank``): MPI requests progress only inside MPI calls (Open MPI has no
+Finding (see ``--wait-order rank``), since fixed by the MPI transport's progress thread: MPI requests progress only inside MPI calls (Open MPI has no
 progress thread by default), so when ranks wait for their outstanding handles in DIFFERENT orders, one
 rank can block in an MPI wait whose peers are blocked in a later torch.distributed call that this rank
 has not issued yet: a deadlock that neither transport alone has. Waiting in program order (the same on

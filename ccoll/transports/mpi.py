@@ -6,6 +6,15 @@ the loaded libmpi because mpi4py does not wrap it; ``CCOLL_MPI_CUDA_AWARE=0|1`` 
 buffers are handed to MPI directly after synchronising the caller's stream (MPI is not stream-ordered);
 otherwise they are staged through host memory. Detected once per process and logged once.
 
+Progress: Open MPI moves a nonblocking request's data only inside MPI calls (it has no progress thread
+by default). A rank that waits on torch.distributed work while its own MPI requests are outstanding
+would then stall its peers' MPI waits, and in a job that mixes both transports (a policy's
+``transport:`` per op) with ranks waiting their handles in different orders that is a deadlock neither
+transport has alone (``python -m ccoll.bench.two_transports --wait-order rank`` reproduced it). So while
+any request ccoll started is outstanding, one daemon thread enters MPI every :data:`PROGRESS_INTERVAL_S`
+(an ``Iprobe``, which consumes nothing); it also lets async MPI calls really overlap the caller's work.
+It needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default); without it no thread is started.
+
 Reductions MPI has no datatype for (bfloat16, bool, complex) are done as an all-gather of the bytes
 followed by the same local reduction on every rank (rows added in rank order; floats accumulated in
 fp32), so results stay identical on every rank.
@@ -14,7 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import atexit
 import threading
+import time
 from typing import Any
 
 import torch
@@ -68,6 +79,76 @@ def cuda_aware() -> bool:
         logger.info("ccoll: MPI CUDA-aware: %s (%s); %s", _cuda_aware, how,
                     "device buffers go to MPI directly" if _cuda_aware else "CUDA tensors are staged through host memory")
         return _cuda_aware
+
+
+#: how often the progress thread enters MPI while requests are outstanding
+PROGRESS_INTERVAL_S = 2e-4
+
+
+class _Progress:
+    """Counts ccoll's outstanding MPI requests; a daemon thread drives MPI's progress while any is."""
+
+    def __init__(self) -> None:
+        self._outstanding = 0
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def started(self) -> None:
+        with self._cv:
+            self._outstanding += 1
+            if self._thread is None and not self._stopped:
+                from mpi4py import MPI
+
+                if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                    self._stopped = True  # calling MPI from a second thread would be erroneous
+                    return
+                # registered after mpi4py's own exit hook, so it runs first: the thread is gone before
+                # MPI_Finalize (an MPI call after it aborts the process)
+                atexit.register(self.stop)
+                self._thread = threading.Thread(target=self._loop, args=(MPI,), name="ccoll-mpi-progress",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def finished(self) -> None:
+        with self._cv:
+            self._outstanding -= 1
+
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self, MPI: Any) -> None:
+        probe = MPI.COMM_WORLD.Iprobe
+        while True:
+            with self._cv:
+                while self._outstanding <= 0 and not self._stopped:
+                    self._cv.wait()
+                if self._stopped or MPI.Is_finalized():
+                    return
+            probe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            time.sleep(PROGRESS_INTERVAL_S)
+
+
+_progress = _Progress()
+
+
+def _handle(req: Any, then: Any) -> Handle:
+    """A handle for one started request; the progress thread runs until the handle's ``then`` has."""
+    _progress.started()
+
+    def finish() -> Any:
+        _progress.finished()
+        return then()
+
+    return Handle([req], finish)
 
 
 class MPITransport(Transport):
@@ -131,8 +212,7 @@ class MPITransport(Transport):
 
     def _run(self, blocking, nonblocking, async_op: bool, finish, keep=()) -> Handle | None:
         if async_op:
-            req = nonblocking()
-            return Handle([req], lambda: (keep, finish and finish())[1])
+            return _handle(nonblocking(), lambda: (keep, finish and finish())[1])
         blocking()
         if finish is not None:
             finish()
@@ -171,12 +251,12 @@ class MPITransport(Transport):
     def isend(self, buf: torch.Tensor, dst: int, tag: int = 0) -> Handle:
         check_bytes(buf)
         s = self._src(buf)
-        return Handle([self.comm.Isend(s, dest=dst, tag=tag)], lambda: (s, None)[1])
+        return _handle(self.comm.Isend(s, dest=dst, tag=tag), lambda: (s, None)[1])
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int = 0) -> Handle:
         check_bytes(buf)
         d, finish = self._dst(buf)
-        return Handle([self.comm.Irecv(d, source=src, tag=tag)], lambda: (d, finish and finish())[1])
+        return _handle(self.comm.Irecv(d, source=src, tag=tag), lambda: (d, finish and finish())[1])
 
     def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
         check_bytes(buf)
