@@ -94,6 +94,14 @@ def _as_codec(codec: Any) -> Codec | None:
     return c
 
 
+def _varsize(name: str) -> Callable:
+    """Collective ``name`` of ccoll/varsize.py, for codecs whose payload size varies (``variable_size``):
+    sizes first, then only the used bytes. Imported on first use: the fixed-size path never loads it."""
+    from . import varsize
+
+    return getattr(varsize, name)
+
+
 _M64 = (1 << 64) - 1
 
 
@@ -237,6 +245,8 @@ def all_reduce(
     error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
     bit-identical because all of them decode the same compensated payload. ``salt``: see
     :func:`_salts`."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("all_reduce")(tensor, op, group, codec, async_op, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "all_reduce")
     opn = op_name(op)
@@ -389,6 +399,8 @@ def reduce_scatter_tensor(
     """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
     elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
     chunks, then a fused decode-and-sum."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("reduce_scatter_tensor")(output, input, op, group, codec, async_op, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(output, "reduce_scatter_tensor")
     _check_tensor(input, "reduce_scatter_tensor")
@@ -478,6 +490,8 @@ def all_gather_into_tensor(
 ) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("all_gather_into_tensor")(output, input, group, codec, async_op, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(output, "all_gather_into_tensor")
     _check_tensor(input, "all_gather_into_tensor")
@@ -563,6 +577,8 @@ def broadcast(
 ) -> Handle | None:
     """Broadcast from global rank ``src``. With a lossy codec the root adopts the decoded values, so
     every rank (root included) ends with identical bytes."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("broadcast")(tensor, src, group, codec, async_op, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "broadcast")
     tr = for_group(group)
@@ -678,6 +694,8 @@ def isend(
     min_bytes: int | None = None, salt: int | None = None,
 ) -> Handle | None:
     """Send ``tensor`` to global rank ``dst``; the handle's ``wait()`` completes the send."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("isend")(tensor, dst, group, codec, tag=tag, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "isend")
     tr = for_group(group)
@@ -710,6 +728,8 @@ def irecv(
     min_bytes: int | None = None,
 ) -> Handle | None:
     """Receive into ``tensor`` from global rank ``src``; the handle's ``wait()`` decodes into it."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("irecv")(tensor, src, group, codec, tag=tag, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "irecv")
     if src is None:
