@@ -141,11 +141,12 @@ class LosslessCodec(Codec):
 
     def _encode_rows_with(self, backend: str, src, out, row_numel, feedback, salt) -> None:
         self._check_row(row_numel, src.dtype)
-        if feedback is not None:  # the reference semantics: encode c = src + residual rounded to dtype
+        if feedback is not None:  # the reference semantics: encode c = padded src + residual, rounded to dtype
             n = src.numel()
-            comp = src.to(feedback.dtype) + feedback[:n]
+            comp = feedback.clone()
+            comp[:n] += src.to(feedback.dtype)
             src = comp.to(src.dtype)
-            feedback[:n].copy_((comp - src.to(feedback.dtype)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
+            feedback.copy_((comp - src.to(feedback.dtype)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
             feedback[n:].zero_()
         dst = _aligned_like(out)
         W, E = _FIELDS[src.dtype]

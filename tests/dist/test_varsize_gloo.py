@@ -1,11 +1,10 @@
-"""The variable-size collectives (ccoll/varsize.py) with the "lossless" codec on real gloo ranks (2 and 3):
+"""The variable-size collectives (ccoll/varsize.py) with the "lossless" codec on real gloo ranks (3):
 every result is bit-identical to the exact one (the input for send/recv, all_gather and broadcast; codec
 "none"'s result for all_reduce / reduce_scatter), on every rank; only the used bytes travel (wire < raw for
 compressible data, raw + 16 for incompressible data); crossing isend/irecv pairs and several sends in flight
 to one peer do not deadlock or mix up sizes; passthrough rules (integers, tiny tensors) still go native."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 import ccoll
@@ -57,7 +56,7 @@ def _checks(rank: int, world: int) -> dict:
         ccoll.broadcast(t, world - 1, codec=ll, min_bytes=0)
         assert _same_bits(t.reshape(-1), _values(99, 2 * h, dtype)), ("broadcast", dtype)
         # all_reduce / reduce_scatter: bit-identical to codec "none" (exact reduce of exact chunks)
-        for op in ("sum", "avg"):
+        for op in ("sum", "avg") if dtype == torch.bfloat16 else ("sum",):
             a = _values(7 * rank + k, n, dtype)
             a[1:6] = 1.0  # keep the sum finite and NaN-free so "identical" is a strong statement
             b = a.clone()
@@ -114,9 +113,9 @@ def _checks(rank: int, world: int) -> dict:
     return report
 
 
-@pytest.mark.parametrize("p", [2, 3])
-def test_varsize_given_lossless_codec_when_every_collective_on_gloo_expect_exact_results_and_fewer_wire_bytes(p):
-    reports = run_gloo(p, _checks, timeout_s=180)
+def test_varsize_given_lossless_codec_when_every_collective_on_gloo_expect_exact_results_and_fewer_wire_bytes():
+    """3 ranks: an odd world size (uneven chunks, a ring with distinct next/previous peers)."""
+    reports = run_gloo(3, _checks, timeout_s=180)
     for rep in reports:
         for dtype in DTYPES:
             # activation-like values compress: fewer bytes than raw on the wire (padded to the largest rank)
