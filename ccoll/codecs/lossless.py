@@ -71,28 +71,34 @@ def _bit_length(d: torch.Tensor, max_bits: int) -> torch.Tensor:
 
 def _pack32(vals: torch.Tensor, k: int) -> torch.Tensor:
     """[N, 32] values of k bits (int32) -> [N, k] int32 words (value j at bits j*k.. of the group's
-    little-endian bit stream; ll_pack32)."""
+    little-endian bit stream; ll_pack32). Whole bytes are byte views; other widths OR each value's 64-bit
+    shifted copy into the word where it starts (32 column ops), then fold each word's overflow into the next."""
     n = vals.shape[0]
     if k in (8, 16, 24):
         nbytes = k // 8
         b = torch.stack([(vals >> (8 * i)) & 0xFF for i in range(nbytes)], -1) if nbytes > 1 else vals
         return b.to(torch.uint8).reshape(n, 32 * nbytes).view(torch.int32)
-    shifts = torch.arange(k, dtype=torch.int32, device=vals.device)
-    bits = ((vals.unsqueeze(-1) >> shifts) & 1).to(torch.uint8).reshape(n, 4 * k, 8)
-    byte_shifts = torch.arange(8, dtype=torch.uint8, device=vals.device)
-    return (bits << byte_shifts).sum(-1, dtype=torch.uint8).view(torch.int32)
+    cols = vals.t().to(torch.int64)  # [32, N]: one contiguous row per value position
+    acc = torch.zeros(k + 1, n, dtype=torch.int64, device=vals.device)
+    for j in range(32):
+        acc[j * k // 32].bitwise_or_(cols[j] << (j * k % 32))
+    words = (acc[:k] & 0xFFFFFFFF) | (torch.cat([acc[:1] * 0, acc[:k - 1]]) >> 32)
+    return words.to(torch.int32).t().contiguous()
 
 
 def _unpack32(words: torch.Tensor, k: int) -> torch.Tensor:
     """[N, k] int32 words -> [N, 32] int32 values of k bits (ll_unpack32)."""
     n = words.shape[0]
-    b = words.contiguous().view(torch.uint8).to(torch.int32)
     if k in (8, 16, 24):
-        b = b.view(n, 32, k // 8)
+        b = words.contiguous().view(torch.uint8).to(torch.int32).view(n, 32, k // 8)
         return sum(b[..., i] << (8 * i) for i in range(k // 8))
-    bits = (b.unsqueeze(-1) >> torch.arange(8, dtype=torch.int32, device=words.device)) & 1
-    bits = bits.reshape(n, 32, k)
-    return (bits << torch.arange(k, dtype=torch.int32, device=words.device)).sum(-1, dtype=torch.int32)
+    w = words.t().to(torch.int64) & 0xFFFFFFFF  # [k, N] as unsigned
+    w = torch.cat([w, torch.zeros(1, n, dtype=torch.int64, device=words.device)])
+    out = torch.empty(32, n, dtype=torch.int64, device=words.device)
+    for j in range(32):
+        at, shift = j * k // 32, j * k % 32
+        torch.bitwise_or(w[at] >> shift, w[at + 1] << (32 - shift), out=out[j])
+    return (out & ((1 << k) - 1)).to(torch.int32).t()
 
 
 @CODECS.register("lossless")
