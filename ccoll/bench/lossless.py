@@ -50,9 +50,25 @@ def ratio(directory: str, blocks: list[int]) -> list[dict]:
                     raw += x.numel() * x.element_size()
                     used += c.used_nbytes(p.view(1, -1))[0]
                     assert torch.equal(c.decode(p, x.numel(), dtype).view(torch.uint8), x.view(torch.uint8))
-                rows.append({"class": cls, "dtype": str(dtype).replace("torch.", ""), "block": block,
-                             "tensors": len(tensors), "raw_bytes": raw, "used_bytes": used, "ratio": raw / used})
+                row = {"class": cls, "dtype": str(dtype).replace("torch.", ""), "block": block,
+                       "tensors": len(tensors), "raw_bytes": raw, "used_bytes": used, "ratio": raw / used}
+                if dtype != torch.float32:
+                    row["order0_bound"] = _order0_bound([t.to(dtype) for t in tensors])
+                rows.append(row)
     return rows
+
+
+def _order0_bound(tensors: list) -> float:
+    """16 / H, H the order-0 entropy (bits) of the pooled 16-bit patterns: the ratio an ideal coder of
+    independent values would reach (what "bf16 entropy bounds it near 1.5x" refers to)."""
+    import torch
+
+    counts = torch.zeros(1 << 16, dtype=torch.float64)
+    for t in tensors:
+        counts += torch.bincount(t.view(torch.int16).to(torch.int32) & 0xFFFF, minlength=1 << 16).double()
+    prob = counts[counts > 0] / counts.sum()
+    return 16.0 / float(-(prob * prob.log2()).sum())
+
 
 
 def speed(numel: int, iters: int) -> list[dict]:
