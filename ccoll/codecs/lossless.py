@@ -34,7 +34,7 @@ import torch
 from .. import kernels
 from ..errors import CodecError, PolicyError
 from .base import CODECS, Codec, Param
-from .quant import _Ptr, _aligned, _aligned_like, _empty_cpu, _round16
+from .quant import BlockQuantCodec, _Ptr, _aligned, _aligned_like, _round16
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
     raise ImportError("ccoll.codecs.lossless needs a little-endian host")
@@ -409,20 +409,9 @@ class LosslessCodec(Codec):
     _decode_rows_cupy = functools.partialmethod(_decode_rows_with, "cupy")
     _decode_sum_torch = _decode_sum_emulated = _decode_sum_cupy = _decode_sum_any
 
-    def _encode_one_row(self, backend: str, flat: torch.Tensor) -> torch.Tensor:
-        nbytes = self.encoded_nbytes(flat.numel(), flat.dtype)
-        if flat.device.type == "cpu":
-            out = _empty_cpu(nbytes, torch.uint8).view(1, nbytes)
-        else:
-            out = torch.empty(1, nbytes, dtype=torch.uint8, device=flat.device)
-        self._encode_rows_with(backend, flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_one_row(self, backend: str, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.empty(numel, dtype=dtype, device=payload.device)
-        self._decode_rows_with(backend, payload.view(1, -1), out, numel)
-        return out
-
+    # plain encode / decode: one row through the batched hooks above, as the quantizers do
+    _encode_one_row = BlockQuantCodec._encode_one_row
+    _decode_one_row = BlockQuantCodec._decode_one_row
     _encode_torch = functools.partialmethod(_encode_one_row, "torch")
     _decode_torch = functools.partialmethod(_decode_one_row, "torch")
     _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
