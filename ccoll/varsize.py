@@ -63,20 +63,30 @@ def _gather_payload(c, tr, payload: torch.Tensor, used: int) -> tuple[torch.Tens
     return _rows_from(gathered, payload.shape[1]), width
 
 
+def _begin(tensors: list, group, codec, min_bytes, op: str | None = None):
+    """(start, transport, codec) of a compressed call on ``tensors[-1]`` (the tensor the fixed path plans
+    on), or None when the fixed path's native call serves it: the passthrough rules of
+    ``collectives._plan``, a caller outside the group, or arguments that are not tensors (the native
+    call raises the fixed path's errors)."""
+    t0 = _c._start()
+    if not all(isinstance(x, torch.Tensor) for x in tensors):
+        return None
+    tr = for_group(group)
+    if tr.rank < 0:
+        return None
+    c = _c._plan(codec, tensors[-1].detach(), min_bytes, tr, op)
+    return None if c is None else (t0, tr, c)
+
+
 # --- all_gather_into_tensor / broadcast ----------------------------------------------------------
 
 def all_gather_into_tensor(output, input, group=None, codec=None, async_op=False, *, min_bytes=None, salt=None):
     """``collectives.all_gather_into_tensor`` for a variable-size codec (see the module docstring)."""
-    t0 = _c._start()
-    _c._check_tensor(output, "all_gather_into_tensor")
-    _c._check_tensor(input, "all_gather_into_tensor")
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
-    out, inp = output.detach(), input.detach()
-    c = _c._plan(codec, inp, min_bytes, tr)
-    if c is None or out.numel() != tr.world_size * inp.numel() or inp.dtype != out.dtype:
+    call = _begin([output, input], group, codec, min_bytes)
+    if call is None or output.numel() != call[1].world_size * input.numel() or input.dtype != output.dtype:
         return _c.all_gather_into_tensor(output, input, group, None, async_op)  # native (or its error)
+    t0, tr, c = call
+    out, inp = output.detach(), input.detach()
     m = inp.numel()
     payload = _c._rows(1, c.encoded_nbytes(m, inp.dtype), inp.device)
     c.encode_rows(_c._contig(inp.reshape(-1)), payload, m)
@@ -90,15 +100,11 @@ def all_gather_into_tensor(output, input, group=None, codec=None, async_op=False
 
 def broadcast(tensor, src, group=None, codec=None, async_op=False, *, min_bytes=None, salt=None):
     """``collectives.broadcast`` for a variable-size codec: the root's size, then its used bytes."""
-    t0 = _c._start()
-    _c._check_tensor(tensor, "broadcast")
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
-    t = tensor.detach()
-    c = _c._plan(codec, t, min_bytes, tr)
-    if c is None:
+    call = _begin([tensor], group, codec, min_bytes)
+    if call is None:
         return _c.broadcast(tensor, src, group, None, async_op)
+    t0, tr, c = call
+    t = tensor.detach()
     root, n = tr.group_rank(src), t.numel()
     payload = _c._rows(1, c.encoded_nbytes(n, t.dtype), t.device)
     size = torch.zeros(1, dtype=torch.int64, device=t.device)
@@ -147,17 +153,12 @@ def _exact_reduce(c, tr, flat: torch.Tensor, chunk: int, opn: str) -> tuple[torc
 def reduce_scatter_tensor(output, input, op="sum", group=None, codec=None, async_op=False, *,
                           error_feedback=None, key=None, min_bytes=None, salt=None):
     """``collectives.reduce_scatter_tensor`` for a variable-size codec (exact reduce, see the module)."""
-    t0 = _c._start()
-    _c._check_tensor(output, "reduce_scatter_tensor")
-    _c._check_tensor(input, "reduce_scatter_tensor")
     opn = op_name(op)
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
-    out, inp = output.detach(), input.detach()
-    c = _c._plan(codec, inp, min_bytes, tr, opn)
-    if c is None or inp.numel() != tr.world_size * out.numel() or inp.dtype != out.dtype:
+    call = _begin([output, input], group, codec, min_bytes, opn)
+    if call is None or input.numel() != call[1].world_size * output.numel() or input.dtype != output.dtype:
         return _c.reduce_scatter_tensor(output, input, op, group, None, async_op)
+    t0, tr, c = call
+    out, inp = output.detach(), input.detach()
     mine, wire = _exact_reduce(c, tr, _c._contig(inp.reshape(-1)), out.numel(), opn)
     _c._copy_back(out, mine)
     _c._recorder("reduce_scatter", c.spec, _c._nbytes(inp), wire, t0)()
@@ -168,16 +169,12 @@ def all_reduce(tensor, op="sum", group=None, codec=None, async_op=False, *,
                error_feedback=None, key=None, min_bytes=None, salt=None):
     """``collectives.all_reduce`` for a variable-size codec: exact reduce-scatter of ceil(n/p) chunks,
     then the variable-size all-gather of the reduced chunk. Equal, bit for bit, to codec "none"."""
-    t0 = _c._start()
-    _c._check_tensor(tensor, "all_reduce")
     opn = op_name(op)
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
-    t = tensor.detach()
-    c = _c._plan(codec, t, min_bytes, tr, opn)
-    if c is None:
+    call = _begin([tensor], group, codec, min_bytes, opn)
+    if call is None:
         return _c.all_reduce(tensor, op, group, None, async_op)
+    t0, tr, c = call
+    t = tensor.detach()
     p, n = tr.world_size, t.numel()
     chunk = -(-n // p)
     mine, wire = _exact_reduce(c, tr, _c._contig(t.reshape(-1)), chunk, opn)
@@ -205,15 +202,11 @@ def _short_receives(tr) -> bool:
 def isend(tensor, dst, group=None, codec=None, *, tag=0, min_bytes=None, salt=None):
     """``collectives.isend`` for a variable-size codec: one message of the used bytes (the receiver
     posted a capacity-sized receive and reads the size from the payload's header)."""
-    t0 = _c._start()
-    _c._check_tensor(tensor, "isend")
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
-    t = tensor.detach()
-    c = _c._plan(codec, t, min_bytes, tr)
-    if c is None:
+    call = _begin([tensor], group, codec, min_bytes)
+    if call is None:
         return _c.isend(tensor, dst, group, None, tag=tag)
+    t0, tr, c = call
+    t = tensor.detach()
     peer, n = tr.group_rank(dst), t.numel()
     payload = _c._rows(1, c.encoded_nbytes(n, t.dtype), t.device)
     c.encode_rows(_c._contig(t.reshape(-1)), payload, n)
@@ -232,17 +225,11 @@ def irecv(tensor, src, group=None, codec=None, *, tag=0, min_bytes=None):
     """``collectives.irecv`` for a variable-size codec: a capacity-sized receive posted now (so the
     message order per peer and tag is the fixed path's, native messages included); ``wait()`` decodes
     (the header says how many bytes arrived and is validated by the decode)."""
-    t0 = _c._start()
-    _c._check_tensor(tensor, "irecv")
-    if src is None:
-        raise TransportError("irecv/recv need src= (a compressed payload's sender must be known)")
-    tr = for_group(group)
-    if tr.rank < 0:
-        return None
+    call = None if src is None else _begin([tensor], group, codec, min_bytes)
+    if call is None:
+        return _c.irecv(tensor, src, group, None, tag=tag)  # native, or its error for src=None
+    t0, tr, c = call
     t = tensor.detach()
-    c = _c._plan(codec, t, min_bytes, tr)
-    if c is None:
-        return _c.irecv(tensor, src, group, None, tag=tag)
     n = t.numel()
     payload = torch.zeros(1, c.encoded_nbytes(n, t.dtype), dtype=torch.uint8, device=t.device)
     work = tr.irecv(payload[0], tr.group_rank(src), tag)

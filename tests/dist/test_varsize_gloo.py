@@ -105,6 +105,17 @@ def _checks(rank: int, world: int) -> dict:
         ccoll.recv(y, prv, codec=ll, min_bytes=0)
         ccoll.send(x, nxt, codec=ll, min_bytes=0)
     assert _same_bits(y, _values(500 + prv, 4096, torch.float32))
+    # bad arguments: the fixed path's typed errors, raised before anything is sent
+    from ccoll.errors import TransportError
+
+    for bad in (lambda: ccoll.all_gather_into_tensor(torch.empty(5, dtype=torch.bfloat16), got[0], codec=ll, min_bytes=0),
+                lambda: ccoll.recv(got[0], None, codec=ll, min_bytes=0)):
+        try:
+            bad()
+        except TransportError:
+            pass
+        else:
+            raise AssertionError("bad arguments accepted")
     # integers stay native
     iv = torch.arange(10) + rank
     ccoll.all_reduce(iv, codec=ll, min_bytes=0)
