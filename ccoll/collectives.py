@@ -94,6 +94,14 @@ def _as_codec(codec: Any) -> Codec | None:
     return c
 
 
+def _varsize(name: str) -> Callable:
+    """Collective ``name`` of ccoll/varsize.py, for codecs whose payload size varies (``variable_size``):
+    sizes first, then only the used bytes. Imported on first use: the fixed-size path never loads it."""
+    from . import varsize
+
+    return getattr(varsize, name)
+
+
 _M64 = (1 << 64) - 1
 
 
@@ -238,6 +246,8 @@ def all_reduce(
     error as a fixed bias in the time average; compensating it on the owning rank keeps every rank
     bit-identical because all of them decode the same compensated payload. ``salt``: see
     :func:`_salts`."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("all_reduce")(tensor, op, group, codec, async_op, min_bytes=min_bytes)
     if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
         from . import hierarchy as _hier
         h = _hier.all_reduce(tensor, op, group, codec, async_op, hierarchy=hierarchy, error_feedback=error_feedback,
@@ -397,6 +407,8 @@ def reduce_scatter_tensor(
     """``output`` = this rank's chunk of the reduction of every rank's ``input`` (p * output.numel()
     elements, chunk i = flat elements [i*m, (i+1)*m)). One codec round trip: all-to-all of the encoded
     chunks, then a fused decode-and-sum."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("reduce_scatter_tensor")(output, input, op, group, codec, async_op, min_bytes=min_bytes)
     if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
         from . import hierarchy as _hier
         h = _hier.reduce_scatter_tensor(output, input, op, group, codec, async_op, hierarchy=hierarchy,
@@ -493,6 +505,8 @@ def all_gather_into_tensor(
 ) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("all_gather_into_tensor")(output, input, group, codec, async_op, min_bytes=min_bytes)
     if hierarchy is not None:  # exact inside a node, compressed between nodes (ccoll.hierarchy)
         from . import hierarchy as _hier
         h = _hier.all_gather_into_tensor(output, input, group, codec, async_op, hierarchy=hierarchy,
@@ -584,6 +598,8 @@ def broadcast(
 ) -> Handle | None:
     """Broadcast from global rank ``src``. With a lossy codec the root adopts the decoded values, so
     every rank (root included) ends with identical bytes."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("broadcast")(tensor, src, group, codec, async_op, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "broadcast")
     tr = for_group(group)
@@ -699,6 +715,8 @@ def isend(
     min_bytes: int | None = None, salt: int | None = None,
 ) -> Handle | None:
     """Send ``tensor`` to global rank ``dst``; the handle's ``wait()`` completes the send."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("isend")(tensor, dst, group, codec, tag=tag, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "isend")
     tr = for_group(group)
@@ -731,6 +749,8 @@ def irecv(
     min_bytes: int | None = None,
 ) -> Handle | None:
     """Receive into ``tensor`` from global rank ``src``; the handle's ``wait()`` decodes into it."""
+    if codec is not None and _as_codec(codec).variable_size:
+        return _varsize("irecv")(tensor, src, group, codec, tag=tag, min_bytes=min_bytes)
     t0 = _start()
     _check_tensor(tensor, "irecv")
     if src is None:

@@ -52,6 +52,7 @@ CHECK_SPECS = [
     "bf16",
     "fp16",
     "none",
+    "lossless", "lossless:block=32",
 ]
 INPUTS = ("normal", "subnormal", "nonfinite", "misaligned")
 SIZES = (1, 5, 255, 4099, (1 << 20) + 3)

@@ -4,5 +4,6 @@ from .base import CODECS, Codec, Param, get_codec, parse_spec
 from . import cast  # noqa: F401  (registers none, bf16, fp16)
 from . import quant  # noqa: F401
 from . import zfp  # noqa: F401
+from . import lossless  # noqa: F401  (registers lossless)
 
 __all__ = ["CODECS", "Codec", "Param", "get_codec", "parse_spec"]
