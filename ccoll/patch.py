@@ -305,7 +305,7 @@ def _decide(st: _State, dim: str, op: str, tensor: torch.Tensor):
     calls the patch sees are tiny or on native dimensions; the full policy check runs for the rest."""
     if _capture.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
     rule = st.policy.rule(dim, op)
-    if rule.codec_obj is None or tensor.numel() * tensor.element_size() < rule.min_bytes:
+    if not rule.compresses or tensor.numel() * tensor.element_size() < rule.min_bytes:
         return None
     return st.policy.resolve(dim, op, tensor, step=st.steps)
 
@@ -857,7 +857,7 @@ def _warn_if_unresolved(st: _State) -> None:
     if found is None or found:
         return
     compressing = sorted({dim for dim in ("dp", "tp", "pp", "ep") for op in OPS
-                          if st.policy.rule(dim, op).codec_obj is not None})
+                          if st.policy.rule(dim, op).compresses})
     if compressing:
         warn_once("ccoll-unresolved",
                   "ccoll: policy %s compresses %s, but after %d optimizer steps no process group was placed on a "

@@ -114,7 +114,7 @@ def test_given_error_feedback_on_dim_when_normalised_expect_only_reducing_ops_ca
     ({"version": 1, "dp": {"error_feedback": "yes please"}}, "dp.error_feedback", ["true or false"]),
     ({"version": 1, "pp": {"exclude": [{"dtype": "half"}]}}, "pp.exclude[0].dtype", ["float16", "bfloat16"]),
     ({"version": 1, "pp": {"exclude": [{}]}}, "pp.exclude[0]", ["dtype, ndim"]),
-    ({"version": 2}, "version", ["version: 1"]),
+    ({"version": 3}, "version", ["version: 1", "version: 2"]),
     ({"dp": {}}, "version", ["version: 1"]),
     (None, "top level", ["version: 1"]),
     ([1, 2], "top level", ["mapping"]),
