@@ -123,6 +123,7 @@ def run(args) -> dict:
                 dist.all_reduce(torch.ones(10), group=dp)
             except TransportError as e:
                 assert "mpirun" in str(e) and f"rank {me}" in str(e), e
+                dist.destroy_process_group()
                 return {"mismatch": "TransportError"}
         raise AssertionError("a torch rank numbered unlike its MPI rank was not refused")
 
