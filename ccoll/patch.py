@@ -23,6 +23,12 @@ recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compre
 ``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
 torch.distributed call made while ccoll handles a call goes straight to the original.
 
+Policy v2 rule keys: ``transport: mpi`` sends the (dim, op)'s calls, compressed or not, through an MPI
+communicator over the group's ranks (``ccoll.transports.mpi_comm_for``, built at the group's first such
+call; reduce ops MPI does not have stay on torch, as every rank decides alike); ``hierarchy: node`` is
+passed to the collectives as ``hierarchy="node"`` (all_reduce, reduce_scatter, all_gather; see
+``ccoll.hierarchy``). Why mixing transports cannot deadlock: ``ccoll.policy``'s docstring.
+
 Calls the patch does not compress reach the original with the same arguments and return its result.
 After ``uninstall()`` (or if someone captured a wrapper before), wrappers are plain pass-throughs.
 

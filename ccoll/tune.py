@@ -12,7 +12,9 @@ What it does, on every rank (rank 0 prints and writes):
 
 1. Timing: for each op x size x transport x candidate codec, the collective's time as
    ``ccoll.bench``'s harness measures it (:func:`ccoll.bench.harness.measure`: barrier, time each
-   iteration, slowest rank's mean), on the harness's inputs. Sizes are the harness's (all_gather: the
+   iteration), on the harness's inputs; ``--stat`` picks the figure that decides: ``best`` (default,
+   the fastest iteration: on a shared machine noise only adds time), ``median``, or ``mean`` (the
+   harness's slowest-rank mean). Sizes are the harness's (all_gather: the
    gathered output; the policy's buckets use each rank's input, size / n).
 2. Error: each codec's relative L2 round-trip error (pooled, :func:`ccoll.bench.rd.measure`) on
    real-looking data per (dimension, op): tensors captured with ``CCOLL_CAPTURE`` (``--data DIR``) where
@@ -204,7 +206,7 @@ def policy_yaml(choices: dict, table: dict, meta: dict) -> str:
     lines = [
         "# Written by python -m ccoll.tune: per (dimension, op), the fastest codec within the dimension's error",
         "# budget at each measured size (native unless a codec beats it by the margin; native below the",
-        "# smallest size measured). Times: mean us per call, slowest rank; err: relative L2 round trip on",
+        f"# smallest size measured). Times: us per call ({meta['stat']} of the iterations); err: relative L2 round trip on",
         "# the data named per op.",
         f"# world_size {meta['world_size']}  backend {meta['backend']}  transports {','.join(meta['transports'])}  "
         f"margin {meta['margin']}  link {meta['netem'] or 'unshaped'}",
@@ -280,9 +282,12 @@ def _resolve(specs: list[str]):
     return out
 
 
+STATS = {"best": "time_us_best", "median": "time_us_median", "mean": "time_us"}
+
+
 def _time(w, coll, case, codec, args, nbytes: int) -> float:
     iters, warmup = harness._iters_for(args, nbytes)
-    return harness.measure(w, coll, case, codec, iters, warmup, 0)["time_us"]
+    return harness.measure(w, coll, case, codec, iters, warmup, 0)[STATS[args.stat]]
 
 
 def _policy_nbytes(coll_name: str, size: int, world: int) -> int:
@@ -304,7 +309,7 @@ def run_rank(args) -> int:
     colls = [COLLECTIVES[c] for c in args.ops]
     sizes = args.sizes or size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     dtype = torch.float32
-    meta = {"world_size": n, "backend": args.backend, "transports": args.transports, "margin": args.margin,
+    meta = {"world_size": n, "backend": args.backend, "stat": args.stat, "transports": args.transports, "margin": args.margin,
             "netem": os.environ.get("CCOLL_NETEM"), "loadavg_start": os.getloadavg(),
             "host": os.uname().nodename, "sizes": sizes, "codecs": [s for s, _ in specs], "ops": args.ops,
             "dims": args.dims, "data": args.data or "synthetic"}
@@ -517,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f (e.g. 64K,1M,8M,64M)")
     p.add_argument("-n", "--iters", type=int, default=None, help="timed iterations (default: the harness's)")
     p.add_argument("-w", "--warmup", type=int, default=None)
+    p.add_argument("--stat", choices=list(STATS), default="best",
+                   help="which time decides: best = fastest iteration (default: on a shared machine noise only "
+                        "adds time), median or mean (the harness's slowest-rank mean)")
     p.add_argument("--data", default=None, metavar="DIR", help="captured tensors (CCOLL_CAPTURE=DIR) for the error")
     p.add_argument("--budget", type=_budget, action="append", default=[], metavar="DIM=REL_L2",
                    help="error budget of a dimension (default: hybrid.yaml's codec error on the same data x --slack)")
