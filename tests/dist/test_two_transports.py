@@ -3,22 +3,16 @@
 (see two_transport_checks.py; the 1,000-call run is the same script with ``--calls 1000``)."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from launch import free_port, run_mpi
+from test_collectives_mpi import _report
 
 pytestmark = pytest.mark.mpi
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_transport_checks.py")
-
-
-def _report(out: str) -> dict:
-    lines = [line for line in out.splitlines() if line.startswith("CCOLL_REPORT ")]
-    assert len(lines) == 1, out[-4000:]
-    return json.loads(lines[0][len("CCOLL_REPORT "):])
 
 
 @pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])

@@ -100,46 +100,7 @@ def test_given_transport_and_hierarchy_on_a_dimension_expect_them_on_the_ops_tha
     assert p != _v2(dp={"codec": "int4:block=64", "hierarchy": "node", "ops": {"all_gather": {"hierarchy": "none"}}})
 
 
-BAD = [
-    ({"version": 1, "dp": {"sizes": BUCKETS}}, "dp.sizes", ["version: 2"]),
-    ({"version": 1, "tp": {"ops": {"all_reduce": {"transport": "mpi"}}}}, "tp.ops.all_reduce.transport", ["version: 2"]),
-    ({"version": 2, "dp": {"codec": "bf16", "sizes": BUCKETS}}, "dp", ["not both"]),
-    ({"version": 2, "dp": {"sizes": []}}, "dp.sizes", ["non-empty list"]),
-    ({"version": 2, "dp": {"sizes": {"below": 1, "codec": "bf16"}}}, "dp.sizes", ["list"]),
-    ({"version": 2, "dp": {"sizes": [{"below": "1MiB", "codec": "bf16"}]}}, "dp.sizes[0].below", ["last size bucket"]),
-    ({"version": 2, "dp": {"sizes": [{"codec": "bf16"}, {"codec": "fp16"}]}}, "dp.sizes[0]", ["only the last"]),
-    ({"version": 2, "dp": {"sizes": [{"below": "2MiB", "codec": "bf16"}, {"below": "1MiB", "codec": "fp16"},
-                                     {"codec": "native"}]}}, "dp.sizes[1].below", ["increase", "2097152"]),
-    ({"version": 2, "dp": {"sizes": [{"below": "1MiB", "codec": "bf16"}, {"below": "1MiB", "codec": "fp16"},
-                                     {"codec": "native"}]}}, "dp.sizes[1].below", ["increase"]),
-    ({"version": 2, "dp": {"sizes": [{"below": "1 MB", "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0].below",
-     ["below='1 MB'", "MiB"]),
-    ({"version": 2, "dp": {"sizes": [{"below": 0, "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0].below",
-     ["increase"]),
-    ({"version": 2, "dp": {"sizes": [{"below": 10}, {"codec": "native"}]}}, "dp.sizes[0]", ["needs a codec"]),
-    ({"version": 2, "dp": {"sizes": [{"below": 10, "codec": "nosuch"}, {"codec": "native"}]}}, "dp.sizes[0].codec",
-     ["unknown codec"]),
-    ({"version": 2, "dp": {"sizes": [{"upto": 10, "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0]",
-     ["'upto'", "below, codec"]),
-    ({"version": 2, "dp": {"sizes": [{"below": 10, "codec": "native"}, {"codec": "none"}], "error_feedback": True}},
-     "dp.error_feedback", ["lossy"]),
-    ({"version": 2, "dp": {"transport": "nccl"}}, "dp.transport", ["'nccl'", "torch, mpi"]),
-    ({"version": 2, "pp": {"ops": {"send_recv": {"transport": "mpi"}}}}, "pp.ops.send_recv.transport", ["torch"]),
-    ({"version": 2, "dp": {"hierarchy": "rack"}}, "dp.hierarchy", ["'rack'", "node"]),
-    ({"version": 2, "dp": {"ops": {"broadcast": {"hierarchy": "node"}}}}, "dp.ops.broadcast.hierarchy",
-     ["all_reduce, reduce_scatter, all_gather"]),
-    ({"version": True}, "version", ["version: 1", "version: 2"]),
-]
-
-
-@pytest.mark.parametrize("data,where,words", BAD, ids=[b[1] + ":" + b[2][0] for b in BAD])
-def test_given_bad_v2_policy_when_loading_expect_policy_error_naming_file_and_location(data, where, words):
-    with pytest.raises(PolicyError) as e:
-        Policy.from_dict(data, source="bad.yaml")
-    msg = str(e.value)
-    assert msg.startswith(f"policy bad.yaml: {where}:"), msg
-    for w in words:
-        assert w in msg, msg
+# bad v2 files: in test_policy.py's table of invalid policies (same check, one place)
 
 
 def test_given_v2_yaml_file_when_loaded_expect_sizes_with_units_and_comments_ignored(tmp_path):
