@@ -43,6 +43,14 @@ def test_given_two_local_ranks_when_tuning_expect_loadable_v2_policy_json_table_
                 assert times[(op, spec, size)] <= 0.95 * times[(op, "native", size)]
                 assert info["errors"][spec] <= info["budget"]
     assert info["budget"] > 0 and "synthetic gaussian" in info["source"]  # pp: hybrid's int8 error x 1.1
+    # every pick over native was timed a second time (the confirmation pass), and won both times
+    confirmed = {(c["collective"], c["size_bytes"], c["codec"]): c for c in table["confirm"]}
+    for key, ch in table["choices"].items():
+        coll = {"all_reduce": "all_reduce", "send_recv": "sendrecv"}[key.split("/")[1]]
+        for size, (_, spec) in zip((16384, 262144), ch["per_size"]):
+            if spec != "native":
+                c, n = confirmed[(coll, size, spec)], confirmed[(coll, size, "native")]
+                assert max(c["first_us"], c["second_us"]) <= 0.95 * min(n["first_us"], n["second_us"])
     rows = table["compare"]["rows"]
     assert {(r["dim"], r["op"]) for r in rows} == {("dp", "all_reduce"), ("pp", "send_recv")}
     assert all(set(r["policies"]) == {"tuned", "hybrid.yaml"} for r in rows)
