@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from ccoll import Policy
-from ccoll.errors import PolicyError
 from ccoll.policy import DIMENSIONS, OPS
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
