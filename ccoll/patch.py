@@ -23,6 +23,12 @@ recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compre
 ``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
 torch.distributed call made while ccoll handles a call goes straight to the original.
 
+Policy v2 rule keys: ``transport: mpi`` sends the (dim, op)'s calls, compressed or not, through an MPI
+communicator over the group's ranks (``ccoll.transports.mpi_comm_for``, built at the group's first such
+call; reduce ops MPI does not have stay on torch, as every rank decides alike); ``hierarchy: node`` is
+passed to the collectives as ``hierarchy="node"`` (all_reduce, reduce_scatter, all_gather; see
+``ccoll.hierarchy``). Why mixing transports cannot deadlock: ``ccoll.policy``'s docstring.
+
 Calls the patch does not compress reach the original with the same arguments and return its result.
 After ``uninstall()`` (or if someone captured a wrapper before), wrappers are plain pass-throughs.
 
@@ -305,9 +311,43 @@ def _decide(st: _State, dim: str, op: str, tensor: torch.Tensor):
     calls the patch sees are tiny or on native dimensions; the full policy check runs for the rest."""
     if _capture.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
     rule = st.policy.rule(dim, op)
-    if rule.codec_obj is None or tensor.numel() * tensor.element_size() < rule.min_bytes:
+    if not rule.compresses or tensor.numel() * tensor.element_size() < rule.min_bytes:
         return None
     return st.policy.resolve(dim, op, tensor, step=st.steps)
+
+
+def _mpi_comm(rule: Any, group: Any) -> Any:
+    """The MPI communicator standing for ``group`` when the rule says ``transport: mpi``, else None.
+    A function of the rule alone, so every member of the group picks the same transport (see
+    ccoll.policy: why two transports in one job cannot deadlock)."""
+    if rule.transport != "mpi":
+        return None
+    from .transports import mpi_comm_for
+
+    return mpi_comm_for(group)
+
+
+def _native_mpi(dim: str, op: str, nbytes: int, comm: Any, method: str, *args) -> Any:
+    """An uncompressed call through the MPI transport (``transport: mpi``), counted like ``_native``."""
+    from .transports import for_group
+
+    return _native(dim, op, nbytes, getattr(for_group(comm), method), *args)
+
+
+def _mpi_op(op: Any) -> str | None:
+    """The MPI transport's name for a torch reduce op, or None (e.g. bitwise ops: kept on torch, which
+    every rank decides alike since they all pass the same op)."""
+    from .transports import op_name
+
+    try:
+        return op_name(op)
+    except Exception:  # TransportError: an op the transports do not reduce
+        return None
+
+
+def _hier(rule: Any) -> dict:
+    """``hierarchy=`` for the three collectives that have a hierarchical form, only when the rule sets it."""
+    return {} if rule.hierarchy is None else {"hierarchy": rule.hierarchy}
 
 
 def _enter(st: _State) -> None:
@@ -347,17 +387,22 @@ def _make_all_reduce(orig: Callable) -> Callable:
             return orig(tensor, op, group, async_op)
         red = _reduce_name(op)
         codec = _decide(st, dim, "all_reduce", tensor) if red else None
-        if codec is None:
-            return _native(dim, "all_reduce", tensor.numel() * tensor.element_size(), orig, tensor, op, group, async_op)
         rule = st.policy.rule(dim, "all_reduce")
+        comm = _mpi_comm(rule, group)
+        if codec is None:
+            nbytes = tensor.numel() * tensor.element_size()
+            mop = _mpi_op(op) if comm is not None else None
+            if mop is not None:
+                return _native_mpi(dim, "all_reduce", nbytes, comm, "native_all_reduce", tensor, mop, async_op)
+            return _native(dim, "all_reduce", nbytes, orig, tensor, op, group, async_op)
         _enter(st)
         try:
             with dimension(dim):
-                ef = st.feedback if rule.error_feedback else None
+                ef = st.feedback if rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, "all_reduce", group)
                 fn = _collectives().all_reduce
-                h = fn(tensor, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
-                       min_bytes=0, salt=st.salt(key))
+                h = fn(tensor, op=red, group=group if comm is None else comm, codec=codec, async_op=async_op,
+                       error_feedback=ef, key=key, min_bytes=0, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -376,15 +421,21 @@ def _make_all_gather(orig: Callable) -> Callable:
         if dim is None:
             return orig(output_tensor, input_tensor, group, async_op)
         codec = _decide(st, dim, "all_gather", input_tensor)
+        rule = st.policy.rule(dim, "all_gather")
+        comm = _mpi_comm(rule, group)
         if codec is None or output_tensor.dtype != input_tensor.dtype:
-            return _native(dim, "all_gather", input_tensor.numel() * input_tensor.element_size(), orig,
-                           output_tensor, input_tensor, group, async_op)
+            nbytes = input_tensor.numel() * input_tensor.element_size()
+            if comm is not None:
+                return _native_mpi(dim, "all_gather", nbytes, comm, "native_all_gather", output_tensor, input_tensor,
+                                   async_op)
+            return _native(dim, "all_gather", nbytes, orig, output_tensor, input_tensor, group, async_op)
         _enter(st)
         try:
             with dimension(dim):
                 fn = _collectives().all_gather_into_tensor
-                h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       salt=st.salt(st.call_key(dim, "all_gather", group)))
+                h = fn(output_tensor, input_tensor, group=group if comm is None else comm, codec=codec,
+                       async_op=async_op, min_bytes=0, salt=st.salt(st.call_key(dim, "all_gather", group)),
+                       **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -404,18 +455,23 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
             return orig(output, input, op, group, async_op)
         red = _reduce_name(op)
         codec = _decide(st, dim, "reduce_scatter", input) if red else None
-        if codec is None or output.dtype != input.dtype:
-            return _native(dim, "reduce_scatter", input.numel() * input.element_size(), orig,
-                           output, input, op, group, async_op)
         rule = st.policy.rule(dim, "reduce_scatter")
+        comm = _mpi_comm(rule, group)
+        if codec is None or output.dtype != input.dtype:
+            nbytes = input.numel() * input.element_size()
+            mop = _mpi_op(op) if comm is not None else None
+            if mop is not None:
+                return _native_mpi(dim, "reduce_scatter", nbytes, comm, "native_reduce_scatter", output, input, mop,
+                                   async_op)
+            return _native(dim, "reduce_scatter", nbytes, orig, output, input, op, group, async_op)
         _enter(st)
         try:
             with dimension(dim):
-                ef = st.feedback if rule.error_feedback else None
+                ef = st.feedback if rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, "reduce_scatter", group)
                 fn = _collectives().reduce_scatter_tensor
-                h = fn(output, input, op=red, group=group, codec=codec, async_op=async_op, error_feedback=ef, key=key,
-                       min_bytes=0, salt=st.salt(key))
+                h = fn(output, input, op=red, group=group if comm is None else comm, codec=codec, async_op=async_op,
+                       error_feedback=ef, key=key, min_bytes=0, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -434,17 +490,24 @@ def _make_broadcast(orig: Callable) -> Callable:
         if dim is None:
             return orig(tensor, src, group, async_op, group_src)
         codec = _decide(st, dim, "broadcast", tensor)
-        if codec is None:
+        comm = _mpi_comm(st.policy.rule(dim, "broadcast"), group)
+        if codec is None and comm is None:
             return _native(dim, "broadcast", tensor.numel() * tensor.element_size(), orig,
                            tensor, src, group, async_op, group_src)
         if src is None:
             src = dist.get_global_rank(group if group is not None else dist.group.WORLD, group_src)
+        if codec is None:
+            from .transports import for_group
+
+            root = for_group(comm).group_rank(src)  # transports take group ranks
+            return _native_mpi(dim, "broadcast", tensor.numel() * tensor.element_size(), comm, "native_broadcast",
+                               tensor, root, async_op)
         _enter(st)
         try:
             with dimension(dim):
                 fn = _collectives().broadcast
-                h = fn(tensor, src, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       salt=st.salt(st.call_key(dim, "broadcast", group)))
+                h = fn(tensor, src, group=group if comm is None else comm, codec=codec, async_op=async_op,
+                       min_bytes=0, salt=st.salt(st.call_key(dim, "broadcast", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -465,15 +528,20 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
             return orig(output, input, output_split_sizes, input_split_sizes, group, async_op)
         even = output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
         codec = _decide(st, dim, "all_to_all", input) if even else None
+        comm = _mpi_comm(st.policy.rule(dim, "all_to_all"), group)
         if codec is None:
-            return _native(dim, "all_to_all", input.numel() * input.element_size(), orig,
+            nbytes = input.numel() * input.element_size()
+            if comm is not None:
+                return _native_mpi(dim, "all_to_all", nbytes, comm, "native_all_to_all", output, input,
+                                   output_split_sizes, input_split_sizes, async_op)
+            return _native(dim, "all_to_all", nbytes, orig,
                            output, input, output_split_sizes, input_split_sizes, group, async_op)
         _enter(st)
         try:
             with dimension(dim):
                 fn = _collectives().all_to_all_single
-                h = fn(output, input, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       salt=st.salt(st.call_key(dim, "all_to_all", group)))
+                h = fn(output, input, group=group if comm is None else comm, codec=codec, async_op=async_op,
+                       min_bytes=0, salt=st.salt(st.call_key(dim, "all_to_all", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -857,7 +925,7 @@ def _warn_if_unresolved(st: _State) -> None:
     if found is None or found:
         return
     compressing = sorted({dim for dim in ("dp", "tp", "pp", "ep") for op in OPS
-                          if st.policy.rule(dim, op).codec_obj is not None})
+                          if st.policy.rule(dim, op).compresses})
     if compressing:
         warn_once("ccoll-unresolved",
                   "ccoll: policy %s compresses %s, but after %d optimizer steps no process group was placed on a "

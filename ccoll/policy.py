@@ -31,6 +31,37 @@ What a "step" is: one optimizer step. ``ccoll.patch`` counts them (by default wi
 sides of every send/recv) agree that a call stays native. Calls counted per (dim, op) would not: in a
 pipeline, neighbouring stages make different numbers of p2p calls.
 
+Version 2 (``version: 2``; every v1 file is also a valid v2 file and means the same) adds three rule
+keys, set per dimension or per op like the others::
+
+    version: 2
+    dp:
+      sizes:                # size buckets instead of one codec: the first bucket whose `below` (bytes,
+        - {below: 1MiB, codec: native}          # exclusive) exceeds the tensor's nbytes applies;
+        - {below: 32MiB, codec: int8:block=256} # `below` strictly increasing, the last bucket has none
+        - {codec: int4:block=64}
+      transport: mpi        # torch (default: the group's own backend) | mpi (an MPI communicator over the
+                            # same ranks); collectives only, send_recv always goes through torch
+      hierarchy: node       # all_reduce / reduce_scatter / all_gather: exact inside a node, compressed
+                            # between nodes (see ccoll.hierarchy); none (default) = flat
+
+``sizes`` and ``codec`` are one setting (the codec choice): a level may set one of them, and the most
+specific level that sets either wins. ``min_bytes`` still applies first, and ``error_feedback`` applies
+to the lossy buckets. A one-bucket list, or adjacent buckets with the same codec, normalise to the
+simpler rule (same fingerprint). ``hierarchy`` set on a dimension applies to the three ops that have a
+hierarchical form and is dropped for the others (setting it on another op is an error).
+
+Why two transports in one job cannot deadlock: the transport of a call is a function of its rule,
+i.e. of (dimension, op) -- never of the size, dtype or step -- and a process group maps to one
+dimension on every member. So all members of a group send each (dim, op)'s calls through the same
+transport, in their program order, and each transport sees on every member the same sequence of
+calls of that group: every blocking call is matched. The two transports progress independently
+(gloo/NCCL on their own threads, MPI inside its calls), so a call blocked on one never waits for
+progress on the other. The codec depends on (dim, op, nbytes, dtype, shape, step) only, which both
+sides know. The MPI communicator of a torch group is created once per group, at that group's first
+``transport: mpi`` call, which every member makes at the same point of its program order
+(``MPI_Comm_create_group``: collective over the group's members only).
+
 Never compressed whatever the policy says: non-floating tensors, dtypes the codec does not take,
 single-element tensors (losses, norms, overflow flags) and tensors below ``min_bytes``. Reduce ops other
 than SUM/AVG are kept native by the patch.
@@ -50,15 +81,22 @@ from .codecs import Codec, get_codec
 from .defaults import DEFAULT_MIN_BYTES
 from .errors import PolicyError
 
-VERSION = 1
+VERSION = 1  # what a policy without v2 keys normalises to (so v1 fingerprints do not change)
+VERSIONS = (1, 2)
 DIMENSIONS = ("dp", "tp", "pp", "ep", "default")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 REDUCING_OPS = ("all_reduce", "reduce_scatter")
 NATIVE = "native"
 
-RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude")
+RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude", "sizes", "transport", "hierarchy")
+V2_KEYS = ("sizes", "transport", "hierarchy")
 DIM_KEYS = RULE_KEYS + ("ops",)
 EXCLUDE_KEYS = ("dtype", "ndim")
+BUCKET_KEYS = ("below", "codec")
+TRANSPORTS = ("torch", "mpi")
+TRANSPORT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+HIERARCHIES = ("node",)
+HIERARCHY_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 DTYPES: dict[str, torch.dtype] = {
@@ -87,26 +125,69 @@ class Exclude:
 
 
 @dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One size bucket: tensors with ``nbytes < below`` (None: any size) not taken by an earlier bucket."""
+
+    below: int | None
+    codec: str  # canonical codec spec, or "native"
+    codec_obj: Codec | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"codec": self.codec} if self.below is None else {"below": self.below, "codec": self.codec}
+
+
+@dataclasses.dataclass(frozen=True)
 class Rule:
     """The effective setting of one (dimension, op)."""
 
-    codec: str  # canonical codec spec, or "native"
+    codec: str  # canonical codec spec, or "native"; with ``sizes``: the last (largest tensors') bucket's
     min_bytes: int
     error_feedback: bool
     warmup_steps: int
     exclude: tuple[Exclude, ...]
     #: the built codec (None for native); built once at load so a bad spec fails at start
     codec_obj: Codec | None = dataclasses.field(default=None, compare=False, repr=False)
+    #: size buckets (v2), ascending; empty: ``codec`` for every size
+    sizes: tuple[Bucket, ...] = ()
+    transport: str = "torch"  # "torch" | "mpi"
+    hierarchy: str | None = None  # None (flat) | "node"
+    #: some size may be compressed (the patch's cheap first test)
+    compresses: bool = dataclasses.field(default=False, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        any_codec = any(b.codec_obj is not None for b in self.sizes) if self.sizes else self.codec_obj is not None
+        object.__setattr__(self, "compresses", any_codec)
+
+    def codec_for(self, nbytes: int) -> Codec | None:
+        """The codec of this rule's size bucket for an ``nbytes`` tensor (min_bytes not applied)."""
+        if not self.sizes:
+            return self.codec_obj
+        for b in self.sizes:
+            if b.below is None or nbytes < b.below:
+                return b.codec_obj
+        return None  # unreachable: the last bucket has no bound
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "codec": self.codec, "min_bytes": self.min_bytes, "error_feedback": self.error_feedback,
             "warmup_steps": self.warmup_steps, "exclude": [e.to_dict() for e in self.exclude],
         }
+        # v2 keys only when they change behaviour, so a v1 policy's normalised form (fingerprint) is unchanged
+        if self.sizes:
+            out["sizes"] = [b.to_dict() for b in self.sizes]
+        if self.transport != "torch":
+            out["transport"] = self.transport
+        if self.hierarchy is not None:
+            out["hierarchy"] = self.hierarchy
+        return out
+
+    @property
+    def v2(self) -> bool:
+        return bool(self.sizes) or self.transport != "torch" or self.hierarchy is not None
 
 
 _BUILTIN: dict[str, Any] = {"codec": NATIVE, "min_bytes": DEFAULT_MIN_BYTES, "error_feedback": False,
-                            "warmup_steps": 0, "exclude": ()}
+                            "warmup_steps": 0, "exclude": (), "sizes": None, "transport": "torch", "hierarchy": None}
 
 
 class Policy:
@@ -159,13 +240,13 @@ class Policy:
             rule = self._rules[(dim, op)]
         except KeyError:
             rule = self.rule(dim, op)  # raises the PolicyError
-        codec = rule.codec_obj
-        if codec is None:
+        if not rule.compresses:
             return None
         # cheapest tests first: this runs on every call the patch sees, most of them tiny
         if isinstance(tensor, torch.Tensor):
             numel, dtype = tensor.numel(), tensor.dtype
-            if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
+            nbytes = numel * dtype.itemsize
+            if numel <= 1 or nbytes < rule.min_bytes:
                 return None
             ndim = tensor.dim()
         else:
@@ -176,8 +257,12 @@ class Policy:
                 numel, ndim = 1, len(shape)
                 for s in shape:
                     numel *= int(s)
-            if numel <= 1 or numel * dtype.itemsize < rule.min_bytes:
+            nbytes = numel * dtype.itemsize
+            if numel <= 1 or nbytes < rule.min_bytes:
                 return None
+        codec = rule.codec_obj if not rule.sizes else rule.codec_for(nbytes)
+        if codec is None:
+            return None
         if dtype not in codec.dtypes or not dtype.is_floating_point:
             return None
         if step is not None and step < rule.warmup_steps:
@@ -194,7 +279,7 @@ class Policy:
 
     def to_dict(self) -> dict:
         """Normalised rules, {dim: {op: rule dict}}, every dimension and op spelled out."""
-        out: dict = {"version": VERSION}
+        out: dict = {"version": 2 if any(r.v2 for r in self._rules.values()) else VERSION}
         for (dim, op), rule in sorted(self._rules.items()):
             out.setdefault(dim, {})[op] = rule.to_dict()
         return out
@@ -207,7 +292,9 @@ class Policy:
             for op in OPS:
                 r = self._rules[(dim, op)]
                 ef = "+ef" if r.error_feedback else ""
-                parts.append(f"{op}={r.codec}{ef}")
+                codec = "|".join(f"<{b.below}:{b.codec}" if b.below else b.codec for b in r.sizes) or r.codec
+                extra = (f"@{r.transport}" if r.transport != "torch" else "") + (f"/{r.hierarchy}" if r.hierarchy else "")
+                parts.append(f"{op}={codec}{ef}{extra}")
             lines.append(f"{dim}: " + " ".join(parts))
         return "\n".join(lines)
 
@@ -235,18 +322,18 @@ def _check_keys(source: str, where: str, mapping: Any, allowed: tuple[str, ...])
     return mapping
 
 
-def _parse_size(source: str, where: str, raw: Any) -> int:
+def _parse_size(source: str, where: str, raw: Any, name: str = "min_bytes") -> int:
     if isinstance(raw, bool):
-        raise _err(source, where, f"min_bytes must be a byte count, got {raw!r}")
+        raise _err(source, where, f"{name} must be a byte count, got {raw!r}")
     if isinstance(raw, int):
         value = raw
     else:
         m = _SIZE.match(str(raw))
         if not m:
-            raise _err(source, where, f"min_bytes={raw!r} is not a size; write an integer or <n>B/KiB/MiB/GiB")
+            raise _err(source, where, f"{name}={raw!r} is not a size; write an integer or <n>B/KiB/MiB/GiB")
         value = int(m.group(1)) * _UNITS[m.group(2)]
     if value < 0:
-        raise _err(source, where, f"min_bytes must be >= 0, got {raw!r}")
+        raise _err(source, where, f"{name} must be >= 0, got {raw!r}")
     return value
 
 
@@ -278,20 +365,86 @@ def _parse_exclude(source: str, where: str, raw: Any) -> tuple[Exclude, ...]:
     return tuple(sorted(set(out), key=lambda e: json.dumps(e.to_dict(), sort_keys=True)))
 
 
-def _parse_level(source: str, where: str, raw: dict, op: str | None) -> dict[str, Any]:
-    """Validate the rule keys of one level (a dimension or one of its ops); returns the keys it sets."""
+def _parse_codec(source: str, where: str, spec: Any) -> Codec | None:
+    if spec is None or spec == NATIVE:
+        return None
+    try:
+        codec = get_codec(spec)
+    except PolicyError as e:
+        raise _err(source, where, f"{e} (or use 'native' to leave the op untouched)") from None
+    if torch.float32 not in codec.dtypes:
+        raise _err(source, where, f"codec {spec!r} does not take float32 tensors")
+    return codec
+
+
+def _parse_buckets(source: str, where: str, raw: Any) -> "Codec | None | tuple[Bucket, ...]":
+    """A ``sizes:`` list -> ascending buckets, normalised: adjacent buckets with the same codec merge, and
+    a single remaining bucket is just its codec (so it fingerprints like ``codec:``)."""
+    if not isinstance(raw, list) or not raw:
+        raise _err(source, where, "sizes must be a non-empty list of {below: <size>, codec: <spec>} entries, "
+                                  "the last one without below")
+    buckets: list[Bucket] = []
+    prev = 0
+    for i, entry in enumerate(raw):
+        w = f"{where}[{i}]"
+        _check_keys(source, w, entry, BUCKET_KEYS)
+        if "codec" not in entry:
+            raise _err(source, w, "a size bucket needs a codec (a codec spec or native)")
+        last = i == len(raw) - 1
+        if last and "below" in entry:
+            raise _err(source, f"{w}.below", "the last size bucket takes every larger tensor: drop its below")
+        if not last and "below" not in entry:
+            raise _err(source, w, "only the last size bucket may omit below (the buckets after it could never apply)")
+        below = None if last else _parse_size(source, f"{w}.below", entry["below"], "below")
+        if below is not None and below <= prev:
+            raise _err(source, f"{w}.below", f"below must increase from bucket to bucket: {below} after {prev}")
+        prev = below if below is not None else prev
+        codec = _parse_codec(source, f"{w}.codec", entry["codec"])
+        spec = codec.spec if codec is not None else NATIVE
+        if buckets and buckets[-1].codec == spec:
+            buckets.pop()  # the previous bucket's range joins this one
+        buckets.append(Bucket(below, spec, codec))
+    if len(buckets) == 1:
+        return buckets[0].codec_obj
+    return tuple(buckets)
+
+
+def _codecs(choice: "Codec | None | tuple[Bucket, ...]") -> list:
+    """Every codec a codec choice (one codec, native, or size buckets) may pick."""
+    return [b.codec_obj for b in choice] if isinstance(choice, tuple) else [choice]
+
+
+def _parse_level(source: str, where: str, raw: dict, op: str | None, version: int = VERSION) -> dict[str, Any]:
+    """Validate the rule keys of one level (a dimension or one of its ops); returns the keys it sets
+    (``codec``: a Codec, None for native, or a tuple of size buckets)."""
     out: dict[str, Any] = {}
+    if version < 2:
+        v2 = [k for k in V2_KEYS if k in raw]
+        if v2:
+            raise _err(source, f"{where}.{v2[0]}", f"{v2[0]!r} needs 'version: 2' at the top of the policy")
+    if "codec" in raw and "sizes" in raw:
+        raise _err(source, where, "set either codec (one codec for every size) or sizes (size buckets), not both")
     if "codec" in raw:
-        spec = raw["codec"]
-        if spec is None or spec == NATIVE:
-            out["codec"] = None
-        else:
-            try:
-                out["codec"] = get_codec(spec)
-            except PolicyError as e:
-                raise _err(source, f"{where}.codec", f"{e} (or use 'native' to leave the op untouched)") from None
-            if torch.float32 not in out["codec"].dtypes:
-                raise _err(source, f"{where}.codec", f"codec {spec!r} does not take float32 tensors")
+        out["codec"] = _parse_codec(source, f"{where}.codec", raw["codec"])
+    if "sizes" in raw:
+        out["codec"] = _parse_buckets(source, f"{where}.sizes", raw["sizes"])
+    if "transport" in raw:
+        t = raw["transport"]
+        if t not in TRANSPORTS:
+            raise _err(source, f"{where}.transport", f"unknown transport {t!r}; valid: {', '.join(TRANSPORTS)}")
+        if t != "torch" and op is not None and op not in TRANSPORT_OPS:
+            raise _err(source, f"{where}.transport",
+                       f"{op} always goes through torch; transport {t!r} is for {', '.join(TRANSPORT_OPS)}")
+        out["transport"] = t
+    if "hierarchy" in raw:
+        h = raw["hierarchy"]
+        h = None if h in (None, "none") else h
+        if h is not None and h not in HIERARCHIES:
+            raise _err(source, f"{where}.hierarchy", f"unknown hierarchy {h!r}; valid: none, {', '.join(HIERARCHIES)}")
+        if h is not None and op is not None and op not in HIERARCHY_OPS:
+            raise _err(source, f"{where}.hierarchy",
+                       f"{op} has no hierarchical form; hierarchy is for {', '.join(HIERARCHY_OPS)}")
+        out["hierarchy"] = h
     if "min_bytes" in raw:
         out["min_bytes"] = _parse_size(source, f"{where}.min_bytes", raw["min_bytes"])
     if "error_feedback" in raw:
@@ -301,8 +454,8 @@ def _parse_level(source: str, where: str, raw: dict, op: str | None) -> dict[str
         if ef and op is not None and op not in REDUCING_OPS:
             raise _err(source, f"{where}.error_feedback",
                        f"error feedback needs a reducing op ({', '.join(REDUCING_OPS)}); {op} does not reduce")
-        if ef and "codec" in out and (out["codec"] is None or not out["codec"].lossy):
-            name = out["codec"].spec if out["codec"] is not None else NATIVE
+        if ef and "codec" in out and not any(c is not None and c.lossy for c in _codecs(out["codec"])):
+            name = "/".join(c.spec if c is not None else NATIVE for c in _codecs(out["codec"]))
             raise _err(source, f"{where}.error_feedback",
                        f"error feedback needs a lossy codec; codec {name!r} is exact, so there is no residual")
         out["error_feedback"] = ef
@@ -320,20 +473,21 @@ def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
     if data is None:
         raise _err(source, "top level", "empty policy; at least 'version: 1' is required")
     _check_keys(source, "top level", data, ("version",) + DIMENSIONS)
-    if data.get("version") != VERSION:
-        raise _err(source, "version", f"expected 'version: {VERSION}', got {data.get('version')!r}")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise _err(source, "version", f"expected 'version: 1' or 'version: 2', got {version!r}")
     levels: dict[tuple[str, str | None], dict[str, Any]] = {}
     for dim in DIMENSIONS:
         raw = data.get(dim)
         if raw is None:
             continue
         _check_keys(source, dim, raw, DIM_KEYS)
-        levels[(dim, None)] = _parse_level(source, dim, raw, None)
+        levels[(dim, None)] = _parse_level(source, dim, raw, None, version)
         ops = raw.get("ops") or {}
         _check_keys(source, f"{dim}.ops", ops, OPS)
         for op, op_raw in ops.items():
             _check_keys(source, f"{dim}.ops.{op}", op_raw or {}, RULE_KEYS)
-            levels[(dim, op)] = _parse_level(source, f"{dim}.ops.{op}", op_raw or {}, op)
+            levels[(dim, op)] = _parse_level(source, f"{dim}.ops.{op}", op_raw or {}, op, version)
 
     rules: dict[tuple[str, str], Rule] = {}
     for dim in DIMENSIONS:
@@ -343,13 +497,18 @@ def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
             eff: dict[str, Any] = {}
             for key in RULE_KEYS:
                 eff[key] = next((lvl[key] for lvl in chain if key in lvl), _BUILTIN[key])
-            codec = eff["codec"] if isinstance(eff["codec"], Codec) else None
+            sizes = eff["codec"] if isinstance(eff["codec"], tuple) else ()
+            codec = sizes[-1].codec_obj if sizes else eff["codec"] if isinstance(eff["codec"], Codec) else None
             # error feedback only exists for reducing ops with a lossy codec; normalise it away elsewhere
-            ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and codec is not None and codec.lossy
+            ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and any(
+                c is not None and c.lossy for c in _codecs(sizes or codec))
             rules[(dim, op)] = Rule(
                 codec=codec.spec if codec is not None else NATIVE,
                 min_bytes=eff["min_bytes"], error_feedback=ef, warmup_steps=eff["warmup_steps"],
-                exclude=tuple(eff["exclude"]), codec_obj=codec,
+                exclude=tuple(eff["exclude"]), codec_obj=codec, sizes=sizes,
+                # set on a dimension, these apply to the ops that have them (like error_feedback)
+                transport=eff["transport"] if op in TRANSPORT_OPS else "torch",
+                hierarchy=eff["hierarchy"] if op in HIERARCHY_OPS else None,
             )
     return rules
 

@@ -12,6 +12,7 @@ from ccoll.errors import PolicyError
 from ccoll.policy import DEFAULT_MIN_BYTES, DIMENSIONS, OPS, load
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+_BUCKETS = [{"below": "1MiB", "codec": "native"}, {"codec": "int4:block=64"}]
 
 
 def P(**dims) -> Policy:
@@ -114,10 +115,39 @@ def test_given_error_feedback_on_dim_when_normalised_expect_only_reducing_ops_ca
     ({"version": 1, "dp": {"error_feedback": "yes please"}}, "dp.error_feedback", ["true or false"]),
     ({"version": 1, "pp": {"exclude": [{"dtype": "half"}]}}, "pp.exclude[0].dtype", ["float16", "bfloat16"]),
     ({"version": 1, "pp": {"exclude": [{}]}}, "pp.exclude[0]", ["dtype, ndim"]),
-    ({"version": 2}, "version", ["version: 1"]),
+    ({"version": 3}, "version", ["version: 1", "version: 2"]),
     ({"dp": {}}, "version", ["version: 1"]),
     (None, "top level", ["version: 1"]),
     ([1, 2], "top level", ["mapping"]),
+    # version 2: size buckets, transport, hierarchy
+    ({"version": 1, "dp": {"sizes": _BUCKETS}}, "dp.sizes", ["version: 2"]),
+    ({"version": 1, "tp": {"ops": {"all_reduce": {"transport": "mpi"}}}}, "tp.ops.all_reduce.transport", ["version: 2"]),
+    ({"version": 2, "dp": {"codec": "bf16", "sizes": _BUCKETS}}, "dp", ["not both"]),
+    ({"version": 2, "dp": {"sizes": []}}, "dp.sizes", ["non-empty list"]),
+    ({"version": 2, "dp": {"sizes": {"below": 1, "codec": "bf16"}}}, "dp.sizes", ["list"]),
+    ({"version": 2, "dp": {"sizes": [{"below": "1MiB", "codec": "bf16"}]}}, "dp.sizes[0].below", ["last size bucket"]),
+    ({"version": 2, "dp": {"sizes": [{"codec": "bf16"}, {"codec": "fp16"}]}}, "dp.sizes[0]", ["only the last"]),
+    ({"version": 2, "dp": {"sizes": [{"below": "2MiB", "codec": "bf16"}, {"below": "1MiB", "codec": "fp16"},
+                                     {"codec": "native"}]}}, "dp.sizes[1].below", ["increase", "2097152"]),
+    ({"version": 2, "dp": {"sizes": [{"below": "1MiB", "codec": "bf16"}, {"below": "1MiB", "codec": "fp16"},
+                                     {"codec": "native"}]}}, "dp.sizes[1].below", ["increase"]),
+    ({"version": 2, "dp": {"sizes": [{"below": "1 MB", "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0].below",
+     ["below='1 MB'", "MiB"]),
+    ({"version": 2, "dp": {"sizes": [{"below": 0, "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0].below",
+     ["increase"]),
+    ({"version": 2, "dp": {"sizes": [{"below": 10}, {"codec": "native"}]}}, "dp.sizes[0]", ["needs a codec"]),
+    ({"version": 2, "dp": {"sizes": [{"below": 10, "codec": "nosuch"}, {"codec": "native"}]}}, "dp.sizes[0].codec",
+     ["unknown codec"]),
+    ({"version": 2, "dp": {"sizes": [{"upto": 10, "codec": "bf16"}, {"codec": "native"}]}}, "dp.sizes[0]",
+     ["'upto'", "below, codec"]),
+    ({"version": 2, "dp": {"sizes": [{"below": 10, "codec": "native"}, {"codec": "none"}], "error_feedback": True}},
+     "dp.error_feedback", ["lossy"]),
+    ({"version": 2, "dp": {"transport": "nccl"}}, "dp.transport", ["'nccl'", "torch, mpi"]),
+    ({"version": 2, "pp": {"ops": {"send_recv": {"transport": "mpi"}}}}, "pp.ops.send_recv.transport", ["torch"]),
+    ({"version": 2, "dp": {"hierarchy": "rack"}}, "dp.hierarchy", ["'rack'", "node"]),
+    ({"version": 2, "dp": {"ops": {"broadcast": {"hierarchy": "node"}}}}, "dp.ops.broadcast.hierarchy",
+     ["all_reduce, reduce_scatter, all_gather"]),
+    ({"version": True}, "version", ["version: 1", "version: 2"]),
 ])
 def test_given_invalid_policy_when_loading_expect_policyerror_naming_file_dimension_key(data, where, words):
     with pytest.raises(PolicyError) as e:
