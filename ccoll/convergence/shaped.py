@@ -9,7 +9,8 @@ This tool does both in one run, per link rate:
    CPU sharing the ranks see);
 2. trains baseline and the policy on the same seed on ranks in network namespaces behind ``--rate``
    links (``ccoll.bench.netem`` via ``ccoll.convergence``; needs root), with a model large enough that DP
-   gradients dominate the traffic;
+   gradients dominate the traffic; by default both at the same time, each on its own links, so that the
+   load of a shared machine (which changes by the minute) weighs on both alike;
 3. predicts the policy's speedup with ``ccoll.model.validate``: compute = the baseline's measured step
    time minus the model's baseline link time at that rate, then compute + wire + codec for the policy;
 4. prints per rate: samples/s of both, measured and predicted speedup and their difference, the
@@ -51,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="DP codec encode throughput, GB/s (default: measured on this CPU now)")
     p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput (default: measured)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
+    p.add_argument("--together", action=argparse.BooleanOptionalAction, default=True,
+                   help="run baseline and policy at the same time (each on its own shaped links), so a shared "
+                        "machine's changing load hits both alike; the codec is then measured in 2 x ranks processes")
     p.add_argument("--out", default="results/shaped")
     return p
 
@@ -65,20 +69,58 @@ def _dp_codec(policy: str) -> str:
     return codec.spec
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .__main__ import main as convergence_main
+def _command(args, policy: str, rate: str, out: str) -> list[str]:
+    return [sys.executable, "-m", "ccoll.convergence", "--policies", policy, "--netem-rate", rate, "--seeds", "1",
+            "--seed", str(args.seed), "--steps", str(args.steps), "--dp", str(args.dp), "--tp", str(args.tp),
+            "--pp", str(args.pp), "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
+            "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch), "--grad-accum", str(args.grad_accum),
+            "--eval-every", str(args.steps), "--timeout", str(args.timeout), "--out", out]
 
+
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _compare(args, rate: str, out: str) -> dict:
+    """Baseline and policy at ``rate``: at the same time (``--together``, each in its own namespaces) or one
+    after the other; merged into one convergence-style summary for ccoll.model.validate."""
+    import subprocess
+
+    runs = {}
+    procs = []
+    for path in (args.baseline, args.policy):
+        run_out = os.path.join(out, _stem(path))
+        log = open(os.path.join(out, f"{_stem(path)}.log"), "w")
+        p = subprocess.Popen(_command(args, path, rate, run_out), stdout=log, stderr=subprocess.STDOUT)
+        procs.append((path, p, run_out, log))
+        if not args.together:
+            p.wait()
+    for path, p, run_out, log in procs:
+        rc = p.wait()
+        log.close()
+        if rc != 0:
+            raise CcollError(f"the {_stem(path)} run at {rate} failed (exit {rc}); log {log.name}")
+        with open(os.path.join(run_out, "summary.json")) as f:
+            runs[_stem(path)] = json.load(f)
+    base = runs[_stem(args.baseline)]
+    meta = dict(base["meta"], policies=[args.baseline, args.policy])
+    pols = {k: v["policies"][k] for k, v in runs.items()}
+    b, x = pols[_stem(args.baseline)]["final_val_loss"], pols[_stem(args.policy)]["final_val_loss"]
+    return {"baseline": _stem(args.baseline), "meta": meta, "policies": pols, "val_delta_pct": 100 * (x - b) / b}
+
+
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     world = args.dp * args.tp * args.pp
-    os.makedirs(args.out, exist_ok=True)
     report = {"args": vars(args), "rates": {}}
     try:
         spec = _dp_codec(args.policy)
+        procs = world * (2 if args.together else 1)
         if args.codec_gbps is None:
-            m = cmodel.measure_codec_gbps(spec, procs=world)
+            m = cmodel.measure_codec_gbps(spec, procs=procs)
             enc, dec = m["encode_gbps"], m["decode_gbps"]
             report["codec"] = m
-            how = f"measured now in {world} processes at once (median)"
+            how = f"measured now in {procs} processes at once (median), as many as the ranks running"
         else:
             enc, dec = args.codec_gbps, args.decode_gbps
             how = "given"
@@ -86,21 +128,14 @@ def main(argv: list[str] | None = None) -> int:
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
         for rate in args.rates:
             out = os.path.join(args.out, rate)
+            os.makedirs(out, exist_ok=True)
             t0 = time.monotonic()
-            rc = convergence_main([
-                "--policies", args.baseline, args.policy, "--netem-rate", rate, "--seeds", "1", "--seed", str(args.seed),
-                "--steps", str(args.steps), "--dp", str(args.dp), "--tp", str(args.tp), "--pp", str(args.pp),
-                "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
-                "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch), "--grad-accum",
-                str(args.grad_accum), "--eval-every", str(args.steps), "--timeout", str(args.timeout), "--out", out])
-            if rc != 0:
-                print(f"error: the runs at {rate} failed (exit {rc}); logs under {out}", file=sys.stderr)
-                return rc
-            with open(os.path.join(out, "summary.json")) as f:
-                summary = json.load(f)
+            load0 = os.getloadavg()[0]
+            summary = _compare(args, rate, out)
             res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec)
-            report["rates"][rate] = {"validate": res, "summary_policies": summary["policies"],
-                                     "wall_s": time.monotonic() - t0, "load_average": os.getloadavg()[0]}
+            report["rates"][rate] = {"validate": res, "summary": summary, "wall_s": time.monotonic() - t0,
+                                     "load_average": (load0 + os.getloadavg()[0]) / 2}
+            print(f"# {rate} done in {time.monotonic() - t0:.0f} s", flush=True)
         _print(report, args)
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -111,17 +146,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(report: dict, args) -> None:
-    name = os.path.splitext(os.path.basename(args.policy))[0]
-    base = os.path.splitext(os.path.basename(args.baseline))[0]
+    name, base = _stem(args.policy), _stem(args.baseline)
     print(f"# {name} vs {base} on shaped links: dp={args.dp} tp={args.tp} pp={args.pp}, {args.layers}x{args.hidden}, "
           f"seq {args.seq_len}, micro-batch {args.micro_batch} x {args.grad_accum}, {args.steps} steps, seed {args.seed}")
     print(f"#{'rate':<8} {base + ' s/s':>12} {name + ' s/s':>12} {'measured':>9} {'predicted':>9} {'pred-meas':>9} "
           f"{'val loss delta':>14} {'load':>5}")
     for rate, r in report["rates"].items():
-        pols = r["summary_policies"]
+        pols = r["summary"]["policies"]
         e = r["validate"]["policies"][name]
         err = 100 * (e["predicted_speedup"] - e["measured_speedup"]) / e["measured_speedup"]
-        dv = pols[name]["delta_val_pct"]["mean"]
+        dv = r["summary"]["val_delta_pct"]
         print(f" {rate:<8} {pols[base]['samples_per_s']:>12.2f} {pols[name]['samples_per_s']:>12.2f} "
               f"{e['measured_speedup']:>8.3f}x {e['predicted_speedup']:>8.3f}x {err:>+8.1f}% {dv:>+13.2f}% "
               f"{r['load_average']:>5.1f}")
