@@ -116,26 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = _dp_codec(args.policy)
         procs = world * (2 if args.together else 1)
-        if args.codec_gbps is None:
-            m = cmodel.measure_codec_gbps(spec, procs=procs)
-            enc, dec = m["encode_gbps"], m["decode_gbps"]
-            report["codec"] = m
-            how = f"measured now in {procs} processes at once (median), as many as the ranks running"
-        else:
-            enc, dec = args.codec_gbps, args.decode_gbps
-            how = "given"
-        print(f"# codec {spec}: encode {enc:.3f} GB/s, decode {(dec or enc):.3f} GB/s ({how}); "
-              f"load average {os.getloadavg()[0]:.1f}", flush=True)
         for rate in args.rates:
             out = os.path.join(args.out, rate)
             os.makedirs(out, exist_ok=True)
             t0 = time.monotonic()
             load0 = os.getloadavg()[0]
+            codec = [cmodel.measure_codec_gbps(spec, procs=procs)] if args.codec_gbps is None else []
             summary = _compare(args, rate, out)
+            if args.codec_gbps is None:
+                codec.append(cmodel.measure_codec_gbps(spec, procs=procs))
+                # the load of a shared machine drifts: the mean of the rates measured before and after the runs
+                enc = sum(c["encode_gbps"] for c in codec) / 2
+                dec = sum(c["decode_gbps"] for c in codec) / 2
+            else:
+                enc, dec = args.codec_gbps, args.decode_gbps
             res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec)
             report["rates"][rate] = {"validate": res, "summary": summary, "wall_s": time.monotonic() - t0,
-                                     "load_average": (load0 + os.getloadavg()[0]) / 2}
-            print(f"# {rate} done in {time.monotonic() - t0:.0f} s", flush=True)
+                                     "load_average": (load0 + os.getloadavg()[0]) / 2, "codec_measured": codec,
+                                     "encode_gbps": enc, "decode_gbps": dec or enc}
+            print(f"# {rate} done in {time.monotonic() - t0:.0f} s; codec {spec}: encode {enc:.3f} GB/s, decode "
+                  f"{(dec or enc):.3f} GB/s (" + ("given" if not codec else f"measured before and after the runs "
+                  f"in {procs} processes at once, median of them, mean of the two") + ")", flush=True)
         _print(report, args)
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -150,7 +151,7 @@ def _print(report: dict, args) -> None:
     print(f"# {name} vs {base} on shaped links: dp={args.dp} tp={args.tp} pp={args.pp}, {args.layers}x{args.hidden}, "
           f"seq {args.seq_len}, micro-batch {args.micro_batch} x {args.grad_accum}, {args.steps} steps, seed {args.seed}")
     print(f"#{'rate':<8} {base + ' s/s':>12} {name + ' s/s':>12} {'measured':>9} {'predicted':>9} {'pred-meas':>9} "
-          f"{'val loss delta':>14} {'load':>5}")
+          f"{'val loss delta':>14} {'load':>5} {'enc GB/s':>8} {'dec GB/s':>8}")
     for rate, r in report["rates"].items():
         pols = r["summary"]["policies"]
         e = r["validate"]["policies"][name]
@@ -158,7 +159,7 @@ def _print(report: dict, args) -> None:
         dv = r["summary"]["val_delta_pct"]
         print(f" {rate:<8} {pols[base]['samples_per_s']:>12.2f} {pols[name]['samples_per_s']:>12.2f} "
               f"{e['measured_speedup']:>8.3f}x {e['predicted_speedup']:>8.3f}x {err:>+8.1f}% {dv:>+13.2f}% "
-              f"{r['load_average']:>5.1f}")
+              f"{r['load_average']:>5.1f} {r['encode_gbps']:>8.3f} {r['decode_gbps']:>8.3f}")
     for rate, r in report["rates"].items():
         e = r["validate"]["policies"][name]
         b = r["validate"]["policies"][base]
