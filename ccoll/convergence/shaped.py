@@ -88,20 +88,31 @@ def _compare(args, rate: str, out: str) -> dict:
 
     runs = {}
     procs = []
-    for path in (args.baseline, args.policy):
-        run_out = os.path.join(out, _stem(path))
-        log = open(os.path.join(out, f"{_stem(path)}.log"), "w")
-        p = subprocess.Popen(_command(args, path, rate, run_out), stdout=log, stderr=subprocess.STDOUT)
-        procs.append((path, p, run_out, log))
-        if not args.together:
-            p.wait()
-    for path, p, run_out, log in procs:
-        rc = p.wait()
-        log.close()
-        if rc != 0:
-            raise CcollError(f"the {_stem(path)} run at {rate} failed (exit {rc}); log {log.name}")
-        with open(os.path.join(run_out, "summary.json")) as f:
-            runs[_stem(path)] = json.load(f)
+    try:
+        for path in (args.baseline, args.policy):
+            run_out = os.path.join(out, _stem(path))
+            log = open(os.path.join(out, f"{_stem(path)}.log"), "w")
+            p = subprocess.Popen(_command(args, path, rate, run_out), stdout=log, stderr=subprocess.STDOUT)
+            procs.append((path, p, run_out, log))
+            if not args.together:
+                p.wait()
+        for path, p, run_out, log in procs:
+            rc = p.wait()
+            log.close()
+            if rc != 0:
+                raise CcollError(f"the {_stem(path)} run at {rate} failed (exit {rc}); log {log.name}")
+            with open(os.path.join(run_out, "summary.json")) as f:
+                runs[_stem(path)] = json.load(f)
+    finally:
+        # interrupted or failed: each ccoll.convergence child stops its own ranks and namespaces on SIGTERM
+        for _, p, _, _ in procs:
+            if p.poll() is None:
+                p.terminate()
+        for _, p, _, _ in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
     base = runs[_stem(args.baseline)]
     meta = dict(base["meta"], policies=[args.baseline, args.policy])
     pols = {k: v["policies"][k] for k, v in runs.items()}
@@ -109,8 +120,25 @@ def _compare(args, rate: str, out: str) -> dict:
     return {"baseline": _stem(args.baseline), "meta": meta, "policies": pols, "val_delta_pct": 100 * (x - b) / b}
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # timeout/kill unwinds and stops the runs
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("interrupted: runs stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args) -> int:
     world = args.dp * args.tp * args.pp
     report = {"args": vars(args), "rates": {}}
     try:
