@@ -296,6 +296,20 @@ def step_time(lay: Layout, cl: Cluster, policy=None) -> dict:
     return worst
 
 
+def codec_gbps_needed(lay: Layout, cl: Cluster, policy, speedup: float) -> dict:
+    """The codec throughput (GB/s, encode = decode) at which ``policy`` reaches ``speedup`` over native on
+    ``cl``, or why it cannot: ``max_speedup`` is what an infinitely fast codec would give (compute and
+    the remaining wire time bound it). Returns {"max_speedup", "codec_gbps"} (codec_gbps None if
+    unreachable)."""
+    base = step_time(lay, cl, None)["total_s"]
+    free = step_time(lay, dataclasses.replace(cl, codec_gbps=float("inf"), decode_gbps=None), policy)
+    # codec seconds at 1 GB/s: the step's codec time scales as 1 / throughput
+    per_gbps = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
+    slack = base / speedup - free["total_s"]
+    need = None if slack <= 0 else (per_gbps / slack if per_gbps > 0 else 0.0)
+    return {"max_speedup": base / free["total_s"], "codec_gbps": need}
+
+
 # --- codec throughput on this machine ---------------------------------------------------------------
 def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: bool = True, repeat: int = 3,
                      dtype: str = "float32") -> dict:
@@ -472,6 +486,19 @@ def print_traffic(lay: Layout, policy, file=None) -> None:
                   file=file)
 
 
+def why_line(lay: Layout, cl: Cluster, policy, target: float) -> str:
+    """One line: what codec throughput ``target`` needs here, or the most any codec could give."""
+    n = codec_gbps_needed(lay, cl, policy, target)
+    if n["codec_gbps"] is None:
+        return (f"{target:g}x is out of reach at these links: even an infinitely fast codec gives "
+                f"{n['max_speedup']:.3f}x (compute and the uncompressed traffic remain)")
+    # the throughput that, for encode and decode alike, costs the step what the given rates cost it
+    unit = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
+    have = unit / step_time(lay, cl, policy)["codec_s"]
+    return (f"{target:g}x needs a codec of >= {n['codec_gbps']:.3f} GB/s (encode and decode; have {have:.3f}); "
+            f"an infinitely fast codec would give {n['max_speedup']:.3f}x")
+
+
 def format_step(t: dict) -> str:
     """One line decomposing a predicted step: where the time goes (compute, wire per dimension, codec)."""
     return (f"predicted step {t['total_s']:.3f} s = compute {t['compute_s']:.3f} + wire dp {t['link_s']['dp']:.3f}"
@@ -519,6 +546,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-tflops", type=float, default=125.0)
     p.add_argument("--mfu", type=float, default=0.35)
     p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
+    p.add_argument("--target-speedup", type=float, default=1.25,
+                   help="print the codec throughput this speedup needs (or why no codec reaches it)")
     p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
     p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
     p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
@@ -566,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.preset:
             lay, cl = PRESETS[args.preset]
-            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps)
+            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
         else:
             extra = RUNNER if args.runner else {}
             lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
@@ -574,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                          pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
                                                                                  if k not in ("vocab", "zero")}})
             cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
-                         compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
+                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
                          dp_overlap=args.dp_overlap)
         pol = args.policy[0] if args.policy else None
         print_traffic(lay, pol)
@@ -583,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
               f"pp {t['link_s']['pp']:.4f} s, dp {t['link_s']['dp']:.4f} s, codec {t['codec_s']:.4f} s, "
               f"total {t['total_s']:.4f} s; native {base['total_s']:.4f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+        if pol is not None:
+            print(f"# {why_line(lay, cl, pol, args.target_speedup)}")
         return 0
     except (CcollError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)

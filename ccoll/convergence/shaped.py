@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="run baseline and policy at the same time (each on its own shaped links), so a shared "
                         "machine's changing load hits both alike; the codec is then measured in 2 x ranks processes")
     p.add_argument("--out", default="results/shaped")
+    p.add_argument("--target-speedup", type=float, default=1.25, help="say what codec throughput this speedup needs")
     return p
 
 
@@ -193,6 +194,10 @@ def _print(report: dict, args) -> None:
         b = r["validate"]["policies"][base]
         print(f"# {rate}: {base} measured step {b['measured_step_s']:.3f} s ({cmodel.format_step(b['predicted_step'])})")
         print(f"# {rate}: {name} measured step {e['measured_step_s']:.3f} s ({cmodel.format_step(e['predicted_step'])})")
+        lay = cmodel.runner_layout(r["summary"]["meta"])
+        cl = cmodel.Cluster(tp_gbps=e["link_gbps"], inter_gbps=e["link_gbps"], codec_gbps=r["encode_gbps"],
+                            decode_gbps=r["decode_gbps"], compute_s=e["predicted_step"]["compute_s"])
+        print(f"# {rate}: {cmodel.why_line(lay, cl, args.policy, args.target_speedup)}")
 
 
 if __name__ == "__main__":

@@ -161,3 +161,19 @@ def test_given_codec_spec_when_throughput_measured_expect_positive_rates_and_har
     assert r["codec_gbps"] == pytest.approx(hm)
     assert main(["--codec-throughput", "int4:block=64", "--codec-numel", "4096"]) == 0
     assert json.loads(capsys.readouterr().out)["spec"].startswith("int4:block=64")
+
+
+def test_given_target_speedup_when_codec_needed_expect_that_rate_to_reach_it_or_the_bound_that_forbids_it():
+    from ccoll.model import codec_gbps_needed, why_line
+
+    lay = _tiny(dp=4, pp=1, hidden=256, heads=4, layers=4, seq=64)
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    slow_link = Cluster(tp_gbps=0.1, inter_gbps=0.1, codec_gbps=0.1, compute_s=0.5)
+    n = codec_gbps_needed(lay, slow_link, hybrid, 1.25)
+    assert n["max_speedup"] > 1.25 and n["codec_gbps"] > 0
+    at = step_time(lay, Cluster(**{**slow_link.__dict__, "codec_gbps": n["codec_gbps"]}), hybrid)
+    assert step_time(lay, slow_link, None)["total_s"] / at["total_s"] == pytest.approx(1.25)
+    fast_link = Cluster(**{**slow_link.__dict__, "inter_gbps": 100.0})  # compute-bound: no codec helps enough
+    n = codec_gbps_needed(lay, fast_link, hybrid, 1.25)
+    assert n["codec_gbps"] is None and 1.0 <= n["max_speedup"] < 1.25
+    assert "out of reach" in why_line(lay, fast_link, hybrid, 1.25)
