@@ -84,3 +84,14 @@ def test_given_finished_run_dir_when_reused_expect_its_result_only_for_the_same_
     assert got.samples_per_s == pytest.approx(8.0) and got.bytes["dp"] == {"raw": 128, "wire": 18}
     for changed in (dict(spec, steps=3), dict(spec, policy="/p/naive.yaml"), dict(spec, model=dict(hidden=16))):
         assert load_finished("hybrid", changed, str(run_dir)) is None
+
+
+def test_given_policy_leaving_dp_native_when_shaped_comparison_expect_exit_2_before_any_run(tmp_path, capsys):
+    import pathlib
+
+    from ccoll.convergence.shaped import main as shaped_main
+
+    baseline = pathlib.Path(__file__).resolve().parents[2] / "configs" / "baseline.yaml"
+    assert shaped_main(["--policy", str(baseline), "--out", str(tmp_path)]) == 2
+    assert "DP gradients are not compressed" in capsys.readouterr().err
+    assert not (tmp_path / "1gbit").exists()
