@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                         "machine's changing load hits both alike; the codec is then measured in 2 x ranks processes")
     p.add_argument("--out", default="results/shaped")
     p.add_argument("--target-speedup", type=float, default=1.25, help="say what codec throughput this speedup needs")
+    p.add_argument("--report", metavar="SHAPED_JSON", help="print the tables of a finished comparison (its "
+                                                             "shaped.json) again; runs nothing")
     return p
 
 
@@ -129,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     args = _parser().parse_args(argv)
+    if args.report:  # print a finished comparison again (with this version's lines), run nothing
+        with open(args.report) as f:
+            report = json.load(f)
+        kept = {k: v for k, v in vars(args).items() if k in ("target_speedup",)}
+        _print(report, argparse.Namespace(**{**report["args"], **kept}))
+        return 0
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # timeout/kill unwinds and stops the runs
     try:
         return _main(args)
