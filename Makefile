@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped bench-nodes bench-two-transports convergence rate-distortion model kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,9 +41,15 @@ test-fast: venv kernels-host
 demo: venv
 	$(PY) -m ccoll.convergence --demo --out results/demo
 
-# every policy x 3 seeds (paired by seed), held-out loss, verdicts; then the model checked against its bytes
+# the default comparison (ccoll.convergence's defaults: TP2 x DP2, 2 x 64 model, 120 steps): baseline, naive,
+# hybrid, zhybrid x 3 seeds paired by seed, held-out loss, verdicts; then the model checked against its bytes
 convergence: venv
-	$(PY) -m ccoll.convergence --seeds 3 --policies configs/baseline.yaml configs/naive.yaml configs/hybrid.yaml configs/znaive.yaml configs/zhybrid.yaml --out results/convergence
+	$(PY) -m ccoll.convergence --out results/convergence
+	$(PY) -m ccoll.model --validate results/convergence/summary.json
+
+# optional: znaive too, in the same runs (reuses the finished runs of `make convergence`, adds znaive's)
+convergence-znaive: venv
+	$(PY) -m ccoll.convergence --reuse --policies configs/baseline.yaml configs/naive.yaml configs/hybrid.yaml configs/zhybrid.yaml configs/znaive.yaml --out results/convergence
 	$(PY) -m ccoll.model --validate results/convergence/summary.json
 
 # capture the tensors that travel (DP2xPP2 and TP2xDP2, demo size, 60 steps, baseline: exact training),
@@ -65,6 +71,12 @@ bench: venv kernels-host
 	$(PY) tools/bench_codecs.py
 	$(PY) -m ccoll.bench all_reduce -b 1K -e 64M -f 4 --np 4 --codec $(BENCH_CODECS) --json results/bench/loopback.json
 	$(PY) -m ccoll.bench.plot results/bench/loopback.json
+
+# as root: hybrid vs baseline training on DP4 ranks behind 1 Gbit/s and 100 Mbit/s links (a model whose DP
+# gradients dominate the traffic): samples/s of both, measured vs predicted speedup (ccoll.model with the codec
+# throughput measured on this CPU), and the predicted step decomposed into compute, wire and codec
+e2e-shaped: venv
+	$(PY) -m ccoll.convergence.shaped --rates 1gbit 100mbit --out results/shaped
 
 # as root: 4 ranks in network namespaces, 1 Gbit/s per rank (the bandwidth-bound regime)
 bench-shaped: venv kernels-host

@@ -235,10 +235,18 @@ _ALGO = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n
          "all_gather": lambda n: (n - 1), "send": lambda n: 1.0}
 
 
+#: values through the codec per value a rank contributes, (encoded, decoded), for a group of n, as ccoll's
+#: collectives do it: all_reduce encodes its tensor, decodes-and-sums the n chunks it owns (n x 1/n), encodes
+#: the reduced chunk (1/n) and decodes the n gathered chunks; all_gather encodes its shard and decodes n;
+#: reduce_scatter encodes the tensor and decodes n payloads of its 1/n chunk; send encodes, recv decodes
+_CODEC_PASSES = {"all_reduce": lambda n: (1 + 1 / n, 2.0), "reduce_scatter": lambda n: (1.0, 1.0),
+                 "all_gather": lambda n: (1.0, float(n)), "send": lambda n: (1.0, 1.0)}
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Bandwidths in Gbit/s per GPU; TP inside a node, DP and PP across nodes (the usual placement).
-    ``codec_gbps``: codec throughput in GB/s of input values (encode and decode alike)."""
+    ``codec_gbps``: codec throughput in GB/s of input values (encode; decode too unless ``decode_gbps``)."""
 
     tp_gbps: float
     inter_gbps: float
@@ -248,6 +256,7 @@ class Cluster:
     mfu: float = 0.35
     dp_overlap: float = 0.0
     latency_us: float = 10.0
+    decode_gbps: float | None = None
 
 
 def compute_seconds(lay: Layout, cl: Cluster) -> float:
@@ -279,13 +288,84 @@ def step_time(lay: Layout, cl: Cluster, policy=None) -> dict:
                 t *= 1.0 - cl.dp_overlap
             link[r["dim"]] += t
             if r["codec"] != "native":
-                # values through the codec: all_reduce encodes n + n/p and decodes n + n; others n and n
-                factor = 4.0 if r["op"] == "all_reduce" else 2.0
-                codec_s += factor * r["raw_per_rank"] / (cl.codec_gbps * 1e9)  # throughput in input bytes
+                enc, dec = _CODEC_PASSES[r["op"]](r["group"])
+                codec_s += r["raw_per_rank"] * (enc / cl.codec_gbps + dec / (cl.decode_gbps or cl.codec_gbps)) / 1e9
         total = comp + sum(link.values()) + codec_s
         if worst is None or total > worst["total_s"]:
             worst = {"stage": st, "compute_s": comp, "link_s": link, "codec_s": codec_s, "total_s": total}
     return worst
+
+
+def codec_gbps_needed(lay: Layout, cl: Cluster, policy, speedup: float) -> dict:
+    """The codec throughput (GB/s, encode = decode) at which ``policy`` reaches ``speedup`` over native on
+    ``cl``, or why it cannot: ``max_speedup`` is what an infinitely fast codec would give (compute and
+    the remaining wire time bound it). Returns {"max_speedup", "codec_gbps"} (codec_gbps None if
+    unreachable)."""
+    base = step_time(lay, cl, None)["total_s"]
+    free = step_time(lay, dataclasses.replace(cl, codec_gbps=float("inf"), decode_gbps=None), policy)
+    # codec seconds at 1 GB/s: the step's codec time scales as 1 / throughput
+    per_gbps = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
+    slack = base / speedup - free["total_s"]
+    need = None if slack <= 0 else (per_gbps / slack if per_gbps > 0 else 0.0)
+    return {"max_speedup": base / free["total_s"], "codec_gbps": need}
+
+
+# --- codec throughput on this machine ---------------------------------------------------------------
+def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: bool = True, repeat: int = 3,
+                     dtype: str = "float32") -> dict:
+    """Measured wall-clock GB/s of input values of one codec on this process's device (CPU here) through
+    the batched API the collectives call: ``encode_rows`` of ``numel`` values in ``rows`` rows (with error
+    feedback when ``feedback``, as hybrid's DP gradients) and ``decode_rows`` of the payloads; best of
+    ``repeat``. ``codec_gbps`` is the harmonic mean of the two -- the figure ``Cluster.codec_gbps`` takes,
+    since step_time charges encodes and decodes alike. Wall clock on purpose: on a shared machine it
+    includes the contention the ranks see (run it in as many processes at once as there are ranks)."""
+    import time
+
+    from .codecs import get_codec
+
+    codec = get_codec(spec)
+    dt = DTYPES[dtype]
+    row = -(-numel // rows)
+    row += (-row) % codec.align_numel
+    src = torch.randn(rows * row, dtype=dt)
+    out = torch.empty(rows, codec.encoded_nbytes(row, dt), dtype=torch.uint8)
+    fb = torch.zeros(rows * row, dtype=codec.feedback_dtype(dt)) if feedback else None
+    dst = torch.empty_like(src)
+    codec.encode_rows(src, out, row, feedback=fb)  # warm-up: allocations, lazy imports
+    codec.decode_rows(out, dst, row)
+    enc = dec = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        codec.encode_rows(src, out, row, feedback=fb)
+        t1 = time.perf_counter()
+        codec.decode_rows(out, dst, row)
+        t2 = time.perf_counter()
+        enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
+    nbytes = src.numel() * src.element_size()
+    return {"spec": codec.spec, "numel": src.numel(), "feedback": feedback, "encode_gbps": nbytes / enc / 1e9,
+            "decode_gbps": nbytes / dec / 1e9, "codec_gbps": 2 * nbytes / (enc + dec) / 1e9}
+
+
+def measure_codec_gbps(spec: str, procs: int = 1, numel: int = 1 << 22, feedback: bool = True,
+                       timeout_s: float = 600.0) -> dict:
+    """``codec_throughput`` in ``procs`` processes at once (one thread each, as the training ranks run),
+    so the figure includes the CPU sharing the ranks see: the median process's result, and all of them."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "ccoll.model", "--codec-throughput", spec, "--codec-numel", str(numel)]
+    if not feedback:
+        cmd.append("--no-feedback")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+          for _ in range(procs)]
+    results = []
+    for p in ps:
+        out, err = p.communicate(timeout=timeout_s)
+        if p.returncode != 0:
+            raise CcollError(f"codec throughput of {spec!r} failed ({p.returncode}): {err.strip()[-500:]}")
+        results.append(json.loads(out))
+    results.sort(key=lambda r: r["codec_gbps"])
+    return dict(results[len(results) // 2], procs=procs, all_codec_gbps=[r["codec_gbps"] for r in results])
 
 
 # --- presets and the cluster table ------------------------------------------------------------------
@@ -318,7 +398,7 @@ def runner_layout(meta: dict) -> Layout:
 
 
 def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.05, link_gbps: float | None = None,
-             codec_gbps: float = 1.0) -> dict:
+             codec_gbps: float = 1.0, decode_gbps: float | None = None) -> dict:
     """Compare the model with a convergence summary: per policy and dimension, predicted vs measured raw
     and wire bytes (per step, summed over ranks; ``ok`` when within ``tolerance``), and predicted vs
     measured speedup over the baseline (compute time taken from the baseline's measured step time minus
@@ -349,10 +429,13 @@ def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.
             dims[d] = row
         entry = {"dims": dims, "measured_speedup": p["samples_per_s"] / base["samples_per_s"]}
         if gbps and base_step:
-            cl = Cluster(tp_gbps=gbps, inter_gbps=gbps, codec_gbps=codec_gbps, compute_s=0.0)
+            cl = Cluster(tp_gbps=gbps, inter_gbps=gbps, codec_gbps=codec_gbps, decode_gbps=decode_gbps, compute_s=0.0)
             base_link = step_time(lay, cl, None)["total_s"]
             cl = dataclasses.replace(cl, compute_s=max(0.0, base_step - base_link))
-            entry["predicted_speedup"] = step_time(lay, cl, None)["total_s"] / step_time(lay, cl, pol)["total_s"]
+            predicted = step_time(lay, cl, pol)
+            entry["predicted_speedup"] = step_time(lay, cl, None)["total_s"] / predicted["total_s"]
+            entry["predicted_step"] = predicted
+            entry["measured_step_s"] = summary["meta"]["global_batch"] / p["samples_per_s"]
             entry["link_gbps"] = gbps
         out["policies"][name] = entry
     return out
@@ -403,6 +486,25 @@ def print_traffic(lay: Layout, policy, file=None) -> None:
                   file=file)
 
 
+def why_line(lay: Layout, cl: Cluster, policy, target: float) -> str:
+    """One line: what codec throughput ``target`` needs here, or the most any codec could give."""
+    n = codec_gbps_needed(lay, cl, policy, target)
+    if n["codec_gbps"] is None:
+        return (f"{target:g}x is out of reach at these links: even an infinitely fast codec gives "
+                f"{n['max_speedup']:.3f}x (compute and the uncompressed traffic remain)")
+    # the throughput that, for encode and decode alike, costs the step what the given rates cost it
+    unit = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
+    have = unit / step_time(lay, cl, policy)["codec_s"]
+    return (f"{target:g}x needs a codec of >= {n['codec_gbps']:.3f} GB/s (encode and decode; have {have:.3f}); "
+            f"an infinitely fast codec would give {n['max_speedup']:.3f}x")
+
+
+def format_step(t: dict) -> str:
+    """One line decomposing a predicted step: where the time goes (compute, wire per dimension, codec)."""
+    return (f"predicted step {t['total_s']:.3f} s = compute {t['compute_s']:.3f} + wire dp {t['link_s']['dp']:.3f}"
+            f" tp {t['link_s']['tp']:.3f} pp {t['link_s']['pp']:.3f} + codec {t['codec_s']:.3f} s")
+
+
 def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
     file = sys.stdout if file is None else file
     rows = []
@@ -437,26 +539,37 @@ def _parser() -> argparse.ArgumentParser:
                                                           "learned positions, gathered logits)")
     p.add_argument("--policy", action="append", default=[], help="policy YAML (repeatable; traffic uses the first)")
     p.add_argument("--codec-gbps", type=float, default=100.0, help="codec throughput, GB/s of input values")
+    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput if not --codec-gbps")
     p.add_argument("--tp-gbps", type=float, default=1200.0, help="TP link, Gbit/s per GPU")
     p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
     p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step (default: from FLOPs)")
     p.add_argument("--peak-tflops", type=float, default=125.0)
     p.add_argument("--mfu", type=float, default=0.35)
     p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
+    p.add_argument("--target-speedup", type=float, default=1.25,
+                   help="print the codec throughput this speedup needs (or why no codec reaches it)")
     p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
     p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
     p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
     p.add_argument("--json", default=None, help="write the result as JSON")
+    p.add_argument("--codec-throughput", metavar="SPEC", help="measure one codec's GB/s on this machine "
+                                                               "(encode_rows with error feedback + decode_rows); JSON on stdout")
+    p.add_argument("--codec-numel", type=int, default=1 << 22, help="--codec-throughput: values per measurement")
+    p.add_argument("--no-feedback", action="store_true", help="--codec-throughput: encode without error feedback")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.codec_throughput:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+            print(json.dumps(codec_throughput(args.codec_throughput, args.codec_numel, feedback=not args.no_feedback)))
+            return 0
         if args.validate:
             with open(args.validate) as f:
                 summary = json.load(f)
-            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps)
+            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
             print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
                   f"{100 * res['tolerance']:.0f}%")
             print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
@@ -468,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 pred = e.get("predicted_speedup")
                 print(f"# {name}: measured speedup {e['measured_speedup']:.3f}x, predicted "
                       + (f"{pred:.3f}x at {e['link_gbps']:g} Gbit/s" if pred else "- (no link rate: unshaped run)"))
+                if pred:
+                    print(f"#   {format_step(e['predicted_step'])}; measured step {e['measured_step_s']:.3f} s")
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(res, f, indent=1)
@@ -480,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.preset:
             lay, cl = PRESETS[args.preset]
-            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps)
+            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
         else:
             extra = RUNNER if args.runner else {}
             lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
@@ -488,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                          pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
                                                                                  if k not in ("vocab", "zero")}})
             cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
-                         compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
+                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
                          dp_overlap=args.dp_overlap)
         pol = args.policy[0] if args.policy else None
         print_traffic(lay, pol)
@@ -497,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
               f"pp {t['link_s']['pp']:.4f} s, dp {t['link_s']['dp']:.4f} s, codec {t['codec_s']:.4f} s, "
               f"total {t['total_s']:.4f} s; native {base['total_s']:.4f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+        if pol is not None:
+            print(f"# {why_line(lay, cl, pol, args.target_speedup)}")
         return 0
     except (CcollError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)

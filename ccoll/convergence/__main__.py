@@ -2,9 +2,11 @@
 
 Example::
 
-    python -m ccoll.convergence --policies configs/baseline.yaml configs/hybrid.yaml --steps 300 --seeds 3
+    python -m ccoll.convergence            # the default comparison (make convergence): TP2 x DP2,
+                                           # baseline/naive/hybrid/zhybrid x 3 seeds, verdicts
     python -m ccoll.convergence --demo --out results/demo      # baseline vs hybrid, 1 seed, a few minutes
-    python -m ccoll.convergence --demo --tp 2 --pp 1 --capture results/capture   # + tensors for bench.rd
+    python -m ccoll.convergence --demo --capture results/capture   # + tensors for bench.rd
+    python -m ccoll.convergence --policies configs/baseline.yaml configs/hybrid.yaml --dp 2 --pp 2 --tp 1 --steps 300
 
 Each (policy, seed) is one run; runs with the same seed use the same initial weights and the same
 batches, so only the policy differs and deltas vs baseline are paired by seed. Seeds are ``--seed``,
@@ -24,26 +26,32 @@ import time
 from ..errors import CcollError
 from .model import GPTConfig
 from .report import write_all
-from .runner import run_policy
+from .runner import load_finished, run_policy
 
-DEMO = dict(policies=["configs/baseline.yaml", "configs/hybrid.yaml"], steps=120, hidden=64, layers=2, heads=4,
-            seq_len=64, micro_batch=4, grad_accum=2)
+#: The default comparison (``make convergence``): TP2 x DP2 on 4 CPU ranks, so naive's int4 hits TP
+#: activations (the traffic it hurts most) while DP gradients are compressed too; a 2 x 64 model and
+#: 120 steps keep 4 policies x 3 seeds within ~25 minutes on 2 idle cores, and the held-out deltas of
+#: paired seeds are tight enough there to separate naive from baseline (see the report's figures).
+DEFAULT = dict(policies=["configs/baseline.yaml", "configs/naive.yaml", "configs/hybrid.yaml", "configs/zhybrid.yaml"],
+               steps=120, dp=2, tp=2, pp=1, hidden=64, layers=2, heads=4, seq_len=64, micro_batch=4, grad_accum=2,
+               seeds=3)
+#: ``--demo``: the default comparison's runs for baseline and hybrid only, one seed (two runs, minutes)
+DEMO = dict(DEFAULT, policies=["configs/baseline.yaml", "configs/hybrid.yaml"], seeds=1)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ccoll.convergence", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--policies", nargs="+", default=["configs/baseline.yaml", "configs/naive.yaml", "configs/hybrid.yaml"],
+    p.add_argument("--policies", nargs="+", default=DEFAULT["policies"],
                    help="policy YAML files, one run each (the stem names the run; 'unpatched' = no ccoll)")
     p.add_argument("--demo", action="store_true",
-                   help=f"short baseline-vs-hybrid comparison ({DEMO['steps']} steps, {DEMO['layers']}x{DEMO['hidden']} model); "
-                        "explicit options still override")
-    p.add_argument("--steps", type=int, default=None, help="training steps per policy (default 400; demo 120)")
-    p.add_argument("--dp", type=int, default=2, help="data-parallel degree")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=2, help="pipeline-parallel degree")
+                   help="baseline vs hybrid, one seed, otherwise the default comparison; explicit options still override")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps per policy (default {DEFAULT['steps']})")
+    p.add_argument("--dp", type=int, default=None, help=f"data-parallel degree (default {DEFAULT['dp']})")
+    p.add_argument("--tp", type=int, default=None, help=f"tensor-parallel degree (default {DEFAULT['tp']})")
+    p.add_argument("--pp", type=int, default=None, help=f"pipeline-parallel degree (default {DEFAULT['pp']})")
     p.add_argument("--seed", type=int, default=1234, help="first seed (model init and batch order)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per policy (default 3; demo 1)")
+    p.add_argument("--seeds", type=int, default=None, help=f"seeds per policy (default {DEFAULT['seeds']}; demo 1)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="steps between held-out evaluations (default steps/8, at least 1; always after the last)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out micro-batches per evaluation per DP rank")
@@ -54,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="training text file (default: the Python stdlib's own sources)")
     p.add_argument("--netem-rate", default=None, metavar="RATE",
                    help="run ranks on shaped links via ccoll.bench.netem, e.g. 1gbit (needs root)")
-    m = p.add_argument_group("model and batch (defaults: 4 layers x 128 hidden, 4 heads, 128-byte context, micro-batch 4 x 2)")
+    m = p.add_argument_group(f"model and batch (defaults: {DEFAULT['layers']} layers x {DEFAULT['hidden']} hidden, "
+                             f"{DEFAULT['heads']} heads, {DEFAULT['seq_len']}-byte context, micro-batch "
+                             f"{DEFAULT['micro_batch']} x {DEFAULT['grad_accum']})")
     m.add_argument("--hidden", type=int, default=None)
     m.add_argument("--layers", type=int, default=None)
     m.add_argument("--heads", type=int, default=None)
@@ -63,15 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--grad-accum", type=int, default=None, help="micro-batches per step (pipeline depth)")
     m.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up, cosine to 10%%)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per policy run")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse finished runs found under --out that ran exactly the same spec (complete an "
+                        "interrupted comparison, or combine seeds run by separate invocations)")
     return p
 
 
 def _resolve(args) -> dict:
-    defaults = dict(steps=400, hidden=128, layers=4, heads=4, seq_len=128, micro_batch=4, grad_accum=2, seeds=3)
-    if args.demo:
-        defaults.update({k: v for k, v in DEMO.items() if k != "policies"}, seeds=1)
-        if args.policies == _parser().get_default("policies"):
-            args.policies = DEMO["policies"]
+    chosen = DEMO if args.demo else DEFAULT
+    defaults = {k: v for k, v in chosen.items() if k != "policies"}
+    if args.demo and args.policies == _parser().get_default("policies"):
+        args.policies = DEMO["policies"]
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -157,6 +169,11 @@ def _run_all(args, spec: dict) -> int:
                                     capture_steps=sorted({min(1, steps - 1), steps // 2, steps - 1}))
                 label = f"[{done}/{total} {name} seed={seed}]"
                 run_dir = os.path.join(args.out, "runs", name, f"seed{seed}")
+                done_before = load_finished(name, run_spec, run_dir) if args.reuse else None
+                if done_before is not None:
+                    print(f"{label} reused: {run_dir}", file=sys.stderr, flush=True)
+                    results.append(done_before)
+                    continue
                 results.append(run_policy(name, run_spec, run_dir, on_step=_Progress(label, spec["steps"], global_batch),
                                           timeout_s=args.timeout, netem_rate=args.netem_rate))
     except CcollError as e:

@@ -114,6 +114,29 @@ def run_policy(name: str, spec: dict, run_dir: str, on_step=None, timeout_s: flo
     return _merge(name, run_dir, world, time.monotonic() - t0, spec["seed"])
 
 
+def load_finished(name: str, spec: dict, run_dir: str) -> RunResult | None:
+    """The result of an earlier run in ``run_dir`` if it ran exactly ``spec`` (same seed, policy, model,
+    steps, ...) and every rank wrote its result; else None. Lets an interrupted or split comparison
+    (e.g. seeds run by separate invocations into one ``--out``) be completed without rerunning what is
+    done. Wall seconds: from the spec file's time (written at launch) to the last rank file's."""
+    spec_path = os.path.join(run_dir, "spec.json")
+    try:
+        with open(spec_path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return None
+    # "seeds" lists the whole comparison's seeds: it does not change this run
+    if {k: v for k, v in old.items() if k != "seeds"} != dict(
+            {k: v for k, v in spec.items() if k != "seeds"}, run_dir=os.path.abspath(run_dir)):
+        return None
+    world = spec["dp"] * spec["tp"] * spec["pp"]
+    files = [os.path.join(run_dir, f"rank{r}.json") for r in range(world)]
+    if not all(os.path.isfile(f) for f in files):
+        return None
+    wall_s = max(os.path.getmtime(f) for f in files) - os.path.getmtime(spec_path)
+    return _merge(name, run_dir, world, wall_s, spec["seed"])
+
+
 def _poll_progress(path: str, seen: int, on_step) -> int:
     try:
         with open(path) as f:

@@ -64,3 +64,34 @@ def test_given_layout_the_model_cannot_split_when_run_expect_exit_2_before_any_r
     assert main(["--policies", "unpatched", "--pp", "4", "--layers", "2", "--out", str(tmp_path)]) == 2
     assert "--layers 2 must be >= --pp 4" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_given_finished_run_dir_when_reused_expect_its_result_only_for_the_same_spec(tmp_path):
+    from ccoll.convergence.runner import load_finished
+
+    spec = dict(steps=2, dp=2, tp=1, pp=1, seed=7, seeds=[7], model=dict(hidden=8), policy="/p/hybrid.yaml")
+    run_dir = tmp_path / "runs" / "hybrid" / "seed7"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps(dict(spec, run_dir=str(run_dir))))
+    assert load_finished("hybrid", spec, str(run_dir)) is None  # no rank results yet: run it
+    stats = [{"dim": "dp", "op": "all_reduce", "codec": "int4", "calls": 2, "raw_bytes": 64, "wire_bytes": 9}]
+    for r in range(2):
+        (run_dir / f"rank{r}.json").write_text(json.dumps(dict(
+            rank=r, losses=[3.0, 2.5], val_losses=[[2, 2.6]], step_seconds=[1.0, 0.5], samples_per_step=4, stats=stats)))
+    # the same run asked for by a comparison over more seeds: reused
+    got = load_finished("hybrid", dict(spec, seeds=[7, 8, 9]), str(run_dir))
+    assert got is not None and got.losses == [3.0, 2.5] and got.val_losses == [[2, 2.6]] and got.seed == 7
+    assert got.samples_per_s == pytest.approx(8.0) and got.bytes["dp"] == {"raw": 128, "wire": 18}
+    for changed in (dict(spec, steps=3), dict(spec, policy="/p/naive.yaml"), dict(spec, model=dict(hidden=16))):
+        assert load_finished("hybrid", changed, str(run_dir)) is None
+
+
+def test_given_policy_leaving_dp_native_when_shaped_comparison_expect_exit_2_before_any_run(tmp_path, capsys):
+    import pathlib
+
+    from ccoll.convergence.shaped import main as shaped_main
+
+    baseline = pathlib.Path(__file__).resolve().parents[2] / "configs" / "baseline.yaml"
+    assert shaped_main(["--policy", str(baseline), "--out", str(tmp_path)]) == 2
+    assert "DP gradients are not compressed" in capsys.readouterr().err
+    assert not (tmp_path / "1gbit").exists()

@@ -137,3 +137,43 @@ def test_given_bad_layout_when_modelled_expect_clear_error(capsys):
         traffic(_tiny(tp=3))
     assert main(["--layers", "1", "--pp", "2"]) == 2
     assert "layers=1 < pp=2" in capsys.readouterr().err
+
+
+def test_given_encode_and_decode_rates_when_step_time_expect_codec_seconds_per_pass_of_the_collective():
+    # DP4 all_reduce of n values: ccoll encodes n + n/4 (tensor, reduced chunk) and decodes 2n (owned
+    # chunks summed, gathered chunks); the ZeRO all-gather stays native under hybrid
+    lay = _tiny(dp=4, pp=1)
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    grads = next(r for r in traffic(lay, hybrid) if r["op"] == "all_reduce")
+    cl = Cluster(tp_gbps=1e9, inter_gbps=1e9, codec_gbps=0.5, decode_gbps=2.0, compute_s=0.0, latency_us=0.0)
+    t = step_time(lay, cl, hybrid)
+    assert t["codec_s"] == pytest.approx(grads["raw_per_rank"] * (1.25 / 0.5 + 2 / 2.0) / 1e9)
+    same = step_time(lay, Cluster(**{**cl.__dict__, "decode_gbps": None}), hybrid)
+    assert same["codec_s"] == pytest.approx(grads["raw_per_rank"] * 3.25 / 0.5 / 1e9)
+
+
+def test_given_codec_spec_when_throughput_measured_expect_positive_rates_and_harmonic_mean(capsys):
+    from ccoll.model import codec_throughput
+
+    r = codec_throughput("int8:block=256", numel=1 << 14, repeat=1)
+    assert r["numel"] >= 1 << 14 and r["encode_gbps"] > 0 and r["decode_gbps"] > 0
+    hm = 2 / (1 / r["encode_gbps"] + 1 / r["decode_gbps"])
+    assert r["codec_gbps"] == pytest.approx(hm)
+    assert main(["--codec-throughput", "int4:block=64", "--codec-numel", "4096"]) == 0
+    assert json.loads(capsys.readouterr().out)["spec"].startswith("int4:block=64")
+
+
+def test_given_target_speedup_when_codec_needed_expect_that_rate_to_reach_it_or_the_bound_that_forbids_it():
+    from ccoll.model import codec_gbps_needed, why_line
+
+    lay = _tiny(dp=4, pp=1, hidden=256, heads=4, layers=4, seq=64)
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    slow_link = Cluster(tp_gbps=0.1, inter_gbps=0.1, codec_gbps=0.1, compute_s=0.5)
+    n = codec_gbps_needed(lay, slow_link, hybrid, 1.25)
+    assert n["max_speedup"] > 1.25 and n["codec_gbps"] > 0
+    at = step_time(lay, Cluster(**{**slow_link.__dict__, "codec_gbps": n["codec_gbps"]}), hybrid)
+    assert step_time(lay, slow_link, None)["total_s"] / at["total_s"] == pytest.approx(1.25)
+    fast_link = Cluster(**{**slow_link.__dict__, "inter_gbps": 100.0})  # compute-bound: no codec helps enough
+    n = codec_gbps_needed(lay, fast_link, hybrid, 1.25)
+    assert n["codec_gbps"] is None and 1.0 <= n["max_speedup"] < 1.25
+    assert "out of reach" in why_line(lay, fast_link, hybrid, 1.25)

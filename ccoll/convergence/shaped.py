@@ -1,0 +1,216 @@
+"""``python -m ccoll.convergence.shaped``: baseline vs a policy on shaped links, measured and predicted.
+
+Why: a speedup measured on one machine is only worth something if the model that explains it also
+predicts it; and the model (ccoll.model) is only worth something if it predicts what was measured.
+This tool does both in one run, per link rate:
+
+1. measures the policy's DP codec throughput on this CPU (``ccoll.model.measure_codec_gbps``: encode with
+   error feedback + decode, in as many processes at once as there are ranks, so the figure includes the
+   CPU sharing the ranks see);
+2. trains baseline and the policy on the same seed on ranks in network namespaces behind ``--rate``
+   links (``ccoll.bench.netem`` via ``ccoll.convergence``; needs root), with a model large enough that DP
+   gradients dominate the traffic; by default both at the same time, each on its own links, so that the
+   load of a shared machine (which changes by the minute) weighs on both alike;
+3. predicts the policy's speedup with ``ccoll.model.validate``: compute = the baseline's measured step
+   time minus the model's baseline link time at that rate, then compute + wire + codec for the policy;
+4. prints per rate: samples/s of both, measured and predicted speedup and their difference, the
+   held-out loss delta, and the predicted step decomposed (compute, wire, codec) -- which says in
+   numbers why a speedup is or is not reached.
+
+    python -m ccoll.convergence.shaped --rates 1gbit 100mbit --out results/shaped
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ..errors import CcollError
+from .. import model as cmodel
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ccoll.convergence.shaped", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], help="netem link rates, one comparison each")
+    p.add_argument("--policy", default="configs/hybrid.yaml", help="the policy compared with configs/baseline.yaml")
+    p.add_argument("--baseline", default="configs/baseline.yaml")
+    p.add_argument("--dp", type=int, default=4)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--codec-gbps", type=float, default=None,
+                   help="DP codec encode throughput, GB/s (default: measured on this CPU now)")
+    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput (default: measured)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
+    p.add_argument("--together", action=argparse.BooleanOptionalAction, default=True,
+                   help="run baseline and policy at the same time (each on its own shaped links), so a shared "
+                        "machine's changing load hits both alike")
+    p.add_argument("--out", default="results/shaped")
+    p.add_argument("--target-speedup", type=float, default=1.25, help="say what codec throughput this speedup needs")
+    p.add_argument("--report", metavar="SHAPED_JSON", help="print the tables of a finished comparison (its "
+                                                             "shaped.json) again; runs nothing")
+    return p
+
+
+def _dp_codec(policy: str) -> str:
+    from ..policy import load
+    import torch
+
+    codec = load(policy).resolve("dp", "all_reduce", (1 << 20, torch.float32), step=10**9)
+    if codec is None:
+        raise CcollError(f"{policy}: DP gradients are not compressed; nothing to compare")
+    return codec.spec
+
+
+def _command(args, policy: str, rate: str, out: str) -> list[str]:
+    return [sys.executable, "-m", "ccoll.convergence", "--policies", policy, "--netem-rate", rate, "--seeds", "1",
+            "--seed", str(args.seed), "--steps", str(args.steps), "--dp", str(args.dp), "--tp", str(args.tp),
+            "--pp", str(args.pp), "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
+            "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch), "--grad-accum", str(args.grad_accum),
+            "--eval-every", str(args.steps), "--timeout", str(args.timeout), "--out", out]
+
+
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _compare(args, rate: str, out: str) -> dict:
+    """Baseline and policy at ``rate``: at the same time (``--together``, each in its own namespaces) or one
+    after the other; merged into one convergence-style summary for ccoll.model.validate."""
+    import subprocess
+
+    runs = {}
+    procs = []
+    try:
+        for path in (args.baseline, args.policy):
+            run_out = os.path.join(out, _stem(path))
+            log = open(os.path.join(out, f"{_stem(path)}.log"), "w")
+            p = subprocess.Popen(_command(args, path, rate, run_out), stdout=log, stderr=subprocess.STDOUT)
+            procs.append((path, p, run_out, log))
+            if not args.together:
+                p.wait()
+        for path, p, run_out, log in procs:
+            rc = p.wait()
+            log.close()
+            if rc != 0:
+                raise CcollError(f"the {_stem(path)} run at {rate} failed (exit {rc}); log {log.name}")
+            with open(os.path.join(run_out, "summary.json")) as f:
+                runs[_stem(path)] = json.load(f)
+    finally:
+        # interrupted or failed: each ccoll.convergence child stops its own ranks and namespaces on SIGTERM
+        for _, p, _, _ in procs:
+            if p.poll() is None:
+                p.terminate()
+        for _, p, _, _ in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    base = runs[_stem(args.baseline)]
+    meta = dict(base["meta"], policies=[args.baseline, args.policy])
+    pols = {k: v["policies"][k] for k, v in runs.items()}
+    b, x = pols[_stem(args.baseline)]["final_val_loss"], pols[_stem(args.policy)]["final_val_loss"]
+    return {"baseline": _stem(args.baseline), "meta": meta, "policies": pols, "val_delta_pct": 100 * (x - b) / b}
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    args = _parser().parse_args(argv)
+    if args.report:  # print a finished comparison again (with this version's lines), run nothing
+        with open(args.report) as f:
+            report = json.load(f)
+        kept = {k: v for k, v in vars(args).items() if k in ("target_speedup",)}
+        _print(report, argparse.Namespace(**{**report["args"], **kept}))
+        return 0
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # timeout/kill unwinds and stops the runs
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("interrupted: runs stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args) -> int:
+    world = args.dp * args.tp * args.pp
+    report = {"args": vars(args), "rates": {}}
+    try:
+        spec = _dp_codec(args.policy)
+        # the policy's ranks encode and decode at the same moment, so the codec is measured in as many processes
+        # at once; in --together mode the baseline's ranks run too, but they spend the slow-link part of
+        # their step waiting on the wire, so counting them as busy (2 x ranks) overstates the contention
+        # (first shaped run: codec time predicted 2x what the step measured)
+        procs = world
+        for rate in args.rates:
+            out = os.path.join(args.out, rate)
+            os.makedirs(out, exist_ok=True)
+            t0 = time.monotonic()
+            load0 = os.getloadavg()[0]
+            codec = [cmodel.measure_codec_gbps(spec, procs=procs)] if args.codec_gbps is None else []
+            summary = _compare(args, rate, out)
+            if args.codec_gbps is None:
+                codec.append(cmodel.measure_codec_gbps(spec, procs=procs))
+                # the load of a shared machine drifts: the mean of the rates measured before and after the runs
+                enc = sum(c["encode_gbps"] for c in codec) / 2
+                dec = sum(c["decode_gbps"] for c in codec) / 2
+            else:
+                enc, dec = args.codec_gbps, args.decode_gbps
+            res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec)
+            report["rates"][rate] = {"validate": res, "summary": summary, "wall_s": time.monotonic() - t0,
+                                     "load_average": (load0 + os.getloadavg()[0]) / 2, "codec_measured": codec,
+                                     "encode_gbps": enc, "decode_gbps": dec or enc}
+            print(f"# {rate} done in {time.monotonic() - t0:.0f} s; codec {spec}: encode {enc:.3f} GB/s, decode "
+                  f"{(dec or enc):.3f} GB/s (" + ("given" if not codec else f"measured before and after the runs "
+                  f"in {procs} processes at once, median of them, mean of the two") + ")", flush=True)
+        _print(report, args)
+    except CcollError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with open(os.path.join(args.out, "shaped.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+def _print(report: dict, args) -> None:
+    name, base = _stem(args.policy), _stem(args.baseline)
+    print(f"# {name} vs {base} on shaped links: dp={args.dp} tp={args.tp} pp={args.pp}, {args.layers}x{args.hidden}, "
+          f"seq {args.seq_len}, micro-batch {args.micro_batch} x {args.grad_accum}, {args.steps} steps, seed {args.seed}")
+    print(f"#{'rate':<8} {base + ' s/s':>12} {name + ' s/s':>12} {'measured':>9} {'predicted':>9} {'pred-meas':>9} "
+          f"{'val loss delta':>14} {'load':>5} {'enc GB/s':>8} {'dec GB/s':>8}")
+    for rate, r in report["rates"].items():
+        pols = r["summary"]["policies"]
+        e = r["validate"]["policies"][name]
+        err = 100 * (e["predicted_speedup"] - e["measured_speedup"]) / e["measured_speedup"]
+        dv = r["summary"]["val_delta_pct"]
+        print(f" {rate:<8} {pols[base]['samples_per_s']:>12.2f} {pols[name]['samples_per_s']:>12.2f} "
+              f"{e['measured_speedup']:>8.3f}x {e['predicted_speedup']:>8.3f}x {err:>+8.1f}% {dv:>+13.2f}% "
+              f"{r['load_average']:>5.1f} {r['encode_gbps']:>8.3f} {r['decode_gbps']:>8.3f}")
+    for rate, r in report["rates"].items():
+        e = r["validate"]["policies"][name]
+        b = r["validate"]["policies"][base]
+        print(f"# {rate}: {base} measured step {b['measured_step_s']:.3f} s ({cmodel.format_step(b['predicted_step'])})")
+        print(f"# {rate}: {name} measured step {e['measured_step_s']:.3f} s ({cmodel.format_step(e['predicted_step'])})")
+        lay = cmodel.runner_layout(r["summary"]["meta"])
+        cl = cmodel.Cluster(tp_gbps=e["link_gbps"], inter_gbps=e["link_gbps"], codec_gbps=r["encode_gbps"],
+                            decode_gbps=r["decode_gbps"], compute_s=e["predicted_step"]["compute_s"])
+        print(f"# {rate}: {cmodel.why_line(lay, cl, args.policy, args.target_speedup)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
