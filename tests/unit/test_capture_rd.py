@@ -126,3 +126,14 @@ def test_given_samples_when_rd_main_expect_table_json_plot_and_every_default_fam
 def test_given_empty_directory_when_rd_expect_exit_2(tmp_path, capsys):
     assert rd.main([str(tmp_path)]) == 2
     assert "no captured tensors" in capsys.readouterr().err
+
+
+def test_given_variable_size_codec_when_measured_expect_used_bytes_not_capacity():
+    """The lossless codec's payload is a capacity (raw + header); rate-distortion must count what travels."""
+    from ccoll import get_codec
+
+    x = torch.zeros(1 << 14)  # one exponent everywhere: the exponent plane codes to almost nothing
+    codec = get_codec("lossless")
+    m = rd.measure(x, codec)
+    assert m["rel_l2"] == 0.0
+    assert m["bits"] < 0.9 * codec.encode(x).numel() * 8
