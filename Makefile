@@ -91,7 +91,7 @@ bench-nodes: venv kernels-host
 
 # torch.distributed (gloo) + MPI in one job: 1000 mixed collectives, async handles waited in per-rank orders
 bench-two-transports: venv
-	$(BIN)/mpiexec --allow-run-as-root --oversubscribe -n 4 $(PY) -m ccoll.bench.two_transports --calls 1000
+	$(BIN)/mpiexec --allow-run-as-root --oversubscribe -n 4 $(PY) -m ccoll.bench.two_transports --calls 1000 --wait-order rank
 
 # On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy, pytest preinstalled;
 # no network): never installs anything, never builds .venv. Bytes of cupy vs emulated vs torch for every
