@@ -1,6 +1,8 @@
-/* Block quantization kernels for the "int8" and "int4" codecs (ccoll/codecs/quant.py).
+/* Block quantization kernels for the "int8", "int4" and "fp8" codecs (ccoll/codecs/quant.py).
 
-Algorithm (written once, templated on BITS in {8, 4} and on the input type f32 / bf16 / f16):
+Algorithm (written once, templated on the element format F -- CqInt<8>, CqInt<4>, CqFp8 E4M3 / E5M2, see
+"Element formats" below; the int formats are described here, fp8 at CqFp8 -- and on the input type
+f32 / bf16 / f16; BITS = F::BITS):
   per block of B consecutive values: absmax = max |x| (computed in fp32), scale = absmax / qmax with
   qmax = 2^(BITS-1) - 1 (127 or 7), q = clamp(round(x / scale), -qmax, qmax), decode y = q * scale.
   - round = nearest: rintf, i.e. round half to EVEN (IEEE default; the same as torch.round).
@@ -26,8 +28,11 @@ rows * row_numel values): c = x + r in fp32, rounded to the input type, is what 
 r = c - decode (the decode rounded to the input type), non-finite residuals -> 0, residuals of padding
 (index >= numel) -> 0. The stochastic index of element j of row i is i * row_numel + j.
 
+Optional rotate=hadamard (all formats): each whole block is replaced by H D x before quantizing and
+rotated back after decoding (CqRot below); decode_sum rotates each payload's block back before adding it.
+
 Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
-  [scales: nblocks fp32, zero-padded to a multiple of 16 bytes]
+  [scales: nblocks fp32 (int) or E8M0 bytes (fp8), zero-padded to a multiple of 16 bytes]
   [q: numel BITS-bit two's-complement integers packed in element order -- int8: one byte each; int4: two
       per byte, the even element in the low nibble -- zero-padded to a multiple of 16 bytes]
   B is a multiple of 8, so every block starts on a 32-bit word of the q section (one word = G = 32/BITS
@@ -336,6 +341,11 @@ struct CqFp8 {
         const cq_u32 expo = (field >> MBITS) & ((1u << EBITS) - 1u);
         const cq_u32 mant = field & ((1u << MBITS) - 1u);
         float v;
+        // codes the encoder never writes decode as torch's float8 types do: E4M3 S.1111.111 is NaN, E5M2
+        // exponent 31 is Inf (mantissa 0) or NaN
+        if ((EBITS == 4 && (field & 0x7fu) == 0x7fu) || (EBITS == 5 && expo == 31u && mant != 0u))
+            return cq_u2f(CQ_NAN_BITS);
+        if (EBITS == 5 && expo == 31u) return cq_mul(cq_u2f(sign | CQ_INF_BITS), scale);
         if (expo == 0) {  // mant * 2^(1-BIAS-MBITS), exact
             v = cq_u2f(sign | cq_f2u(cq_mul((float)mant, cq_u2f((cq_u32)(128 - BIAS - MBITS) << 23))));
         } else {
@@ -849,6 +859,7 @@ struct CqDecodeRows {
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
+            else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
         }
         rot.inverse<G>(v, nw, t, len == g.block);
         for (int j = 0; j < nw; ++j) {
@@ -910,6 +921,7 @@ struct CqDecodeSum {
             for (int j = 0; j < nw; ++j) {
                 const cq_i64 w = t.lane + (cq_i64)j * t.size;
                 if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
+                else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
             }
             rot.inverse<G>(v, nw, t, len == block);
             for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], Tr::to_f(Tr::from_f(v[i])));
