@@ -289,8 +289,8 @@ struct CqInt {
 // "fp8": MX-style block scaling (OCP Microscaling): one E8M0 byte per block (the scale 2^e, e = byte - 127,
 // byte 255 = NaN) and one fp8 element per value, E4M3 ("fn": no Inf, max 448 = 1.75 * 2^8) or E5M2 (max
 // 57344 = 1.75 * 2^15). e is the smallest exponent with absmax <= fmax * 2^e (the "round up" scale of the
-// hardware MX conversions), clamped to [-127, 127], so no element of the block saturates; x * 2^-e is
-// exact (2^-e is a normal fp32 for e in [-127, 120]), then clamped to [-fmax, fmax] (saturating) and rounded
+// hardware MX conversions), clamped to [-127, 127 - EMAX], so no element of the block saturates (unless
+// absmax > 1.75 * 2^127); x * 2^-e is exact (2^-e is a normal fp32 for e in [-127, 119]), then clamped to [-fmax, fmax] (saturating) and rounded
 // to the element format, to nearest even, subnormals included -- by integer operations on the fp32 bits.
 template <int EBITS, int MBITS, int EMAX>
 struct CqFp8 {
@@ -313,7 +313,9 @@ struct CqFp8 {
         // absmax = m * 2^E with m in [1, 2) (normal) or [0, 1) with E = -126 (subnormal, zero);
         // m * 2^(E-e) <= 1.75 * 2^EMAX  <=>  e >= E - EMAX (+1 when m > 1.75)
         int e = (field == 0 ? -126 : field - 127) - EMAX + (field != 0 && (absmax_bits & 0x7fffffu) > 0x600000u ? 1 : 0);
-        e = e < -127 ? -127 : e;  // e <= 127 - EMAX + 1 always
+        // e <= 127 - EMAX: fmax * 2^e <= 1.75 * 2^127 stays finite, so no value can round up to Inf (a block
+        // with absmax above 1.75 * 2^127 ~ 2.98e38 saturates there instead)
+        e = e < -127 ? -127 : e > 127 - EMAX ? 127 - EMAX : e;
         b.code = (cq_u32)(e + 127);
         b.scale = cq_u2f(e >= -126 ? (cq_u32)(e + 127) << 23 : 0x00400000u);  // 2^-127 is subnormal
         b.enc = cq_u2f((cq_u32)(127 - e) << 23);
@@ -532,6 +534,17 @@ struct CqRows {
     CQ_HD bool word_aligned() const { return row_numel % F::G == 0; }
 };
 
+// quant block `unit` of a batch of rows (row = unit / blocks_per_row); a unit past `nunits` is invalid
+// (len 0: its lanes only join the team's shuffles)
+struct CqUnit {
+    bool valid;
+    cq_i64 row, b, start, len;  // row, block in the row, its first value in the row, its values
+    template <class F>
+    CQ_HD CqUnit(const CqRows<F>& g, const CqDiv& row_of_block, cq_i64 unit, cq_i64 nunits)
+        : valid(unit < nunits), row(unit < nunits ? row_of_block(unit) : 0), b(unit - row * g.blocks_per_row),
+          start(b * g.block), len(valid ? cq_min(g.block, g.row_numel - start) : 0) {}
+};
+
 CQ_HD bool cq_aligned16(const void* p) { return (reinterpret_cast<cq_u64>(p) & 15u) == 0; }
 
 // the lanes that encode one quant block: a serial "team" of one on the host, T lanes of a warp on the GPU
@@ -710,11 +723,8 @@ struct CqEncodeRows {
 
     // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max
     CQ_HD void block(cq_i64 unit, const CqTeam& t) const {
-        const bool valid = unit < nunits();
-        const cq_i64 row = valid ? row_of_block(unit) : 0;
-        const cq_i64 b = unit - row * g.blocks_per_row;
-        const cq_i64 start = b * g.block;  // in the row
-        const cq_i64 len = valid ? cq_min(g.block, g.row_numel - start) : 0;
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
         cq_u32 absmax = 0;
         for (cq_i64 w = t.lane; w * G < len; w += t.size) {
@@ -753,11 +763,8 @@ struct CqEncodeRows {
     // the same with rotate=hadamard: the team holds the block in registers (see CqRot); every lane of the
     // warp runs the same shuffles whatever its unit (past the end, partial block)
     CQ_HD void block_rotated(cq_i64 unit, const CqTeam& t) const {
-        const bool valid = unit < nunits();
-        const cq_i64 row = valid ? row_of_block(unit) : 0;
-        const cq_i64 b = unit - row * g.blocks_per_row;
-        const cq_i64 start = b * g.block;
-        const cq_i64 len = valid ? cq_min(g.block, g.row_numel - start) : 0;
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
         const bool on = len == g.block;
         const int nw = (int)(g.block / (G * t.size));
@@ -846,15 +853,12 @@ struct CqDecodeRows {
     // rotate=hadamard: block `unit` of any row by team t (the whole block is decoded and rotated back, then
     // stored up to numel)
     CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
-        const bool valid = unit < nunits();
-        const cq_i64 row = valid ? row_of_block(unit) : 0;
-        const cq_i64 b = unit - row * g.blocks_per_row;
-        const cq_i64 start = b * g.block;
-        const cq_i64 len = valid ? cq_min(g.block, g.row_numel - start) : 0;
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, start = u.start, len = u.len;
         const int nw = (int)(g.block / (G * t.size));
         const cq_u8* payload = payloads + row * g.row_nbytes;
         const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
-        const float scale = valid ? F::load_scale(payload, b) : 0.0f;
+        const float scale = u.valid ? F::load_scale(payload, u.b) : 0.0f;
         float v[CQ_ROT_MAXV];
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;

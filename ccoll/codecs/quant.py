@@ -706,7 +706,8 @@ class Fp8Codec(BlockQuantCodec):
     value (one E8M0 scale byte per block; 8.25 at the MX block of 32).
 
     Per block: e = the smallest integer with absmax <= fmax * 2^e (fmax = 448 for E4M3, 57344 for E5M2),
-    clamped to [-127, 127]; each value is x * 2^-e (exact), clamped to [-fmax, fmax] (saturating; with this
+    clamped to [-127, 127 - EMAX] (so fmax * 2^e <= 1.75 * 2^127 and finite input never decodes to Inf;
+    a block with absmax above that, ~2.98e38, saturates to it); each value is x * 2^-e (exact), clamped to [-fmax, fmax] (saturating; with this
     scale only the clamp's safety net), rounded to the element format to nearest even, subnormals included;
     decode = fp8 value * 2^e. This is the "round up" scale of the hardware MX conversions (TE / cuBLAS
     MXFP8): unlike OCP's floor(log2(absmax)) - EMAX it never saturates the block's largest values (which
@@ -747,7 +748,7 @@ class Fp8Codec(BlockQuantCodec):
         field = bits >> 23
         e = torch.where(field == 0, -126, field - 127) - emax
         e += ((field != 0) & ((bits & 0x7FFFFF) > 0x600000)).to(torch.int32)
-        e.clamp_(-127, 127)
+        e.clamp_(-127, 127 - emax)  # fmax * 2^e stays finite: no value rounds up to Inf
         scales.copy_(torch.where(finite, e + 127, 255))
         enc = ((127 - e) << 23).view(torch.float32)  # 2^-e, a normal fp32
         for (rows_x, sl), (rows_v, _) in zip(self._blocks(x), self._blocks(v)):
