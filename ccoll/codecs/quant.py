@@ -631,15 +631,19 @@ def _rotation_sign_bits(seed: int, block: int) -> torch.Tensor:
 
 def _hadamard_(t: torch.Tensor) -> None:
     """Unnormalised Walsh-Hadamard transform of the last dim of ``t`` (a power of two), in place: butterflies
-    (a, b) -> (a + b, a - b) over the index bits in ascending order, the kernels' order."""
+    (a, b) -> (a + b, a - b) over the index bits in ascending order, the kernels' order. Each stage writes
+    into the other of two buffers (two ops per stage, no temporary per stage)."""
     n, s = t.shape[-1], 1
+    src, dst = t, torch.empty_like(t)
     while s < n:
-        u = t.unflatten(-1, (n // (2 * s), 2, s))
+        u, o = src.unflatten(-1, (n // (2 * s), 2, s)), dst.unflatten(-1, (n // (2 * s), 2, s))
         a, b = u.select(-2, 0), u.select(-2, 1)
-        d = a - b
-        a.add_(b)
-        b.copy_(d)
+        torch.add(a, b, out=o.select(-2, 0))
+        torch.sub(a, b, out=o.select(-2, 1))
+        src, dst = dst, src
         s *= 2
+    if src is not t:
+        t.copy_(src)
 
 
 class _Ptr(int):
