@@ -1,4 +1,6 @@
-"""Block quantization codecs "int8" and "int4": symmetric absmax per block, one fp32 scale per block.
+"""Block quantization codecs "int8" and "int4" (symmetric absmax per block, one fp32 scale per block) and
+"fp8" (MX-style: one E8M0 power-of-two scale per block, E4M3 / E5M2 elements; see Fp8Codec), all with
+an optional ``rotate=hadamard``.
 
 One implementation parametrised by ``bits`` (qmax = 2^(bits-1) - 1 = 127 or 7). The algorithm, the exact
 rounding rules and the payload layout are specified once, in kernels/quant.cu's header comment; this
@@ -26,6 +28,16 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
 - Batches: ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and ``decode_sum`` are one
   kernel launch (cupy, emulated) / one vectorised pass (torch) for any number of rows; plain
   ``encode`` / ``decode`` are the one-row case of the same code.
+- ``rotate=hadamard`` (``rotate_seed=S``, default 0): each whole block x (block a power of two in [8, 1024])
+  is sent as y = H D x (H the unnormalised Walsh-Hadamard matrix, D random signs from S -- a codec
+  parameter, identical on all ranks, never salted) and decoded as D H (y' / block); a partial last block
+  of a row is sent unrotated. Why: one outlier no longer sets the step of its whole block (its energy is
+  spread over the block), so heavy-tailed tensors lose less at the same bits. Bound (round to nearest,
+  per whole block): ||x' - x||_2 <= ||x||_1 / (2 qmax), up to fp32 rounding. The forward transform can
+  grow values by up to ``block``x: a block with absmax > FLT_MAX / block overflows and decodes to NaN
+  (the non-finite rule). decode_sum rotates each payload back before adding it (the sum of the decodes, as
+  the contract defines it, in the same single pass/launch), not once after summing in the rotated domain,
+  which would round differently from decode-then-add and break bit-identity with the reference.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
 - Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
 - Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
