@@ -1,6 +1,8 @@
-/* Block quantization kernels for the "int8" and "int4" codecs (ccoll/codecs/quant.py).
+/* Block quantization kernels for the "int8", "int4" and "fp8" codecs (ccoll/codecs/quant.py).
 
-Algorithm (written once, templated on BITS in {8, 4} and on the input type f32 / bf16 / f16):
+Algorithm (written once, templated on the element format F -- CqInt<8>, CqInt<4>, CqFp8 E4M3 / E5M2, see
+"Element formats" below; the int formats are described here, fp8 at CqFp8 -- and on the input type
+f32 / bf16 / f16; BITS = F::BITS):
   per block of B consecutive values: absmax = max |x| (computed in fp32), scale = absmax / qmax with
   qmax = 2^(BITS-1) - 1 (127 or 7), q = clamp(round(x / scale), -qmax, qmax), decode y = q * scale.
   - round = nearest: rintf, i.e. round half to EVEN (IEEE default; the same as torch.round).
@@ -26,8 +28,11 @@ rows * row_numel values): c = x + r in fp32, rounded to the input type, is what 
 r = c - decode (the decode rounded to the input type), non-finite residuals -> 0, residuals of padding
 (index >= numel) -> 0. The stochastic index of element j of row i is i * row_numel + j.
 
+Optional rotate=hadamard (all formats): each whole block is replaced by H D x before quantizing and
+rotated back after decoding (CqRot below); decode_sum rotates each payload's block back before adding it.
+
 Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
-  [scales: nblocks fp32, zero-padded to a multiple of 16 bytes]
+  [scales: nblocks fp32 (int) or E8M0 bytes (fp8), zero-padded to a multiple of 16 bytes]
   [q: numel BITS-bit two's-complement integers packed in element order -- int8: one byte each; int4: two
       per byte, the even element in the low nibble -- zero-padded to a multiple of 16 bytes]
   B is a multiple of 8, so every block starts on a 32-bit word of the q section (one word = G = 32/BITS
@@ -193,15 +198,10 @@ struct CqF16 {
 
 CQ_HD cq_i64 cq_round16(cq_i64 n) { return (n + 15) & ~(cq_i64)15; }
 CQ_HD cq_i64 cq_nblocks(cq_i64 numel, cq_i64 block) { return (numel + block - 1) / block; }
-CQ_HD cq_i64 cq_scale_nbytes(cq_i64 numel, cq_i64 block) { return cq_round16(4 * cq_nblocks(numel, block)); }
-template <int BITS>
-CQ_HD cq_i64 cq_q_nbytes(cq_i64 numel) { return cq_round16((numel * BITS + 7) / 8); }
-
-template <int BITS>
-struct CqBits {
-    static constexpr int G = 32 / BITS;                  // values per 32-bit q word
-    static constexpr int QMAX = (1 << (BITS - 1)) - 1;   // 127 or 7
-};
+template <class F>
+CQ_HD cq_i64 cq_scale_nbytes(cq_i64 numel, cq_i64 block) { return cq_round16(F::SCALE_BYTES * cq_nblocks(numel, block)); }
+template <class F>
+CQ_HD cq_i64 cq_q_nbytes(cq_i64 numel) { return cq_round16((numel * F::BITS + 7) / 8); }
 
 // ------------------------------------------------------------------------------------------------
 // counter-based random numbers for stochastic rounding (same definition as quant.py's _uniform)
@@ -234,42 +234,144 @@ CQ_HD float cq_uniform(cq_u32 key, cq_u64 index) {
 CQ_HD cq_u32 cq_abs_bits(float x) { return cq_f2u(x) & 0x7fffffffu; }
 
 struct CqBlock {
-    float scale;    // stored in the payload
-    float divisor;  // what x is divided by: scale, or +Inf when scale is 0 or the block is non-finite
+    float scale;  // decode multiplier: y = value(q) * scale (NaN for a non-finite block)
+    float enc;    // int: what x is divided by (scale, or +Inf when scale is 0 or the block is non-finite);
+                  // fp8: what x is multiplied by (2^-e, an exact power of two)
+    cq_u32 code;  // the stored scale: fp32 bits (int) or the E8M0 byte (fp8)
     bool finite;
 };
 
-template <int BITS>
-CQ_HD CqBlock cq_block_params(cq_u32 absmax_bits) {
-    const float qmax = (float)CqBits<BITS>::QMAX;
-    CqBlock b;
-    b.finite = absmax_bits <= CQ_FLT_MAX_BITS;
-    if (!b.finite) {
-        b.scale = cq_u2f(CQ_NAN_BITS);
-        b.divisor = cq_u2f(CQ_INF_BITS);
-    } else {
-        b.scale = cq_div(cq_u2f(absmax_bits), qmax);
-        // absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; take the next smaller scale
-        // (the clamp then maps absmax to qmax)
-        if (cq_f2u(cq_mul(b.scale, qmax)) > CQ_FLT_MAX_BITS) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
-        b.divisor = cq_f2u(b.scale) != 0u ? b.scale : cq_u2f(CQ_INF_BITS);
-    }
-    return b;
-}
+// Element formats: the one algorithm above is written against these traits (BITS, G values per 32-bit q
+// word, SCALE_BYTES per block, params / quantize / value, scale load / store).
 
-template <int BITS>
-CQ_HD int cq_quantize(float x, const CqBlock& b, bool stochastic, float u) {
-    if (!b.finite) return 0;
-    float v = cq_div(x, b.divisor);
-    v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
-    return cq_f2i(cq_clamp(v, (float)CqBits<BITS>::QMAX));
-}
+// "int8" / "int4": symmetric absmax, one fp32 scale per block, q in [-qmax, qmax] two's complement
+template <int BITS_>
+struct CqInt {
+    static constexpr int BITS = BITS_;
+    static constexpr int G = 32 / BITS;                 // values per 32-bit q word
+    static constexpr int QMAX = (1 << (BITS - 1)) - 1;  // 127 or 7
+    static constexpr int SCALE_BYTES = 4;
+
+    static CQ_HD CqBlock params(cq_u32 absmax_bits) {
+        const float qmax = (float)QMAX;
+        CqBlock b;
+        b.finite = absmax_bits <= CQ_FLT_MAX_BITS;
+        if (!b.finite) {
+            b.scale = cq_u2f(CQ_NAN_BITS);
+            b.enc = cq_u2f(CQ_INF_BITS);
+        } else {
+            b.scale = cq_div(cq_u2f(absmax_bits), qmax);
+            // absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; take the next smaller scale
+            // (the clamp then maps absmax to qmax)
+            if (cq_f2u(cq_mul(b.scale, qmax)) > CQ_FLT_MAX_BITS) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
+            b.enc = cq_f2u(b.scale) != 0u ? b.scale : cq_u2f(CQ_INF_BITS);
+        }
+        b.code = cq_f2u(b.scale);
+        return b;
+    }
+    // the BITS-bit field of x
+    static CQ_HD cq_u32 quantize(float x, const CqBlock& b, bool stochastic, float u) {
+        if (!b.finite) return 0u;
+        float v = cq_div(x, b.enc);
+        v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
+        return (cq_u32)cq_f2i(cq_clamp(v, (float)QMAX)) & ((1u << BITS) - 1u);
+    }
+    static CQ_HD float value(cq_u32 field, float scale) {
+        const int q = (int)(field ^ (1u << (BITS - 1))) - (1 << (BITS - 1));  // sign-extend BITS bits
+        return cq_mul((float)q, scale);
+    }
+    static CQ_HD float load_scale(const cq_u8* payload, cq_i64 b) { return reinterpret_cast<const float*>(payload)[b]; }
+    static CQ_HD void store_scale(cq_u8* payload, cq_i64 b, const CqBlock& p) {
+        reinterpret_cast<cq_u32*>(payload)[b] = p.code;
+    }
+};
+
+// "fp8": MX-style block scaling (OCP Microscaling): one E8M0 byte per block (the scale 2^e, e = byte - 127,
+// byte 255 = NaN) and one fp8 element per value, E4M3 ("fn": no Inf, max 448 = 1.75 * 2^8) or E5M2 (max
+// 57344 = 1.75 * 2^15). e is the smallest exponent with absmax <= fmax * 2^e (the "round up" scale of the
+// hardware MX conversions), clamped to [-127, 127 - EMAX], so no element of the block saturates (unless
+// absmax > 1.75 * 2^127); x * 2^-e is exact (2^-e is a normal fp32 for e in [-127, 119]), then clamped to [-fmax, fmax] (saturating) and rounded
+// to the element format, to nearest even, subnormals included -- by integer operations on the fp32 bits.
+template <int EBITS, int MBITS, int EMAX>
+struct CqFp8 {
+    static constexpr int BITS = 8;
+    static constexpr int G = 4;
+    static constexpr int SCALE_BYTES = 1;
+    static constexpr int BIAS = (1 << (EBITS - 1)) - 1;  // 7 (e4m3) or 15 (e5m2)
+    static constexpr cq_u32 FMAX_BITS = ((cq_u32)(EMAX + 127) << 23) | 0x600000u;  // 1.75 * 2^EMAX
+
+    static CQ_HD CqBlock params(cq_u32 absmax_bits) {
+        CqBlock b;
+        b.finite = absmax_bits <= CQ_FLT_MAX_BITS;
+        if (!b.finite) {
+            b.scale = cq_u2f(CQ_NAN_BITS);
+            b.enc = 0.0f;
+            b.code = 255u;
+            return b;
+        }
+        const int field = (int)(absmax_bits >> 23);
+        // absmax = m * 2^E with m in [1, 2) (normal) or [0, 1) with E = -126 (subnormal, zero);
+        // m * 2^(E-e) <= 1.75 * 2^EMAX  <=>  e >= E - EMAX (+1 when m > 1.75)
+        int e = (field == 0 ? -126 : field - 127) - EMAX + (field != 0 && (absmax_bits & 0x7fffffu) > 0x600000u ? 1 : 0);
+        // e <= 127 - EMAX: fmax * 2^e <= 1.75 * 2^127 stays finite, so no value can round up to Inf (a block
+        // with absmax above 1.75 * 2^127 ~ 2.98e38 saturates there instead)
+        e = e < -127 ? -127 : e > 127 - EMAX ? 127 - EMAX : e;
+        b.code = (cq_u32)(e + 127);
+        b.scale = cq_u2f(e >= -126 ? (cq_u32)(e + 127) << 23 : 0x00400000u);  // 2^-127 is subnormal
+        b.enc = cq_u2f((cq_u32)(127 - e) << 23);
+        return b;
+    }
+    static CQ_HD cq_u32 quantize(float x, const CqBlock& b, bool stochastic, float u) {
+        (void)stochastic;
+        (void)u;
+        if (!b.finite) return 0u;
+        const cq_u32 bits = cq_f2u(cq_clamp(cq_mul(x, b.enc), cq_u2f(FMAX_BITS)));
+        const cq_u32 sign = (bits >> 24) & 0x80u;
+        cq_u32 a = bits & 0x7fffffffu;
+        if (a < (cq_u32)(128 - BIAS) << 23) {  // below 2^(1-BIAS): an fp8 subnormal (or the smallest normal)
+            // |v| * 2^(BIAS-1+MBITS) is exact; rint = ties to even; 2^MBITS encodes the smallest normal
+            const float m = cq_rint(cq_mul(cq_u2f(a), cq_u2f((cq_u32)(127 + BIAS - 1 + MBITS) << 23)));
+            return sign | (cq_u32)cq_f2i(m);
+        }
+        constexpr int SHIFT = 23 - MBITS;
+        a -= (cq_u32)(127 - BIAS) << 23;                       // rebias the exponent
+        a += (1u << (SHIFT - 1)) - 1u + ((a >> SHIFT) & 1u);  // round to nearest even
+        return sign | (a >> SHIFT);
+    }
+    static CQ_HD float value(cq_u32 field, float scale) {
+        const cq_u32 sign = (field & 0x80u) << 24;
+        const cq_u32 expo = (field >> MBITS) & ((1u << EBITS) - 1u);
+        const cq_u32 mant = field & ((1u << MBITS) - 1u);
+        float v;
+        // codes the encoder never writes decode as torch's float8 types do: E4M3 S.1111.111 is NaN, E5M2
+        // exponent 31 is Inf (mantissa 0) or NaN
+        if ((EBITS == 4 && (field & 0x7fu) == 0x7fu) || (EBITS == 5 && expo == 31u && mant != 0u))
+            return cq_u2f(CQ_NAN_BITS);
+        if (EBITS == 5 && expo == 31u) return cq_mul(cq_u2f(sign | CQ_INF_BITS), scale);
+        if (expo == 0) {  // mant * 2^(1-BIAS-MBITS), exact
+            v = cq_u2f(sign | cq_f2u(cq_mul((float)mant, cq_u2f((cq_u32)(128 - BIAS - MBITS) << 23))));
+        } else {
+            v = cq_u2f(sign | ((expo + 127u - BIAS) << 23) | (mant << (23 - MBITS)));
+        }
+        return cq_mul(v, scale);
+    }
+    static CQ_HD float load_scale(const cq_u8* payload, cq_i64 b) {
+        const cq_u32 code = payload[b];
+        if (code == 255u) return cq_u2f(CQ_NAN_BITS);
+        return cq_u2f(code >= 1u ? code << 23 : 0x00400000u);
+    }
+    static CQ_HD void store_scale(cq_u8* payload, cq_i64 b, const CqBlock& p) { payload[b] = (cq_u8)p.code; }
+};
+
+typedef CqInt<8> CqInt8;
+typedef CqInt<4> CqInt4;
+typedef CqFp8<4, 3, 8> CqE4M3;
+typedef CqFp8<5, 2, 15> CqE5M2;
 
 // G inputs starting at global element index i0 (count valid ones) -> one q word
-template <int BITS>
+template <class F>
 CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool stochastic, cq_u32 seed, cq_i64 i0) {
-    constexpr int G = CqBits<BITS>::G;
-    constexpr cq_u32 MASK = (1u << BITS) - 1u;
+    constexpr int G = F::G;
     cq_u32 key = stochastic ? cq_stream_key(seed, (cq_u64)i0) : 0u;
     cq_u32 w = 0;
 #pragma unroll
@@ -279,21 +381,16 @@ CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool st
             if (stochastic && k > 0 && ((cq_u64)(i0 + k) >> 32) != ((cq_u64)i0 >> 32))
                 key = cq_stream_key(seed, (cq_u64)(i0 + k));
             const float u = stochastic ? cq_uniform(key, (cq_u64)(i0 + k)) : 0.0f;
-            w |= ((cq_u32)cq_quantize<BITS>(v[k], b, stochastic, u) & MASK) << (BITS * k);
+            w |= F::quantize(v[k], b, stochastic, u) << (F::BITS * k);
         }
     }
     return w;
 }
 
-template <int BITS>
+template <class F>
 CQ_HD void cq_decode_word(cq_u32 w, float scale, float* v) {
-    constexpr int G = CqBits<BITS>::G;
 #pragma unroll
-    for (int k = 0; k < G; ++k) {
-        const cq_u32 field = (w >> (BITS * k)) & ((1u << BITS) - 1u);
-        const int q = (int)(field ^ (1u << (BITS - 1))) - (1 << (BITS - 1));  // sign-extend BITS bits
-        v[k] = cq_mul((float)q, scale);
-    }
+    for (int k = 0; k < F::G; ++k) v[k] = F::value((w >> (F::BITS * k)) & ((1u << F::BITS) - 1u), scale);
 }
 
 // load G values (count valid, the rest 0) as fp32; vec: 16-byte-aligned whole word, one vector access
@@ -381,15 +478,13 @@ CQ_HD void cq_store_word(typename Tr::storage* y, cq_i64 i0, int count, bool vec
 CQ_HD cq_i64 cq_min(cq_i64 a, cq_i64 b) { return a < b ? a : b; }
 
 // the padding words after the last scale and after the last q word are zero (deterministic bytes)
-template <int BITS>
+template <class F>
 CQ_HD void cq_zero_padding(cq_u8* payload, cq_i64 numel, cq_i64 block) {
-    constexpr int G = CqBits<BITS>::G;
-    const cq_i64 nblocks = cq_nblocks(numel, block);
-    const cq_i64 sbytes = cq_scale_nbytes(numel, block);
-    cq_u32* scale_words = reinterpret_cast<cq_u32*>(payload);
-    for (cq_i64 i = nblocks; i < sbytes / 4; ++i) scale_words[i] = 0;
+    constexpr int G = F::G;
+    const cq_i64 sbytes = cq_scale_nbytes<F>(numel, block);
+    for (cq_i64 i = F::SCALE_BYTES * cq_nblocks(numel, block); i < sbytes; ++i) payload[i] = 0;
     cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + sbytes);
-    for (cq_i64 i = (numel + G - 1) / G; i < cq_q_nbytes<BITS>(numel) / 4; ++i) qwords[i] = 0;
+    for (cq_i64 i = (numel + G - 1) / G; i < cq_q_nbytes<F>(numel) / 4; ++i) qwords[i] = 0;
 }
 
 // n / d without a 64-bit division per call: a shift when d is a power of two, else a 32-bit division
@@ -412,12 +507,11 @@ struct CqDiv {
 
 // decode of q word w (of block b) of one payload row, rounded to the codec's dtype and widened back
 // (what decode_sum adds: the decoded tensor's values)
-template <class Tr, int BITS>
+template <class Tr, class F>
 CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 scale_nbytes, cq_i64 w, cq_i64 b, float* v) {
-    constexpr int G = CqBits<BITS>::G;
-    const float* scales = reinterpret_cast<const float*>(row);
+    constexpr int G = F::G;
     const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + scale_nbytes);
-    cq_decode_word<BITS>(qwords[w], scales[b], v);
+    cq_decode_word<F>(qwords[w], F::load_scale(row, b), v);
 #pragma unroll
     for (int k = 0; k < G; ++k) v[k] = Tr::to_f(Tr::from_f(v[k]));
 }
@@ -426,18 +520,29 @@ CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 scale_nbytes, cq_i64 w, c
 // batches of rows: the per-block encode and the per-word decode, shared by the GPU and the host build
 
 // `rows` rows of row_numel values read from a 1-D tensor of numel values (zero past its end)
-template <int BITS>
+template <class F>
 struct CqRows {
     cq_i64 numel, rows, row_numel, block;
     cq_i64 blocks_per_row, words_per_row, scale_nbytes, row_nbytes;
     CQ_HD CqRows(cq_i64 numel_, cq_i64 rows_, cq_i64 row_numel_, cq_i64 block_)
         : numel(numel_), rows(rows_), row_numel(row_numel_), block(block_),
           blocks_per_row(cq_nblocks(row_numel_, block_)),
-          words_per_row((row_numel_ + CqBits<BITS>::G - 1) / CqBits<BITS>::G),
-          scale_nbytes(cq_scale_nbytes(row_numel_, block_)),
-          row_nbytes(cq_scale_nbytes(row_numel_, block_) + cq_q_nbytes<BITS>(row_numel_)) {}
+          words_per_row((row_numel_ + F::G - 1) / F::G),
+          scale_nbytes(cq_scale_nbytes<F>(row_numel_, block_)),
+          row_nbytes(cq_scale_nbytes<F>(row_numel_, block_) + cq_q_nbytes<F>(row_numel_)) {}
     // every row starts on a q word of the tensor: whole words are aligned vector accesses
-    CQ_HD bool word_aligned() const { return row_numel % CqBits<BITS>::G == 0; }
+    CQ_HD bool word_aligned() const { return row_numel % F::G == 0; }
+};
+
+// quant block `unit` of a batch of rows (row = unit / blocks_per_row); a unit past `nunits` is invalid
+// (len 0: its lanes only join the team's shuffles)
+struct CqUnit {
+    bool valid;
+    cq_i64 row, b, start, len;  // row, block in the row, its first value in the row, its values
+    template <class F>
+    CQ_HD CqUnit(const CqRows<F>& g, const CqDiv& row_of_block, cq_i64 unit, cq_i64 nunits)
+        : valid(unit < nunits), row(unit < nunits ? row_of_block(unit) : 0), b(unit - row * g.blocks_per_row),
+          start(b * g.block), len(valid ? cq_min(g.block, g.row_numel - start) : 0) {}
 };
 
 CQ_HD bool cq_aligned16(const void* p) { return (reinterpret_cast<cq_u64>(p) & 15u) == 0; }
@@ -455,26 +560,130 @@ struct CqTeam {
 #endif
         return v;
     }
+    // Hadamard butterfly with the lane `off` away (off < size; every lane of the warp must call it): the
+    // lower lane gets a + b, the upper a - b; unchanged when `on` is false (the shuffle still happens)
+    CQ_HD float butterfly(float v, int off, bool on) const {
+#ifdef __CUDA_ARCH__
+        const float other = __shfl_xor_sync(0xffffffffu, v, off);
+        if (on) v = (lane & off) ? cq_sub(other, v) : cq_add(v, other);
+#else
+        (void)off;
+        (void)on;
+#endif
+        return v;
+    }
 };
 
-template <class Tr, int BITS>
+// ------------------------------------------------------------------------------------------------
+// rotate=hadamard: a randomized Walsh-Hadamard transform of each whole block of B = 2^k values,
+// y = H D x (H unnormalised, entries +-1; D = diag(+-1) from the codec's rotate_seed, the same for every
+// block and every rank), quantized in place of x; decode x' = D H (y' * 2^-k) (H H = B I).
+// A team holds its block in registers: lane l of a team of T holds words l, l + T, l + 2T, ... (value j*G + k
+// of its array is element (l + j*T)*G + k of the block). The butterflies run over the element index bits in
+// ascending order -- within a word, across lanes (shuffles), across the lane's words -- which for the host's
+// team of one is simply bit 0, 1, 2, ...: the same fp32 operations in the same order on every backend.
+// A partial last block of a row (row_numel % B != 0) is quantized without rotation.
+#define CQ_ROT_MAX_BLOCK 1024
+#ifdef __CUDA_ARCH__
+#define CQ_ROT_MAXV 32  // values per lane: B <= 1024 with teams of 32 (B / G words >= 32 for B >= 256)
+#else
+#define CQ_ROT_MAXV CQ_ROT_MAX_BLOCK  // the host's team of one holds a whole block
+#endif
+
+CQ_HD void cq_butterfly(float& a, float& b) {
+    const float s = cq_add(a, b);
+    b = cq_sub(a, b);
+    a = s;
+}
+
+struct CqRot {
+    cq_u32 key;       // sign key: element i of every block is negated when mix32(i + key) is odd
+    float inv_block;  // 2^-k
+    CQ_HD CqRot(cq_u32 seed, cq_i64 block) : key(cq_mix32(seed ^ 0x5bd1e995u)), inv_block(1.0f) {
+        int k = 0;
+        while (((cq_i64)1 << k) < block) ++k;
+        inv_block = cq_u2f((cq_u32)(127 - k) << 23);
+    }
+    // D on a lane's values (nw words)
+    template <int G>
+    CQ_HD void signs(float* v, int nw, const CqTeam& t) const {
+#pragma unroll
+        for (int i = 0; i < CQ_ROT_MAXV; ++i) {
+            if (i >= nw * G) break;
+            const cq_u32 index = (cq_u32)((t.lane + (i / G) * t.size) * G + i % G);
+            if (cq_mix32(index + key) & 1u) v[i] = cq_u2f(cq_f2u(v[i]) ^ 0x80000000u);
+        }
+    }
+    // H (unnormalised) on a lane's values; `on` false: only joins the team's shuffles
+    template <int G>
+    CQ_HD void hadamard(float* v, int nw, const CqTeam& t, bool on) const {
+        if (on) {
+#pragma unroll
+            for (int s = 1; s < G; s <<= 1) {
+#pragma unroll
+                for (int i = 0; i < CQ_ROT_MAXV; ++i)
+                    if (i < nw * G && !(i & s)) cq_butterfly(v[i], v[i + s]);
+            }
+        }
+        for (int off = 1; off < t.size; off <<= 1) {
+#pragma unroll
+            for (int i = 0; i < CQ_ROT_MAXV; ++i)
+                if (i < nw * G) v[i] = t.butterfly(v[i], off, on);
+        }
+        if (on) {
+#pragma unroll
+            for (int s = 1; s < CQ_ROT_MAXV / G; s <<= 1) {
+                if (s >= nw) break;
+#pragma unroll
+                for (int j = 0; j < CQ_ROT_MAXV / G; ++j) {
+                    if (j < nw && !(j & s)) {
+#pragma unroll
+                        for (int k = 0; k < G; ++k) cq_butterfly(v[j * G + k], v[(j + s) * G + k]);
+                    }
+                }
+            }
+        }
+    }
+    template <int G>
+    CQ_HD void forward(float* v, int nw, const CqTeam& t, bool on) const {
+        if (on) signs<G>(v, nw, t);
+        hadamard<G>(v, nw, t, on);
+    }
+    template <int G>
+    CQ_HD void inverse(float* v, int nw, const CqTeam& t, bool on) const {
+        if (on) {
+#pragma unroll
+            for (int i = 0; i < CQ_ROT_MAXV; ++i)
+                if (i < nw * G) v[i] = cq_mul(v[i], inv_block);
+        }
+        hadamard<G>(v, nw, t, on);
+        if (on) signs<G>(v, nw, t);
+    }
+};
+
+template <class Tr, class F>
 struct CqEncodeRows {
     typedef typename Tr::storage S;
-    static constexpr int G = CqBits<BITS>::G;
+    static constexpr int G = F::G;
     const S* x;
     float* feedback;  // rows * row_numel fp32 residuals, or null
     cq_u8* out;       // [rows, row_nbytes]
-    CqRows<BITS> g;
+    CqRows<F> g;
     CqDiv row_of_block;
     bool stochastic;
     cq_u32 seed;
     bool vec_x, vec_fb;
+    bool rotate;
+    CqRot rot;
 
     CQ_HD CqEncodeRows(const S* x_, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int stochastic_,
-                       cq_u32 seed_, float* feedback_, cq_u8* out_)
+                       cq_u32 seed_, float* feedback_, cq_u8* out_, int rotate_, cq_u32 rot_seed)
         : x(x_), feedback(feedback_), out(out_), g(numel, rows, row_numel, block),
           row_of_block(cq_nblocks(row_numel, block)), stochastic(stochastic_ != 0), seed(seed_),
-          vec_x(cq_aligned16(x_) && g.word_aligned()), vec_fb(cq_aligned16(feedback_) && g.word_aligned()) {}
+          vec_x(cq_aligned16(x_) && g.word_aligned()), vec_fb(cq_aligned16(feedback_) && g.word_aligned()),
+          rotate(rotate_ != 0), rot(rot_seed, block) {}
+
+    CQ_HD cq_i64 nunits() const { return g.rows * g.blocks_per_row; }
 
     // the `count` values at padded index e: c = x (+ residual) in fp32 and sent = c rounded to the input type
     CQ_HD void load(cq_i64 e, int count, float* c, float* sent) const {
@@ -495,13 +704,27 @@ struct CqEncodeRows {
         }
     }
 
+    // residuals of the `count` values at padded index e: c - what the receivers decode (rounded to the
+    // input type); non-finite -> 0, padding -> 0
+    CQ_HD void store_residual(cq_i64 e, int count, const float* c, const float* decoded) const {
+        float r[G];
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+            r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(decoded[k])));
+            if (cq_abs_bits(r[k]) >= CQ_INF_BITS || e + k >= g.numel) r[k] = 0.0f;
+        }
+        cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
+    }
+
+    CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
+        if (rotate) block_rotated(unit, t);
+        else block(unit, t);
+    }
+
     // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max
     CQ_HD void block(cq_i64 unit, const CqTeam& t) const {
-        const bool valid = unit < g.rows * g.blocks_per_row;
-        const cq_i64 row = valid ? row_of_block(unit) : 0;
-        const cq_i64 b = unit - row * g.blocks_per_row;
-        const cq_i64 start = b * g.block;  // in the row
-        const cq_i64 len = valid ? cq_min(g.block, g.row_numel - start) : 0;
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
         cq_u32 absmax = 0;
         for (cq_i64 w = t.lane; w * G < len; w += t.size) {
@@ -515,54 +738,100 @@ struct CqEncodeRows {
         }
         absmax = t.max(absmax);
         if (len == 0) return;
-        const CqBlock bp = cq_block_params<BITS>(absmax);
+        const CqBlock bp = F::params(absmax);
         cq_u8* payload = out + row * g.row_nbytes;
         cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
         if (t.lane == 0) {
-            reinterpret_cast<float*>(payload)[b] = bp.scale;
-            if (b == g.blocks_per_row - 1) cq_zero_padding<BITS>(payload, g.row_numel, g.block);
+            F::store_scale(payload, b, bp);
+            if (b == g.blocks_per_row - 1) cq_zero_padding<F>(payload, g.row_numel, g.block);
         }
         for (cq_i64 w = t.lane; w * G < len; w += t.size) {
             const cq_i64 e = e0 + w * G;
             const int count = (int)cq_min(G, len - w * G);
             float c[G], sent[G];
             load(e, count, c, sent);
-            const cq_u32 word = cq_encode_word<BITS>(sent, count, bp, stochastic, seed, e);
+            const cq_u32 word = cq_encode_word<F>(sent, count, bp, stochastic, seed, e);
             qwords[start / G + w] = word;
-            if (feedback != nullptr) {  // residual = c - what the receivers decode
+            if (feedback != nullptr) {
                 float r[G];
-                cq_decode_word<BITS>(word, bp.scale, r);
-#pragma unroll
-                for (int k = 0; k < G; ++k) {
-                    r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(r[k])));
-                    if (cq_abs_bits(r[k]) >= CQ_INF_BITS || e + k >= g.numel) r[k] = 0.0f;
-                }
-                cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
+                cq_decode_word<F>(word, bp.scale, r);
+                store_residual(e, count, c, r);
             }
+        }
+    }
+
+    // the same with rotate=hadamard: the team holds the block in registers (see CqRot); every lane of the
+    // warp runs the same shuffles whatever its unit (past the end, partial block)
+    CQ_HD void block_rotated(cq_i64 unit, const CqTeam& t) const {
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
+        const cq_i64 e0 = row * g.row_numel + start;
+        const bool on = len == g.block;
+        const int nw = (int)(g.block / (G * t.size));
+        float c[CQ_ROT_MAXV], v[CQ_ROT_MAXV];
+        cq_u32 absmax = 0;
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            const int count = (int)cq_min(G, len - w * G);
+            if (count > 0) {
+                load(e0 + w * G, count, c + j * G, v + j * G);
+            } else {
+#pragma unroll
+                for (int k = 0; k < G; ++k) c[j * G + k] = v[j * G + k] = 0.0f;
+            }
+        }
+        rot.forward<G>(v, nw, t, on);
+        for (int i = 0; i < nw * G; ++i) {
+            const cq_u32 a = cq_abs_bits(v[i]);
+            absmax = a > absmax ? a : absmax;
+        }
+        absmax = t.max(absmax);
+        const CqBlock bp = F::params(absmax);
+        cq_u8* payload = out + row * g.row_nbytes;
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
+        if (len > 0 && t.lane == 0) {
+            F::store_scale(payload, b, bp);
+            if (b == g.blocks_per_row - 1) cq_zero_padding<F>(payload, g.row_numel, g.block);
+        }
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            const int count = (int)cq_min(G, len - w * G);
+            if (count <= 0) continue;
+            const cq_u32 word = cq_encode_word<F>(v + j * G, count, bp, stochastic, seed, e0 + w * G);
+            qwords[start / G + w] = word;
+            if (feedback != nullptr) cq_decode_word<F>(word, bp.scale, v + j * G);
+        }
+        if (feedback == nullptr) return;  // uniform over the launch
+        rot.inverse<G>(v, nw, t, on);
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            const int count = (int)cq_min(G, len - w * G);
+            if (count > 0) store_residual(e0 + w * G, count, c + j * G, v + j * G);
         }
     }
 };
 
-template <class Tr, int BITS>
+template <class Tr, class F>
 struct CqDecodeRows {
     typedef typename Tr::storage S;
-    static constexpr int G = CqBits<BITS>::G;
+    static constexpr int G = F::G;
     const cq_u8* payloads;  // [rows, row_nbytes]
     S* y;                   // numel values
-    CqRows<BITS> g;
-    CqDiv row_of_word, block_of_word;
+    CqRows<F> g;
+    CqDiv row_of_word, block_of_word, row_of_block;
     bool vec;
+    CqRot rot;
 
-    CQ_HD CqDecodeRows(const cq_u8* payloads_, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, S* y_)
+    CQ_HD CqDecodeRows(const cq_u8* payloads_, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, S* y_,
+                       cq_u32 rot_seed)
         : payloads(payloads_), y(y_), g(numel, rows, row_numel, block),
-          row_of_word((row_numel + G - 1) / G), block_of_word(block / G),
-          vec(cq_aligned16(y_) && g.word_aligned()) {}
+          row_of_word((row_numel + G - 1) / G), block_of_word(block / G), row_of_block(cq_nblocks(row_numel, block)),
+          vec(cq_aligned16(y_) && g.word_aligned()), rot(rot_seed, block) {}
 
-    // q words of every row whose values lie (at least partly) below numel
-    CQ_HD cq_i64 nwords() const {
-        const cq_i64 rows = cq_min(g.rows, (g.numel + g.row_numel - 1) / g.row_numel);
-        return rows * g.words_per_row;
-    }
+    // rows whose values lie (at least partly) below numel
+    CQ_HD cq_i64 nrows() const { return cq_min(g.rows, (g.numel + g.row_numel - 1) / g.row_numel); }
+    CQ_HD cq_i64 nwords() const { return nrows() * g.words_per_row; }
+    CQ_HD cq_i64 nunits() const { return nrows() * g.blocks_per_row; }
 
     CQ_HD void word(cq_i64 word_index) const {
         const cq_i64 row = g.rows == 1 ? 0 : row_of_word(word_index);  // no division per word for one row
@@ -577,26 +846,54 @@ struct CqDecodeRows {
         const cq_u8* payload = payloads + row * g.row_nbytes;
         const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
         float v[G];
-        cq_decode_word<BITS>(qwords[w], reinterpret_cast<const float*>(payload)[block_of_word(w)], v);
+        cq_decode_word<F>(qwords[w], F::load_scale(payload, block_of_word(w)), v);
         cq_store_word<Tr, G>(y, e, (int)count, vec, v);
+    }
+
+    // rotate=hadamard: block `unit` of any row by team t (the whole block is decoded and rotated back, then
+    // stored up to numel)
+    CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
+        const CqUnit u(g, row_of_block, unit, nunits());
+        const cq_i64 row = u.row, start = u.start, len = u.len;
+        const int nw = (int)(g.block / (G * t.size));
+        const cq_u8* payload = payloads + row * g.row_nbytes;
+        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
+        const float scale = u.valid ? F::load_scale(payload, u.b) : 0.0f;
+        float v[CQ_ROT_MAXV];
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
+            else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
+        }
+        rot.inverse<G>(v, nw, t, len == g.block);
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            const cq_i64 e = row * g.row_numel + start + w * G;
+            const cq_i64 count = cq_min(cq_min(G, len - w * G), g.numel - e);
+            if (count > 0) cq_store_word<Tr, G>(y, e, (int)count, vec, v + j * G);
+        }
     }
 };
 
 // fp32 row-order sum of the decodes of p payloads of numel values each, per q word
-template <class Tr, int BITS>
+template <class Tr, class F>
 struct CqDecodeSum {
-    static constexpr int G = CqBits<BITS>::G;
+    static constexpr int G = F::G;
     const cq_u8* payloads;
-    cq_i64 p, row_nbytes, numel, scale_nbytes;
+    cq_i64 p, row_nbytes, numel, block, scale_nbytes;
     CqDiv block_of_word;
     float* out;
     bool vec;
+    CqRot rot;
 
-    CQ_HD CqDecodeSum(const cq_u8* payloads_, cq_i64 p_, cq_i64 row_nbytes_, cq_i64 numel_, cq_i64 block, float* out_)
-        : payloads(payloads_), p(p_), row_nbytes(row_nbytes_), numel(numel_),
-          scale_nbytes(cq_scale_nbytes(numel_, block)), block_of_word(block / G), out(out_), vec(cq_aligned16(out_)) {}
+    CQ_HD CqDecodeSum(const cq_u8* payloads_, cq_i64 p_, cq_i64 row_nbytes_, cq_i64 numel_, cq_i64 block_,
+                      float* out_, cq_u32 rot_seed)
+        : payloads(payloads_), p(p_), row_nbytes(row_nbytes_), numel(numel_), block(block_),
+          scale_nbytes(cq_scale_nbytes<F>(numel_, block_)), block_of_word(block_ / G), out(out_),
+          vec(cq_aligned16(out_)), rot(rot_seed, block_) {}
 
     CQ_HD cq_i64 nwords() const { return (numel + G - 1) / G; }
+    CQ_HD cq_i64 nunits() const { return cq_nblocks(numel, block); }
 
     CQ_HD void word(cq_i64 w) const {
         float acc[G];
@@ -605,28 +902,57 @@ struct CqDecodeSum {
         const cq_i64 b = block_of_word(w);
         for (cq_i64 r = 0; r < p; ++r) {
             float v[G];
-            cq_decode_row_word<Tr, BITS>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
+            cq_decode_row_word<Tr, F>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
 #pragma unroll
             for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), vec, acc);
+    }
+
+    // rotate=hadamard: block b by team t; each payload's block is rotated back and rounded to the input type
+    // before it is added (the sum of the decodes, as decode_sum is defined), in row order
+    CQ_HD void team_block(cq_i64 b, const CqTeam& t) const {
+        const bool valid = b < nunits();
+        const cq_i64 start = b * block;
+        const cq_i64 len = valid ? cq_min(block, numel - start) : 0;
+        const int nw = (int)(block / (G * t.size));
+        float acc[CQ_ROT_MAXV], v[CQ_ROT_MAXV];
+        for (int i = 0; i < nw * G; ++i) acc[i] = 0.0f;
+        for (cq_i64 r = 0; r < p; ++r) {
+            const cq_u8* row = payloads + r * row_nbytes;
+            const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + scale_nbytes);
+            const float scale = valid ? F::load_scale(row, b) : 0.0f;
+            for (int j = 0; j < nw; ++j) {
+                const cq_i64 w = t.lane + (cq_i64)j * t.size;
+                if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
+                else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
+            }
+            rot.inverse<G>(v, nw, t, len == block);
+            for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], Tr::to_f(Tr::from_f(v[i])));
+        }
+        for (int j = 0; j < nw; ++j) {
+            const cq_i64 w = t.lane + (cq_i64)j * t.size;
+            const int count = (int)cq_min(G, len - w * G);
+            if (count > 0) cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), start + w * G, count, vec, acc + j * G);
+        }
     }
 };
 
 // ------------------------------------------------------------------------------------------------
 // GPU kernels: only the thread -> block/word mapping lives here
 
-template <class Tr, int BITS>
-__device__ void cq_encode_rows_kernel(const CqEncodeRows<Tr, BITS>& a, int team) {
+// a team of `team` lanes (a power of two <= 32) per unit (quant block of any row): op.team_block(unit, team)
+template <class Op>
+__device__ void cq_teams_kernel(const Op& op, int team) {
     const int lane = threadIdx.x & 31;
     const CqTeam t = {lane & (team - 1), team};
     const int teams_per_warp = 32 / team;
     const cq_i64 warp = ((cq_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const cq_i64 nwarps = ((cq_i64)gridDim.x * blockDim.x) >> 5;
-    const cq_i64 units = a.g.rows * a.g.blocks_per_row;
-    // the loop bound is warp-uniform, so every lane reaches the team max
+    const cq_i64 units = op.nunits();
+    // the loop bound is warp-uniform, so every lane reaches the team's shuffles
     for (cq_i64 base = warp * teams_per_warp; base < units; base += nwarps * teams_per_warp)
-        a.block(base + lane / team, t);
+        op.team_block(base + lane / team, t);
 }
 
 // one thread per q word (decode_rows, decode_sum)
@@ -637,42 +963,53 @@ __device__ void cq_words_kernel(const Op& op) {
         op.word(w);
 }
 
-// extern "C" entry points: ccoll_int{8,4}_{encode_rows,decode_rows,decode_sum}_{f32,bf16,f16}
-// (ccoll/codecs/quant.py CUDA_KERNELS lists them)
-#define CQ_GLOBALS(BITS, NAME, TR)                                                                        \
-    extern "C" __global__ void ccoll_int##BITS##_encode_rows_##NAME(                                      \
+// extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}_{f32,bf16,f16}
+// (ccoll/codecs/quant.py CUDA_KERNELS lists them). rotate != 0: rotate=hadamard with signs from rot_seed;
+// the decodes then run one team per block (`team` lanes) instead of one thread per word.
+#define CQ_GLOBALS(FMT, F, NAME, TR)                                                                      \
+    extern "C" __global__ void ccoll_##FMT##_encode_rows_##NAME(                                          \
         const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
-        int stochastic, cq_u32 seed, float* feedback, cq_u8* out) {                                       \
-        cq_encode_rows_kernel<TR, BITS>(                                                                  \
-            CqEncodeRows<TR, BITS>(x, numel, rows, row_numel, block, stochastic, seed, feedback, out), team); \
+        int stochastic, cq_u32 seed, float* feedback, cq_u8* out, int rotate, cq_u32 rot_seed) {          \
+        cq_teams_kernel(CqEncodeRows<TR, F>(x, numel, rows, row_numel, block, stochastic, seed, feedback, out, \
+                                            rotate, rot_seed), team);                                     \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_int##BITS##_decode_rows_##NAME(                                      \
-        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
-        cq_words_kernel(CqDecodeRows<TR, BITS>(payloads, rows, row_numel, numel, block, y));             \
+    extern "C" __global__ void ccoll_##FMT##_decode_rows_##NAME(                                          \
+        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y, \
+        int team, int rotate, cq_u32 rot_seed) {                                                          \
+        const CqDecodeRows<TR, F> op(payloads, rows, row_numel, numel, block, y, rot_seed);               \
+        if (rotate) cq_teams_kernel(op, team);                                                            \
+        else cq_words_kernel(op);                                                                         \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_int##BITS##_decode_sum_##NAME(const cq_u8* payloads, cq_i64 p,       \
-                                                                   cq_i64 row_nbytes, cq_i64 numel,      \
-                                                                   cq_i64 block, float* out) {           \
-        cq_words_kernel(CqDecodeSum<TR, BITS>(payloads, p, row_nbytes, numel, block, out));              \
+    extern "C" __global__ void ccoll_##FMT##_decode_sum_##NAME(                                           \
+        const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out,       \
+        int team, int rotate, cq_u32 rot_seed) {                                                          \
+        const CqDecodeSum<TR, F> op(payloads, p, row_nbytes, numel, block, out, rot_seed);                \
+        if (rotate) cq_teams_kernel(op, team);                                                            \
+        else cq_words_kernel(op);                                                                         \
     }
 
-CQ_GLOBALS(8, f32, CqF32)
-CQ_GLOBALS(8, bf16, CqBF16)
-CQ_GLOBALS(8, f16, CqF16)
-CQ_GLOBALS(4, f32, CqF32)
-CQ_GLOBALS(4, bf16, CqBF16)
-CQ_GLOBALS(4, f16, CqF16)
+#define CQ_FORMAT(MACRO, FMT, F) \
+    MACRO(FMT, F, f32, CqF32)    \
+    MACRO(FMT, F, bf16, CqBF16)  \
+    MACRO(FMT, F, f16, CqF16)
+#define CQ_ALL_FORMATS(MACRO)             \
+    CQ_FORMAT(MACRO, int8, CqInt8)        \
+    CQ_FORMAT(MACRO, int4, CqInt4)        \
+    CQ_FORMAT(MACRO, fp8e4m3, CqE4M3)     \
+    CQ_FORMAT(MACRO, fp8e5m2, CqE5M2)
+
+CQ_ALL_FORMATS(CQ_GLOBALS)
 
 // ------------------------------------------------------------------------------------------------
-// host build: the "emulated" backend (OpenMP over the same blocks / words)
+// host build: the "emulated" backend (OpenMP over the same blocks / words; teams of one)
 
 #ifdef CCOLL_HOST
-template <class Tr, int BITS>
-static void cq_host_encode_rows(const CqEncodeRows<Tr, BITS>& a) {
-    const cq_i64 units = a.g.rows * a.g.blocks_per_row;
+template <class Op>
+static void cq_host_teams(const Op& op) {
+    const cq_i64 units = op.nunits();
     const CqTeam t = {0, 1};
 #pragma omp parallel for schedule(static)
-    for (cq_i64 u = 0; u < units; ++u) a.block(u, t);
+    for (cq_i64 u = 0; u < units; ++u) op.team_block(u, t);
 }
 
 template <class Op>
@@ -682,41 +1019,40 @@ static void cq_host_words(const Op& op) {
     for (cq_i64 w = 0; w < n; ++w) op.word(w);
 }
 
-template <class Tr, int BITS>
-static void cq_host_words(const CqDecodeRows<Tr, BITS>& op) {  // row by row: no division per word
-    const cq_i64 rows = op.nwords() / op.g.words_per_row;
+template <class Tr, class F>
+static void cq_host_words(const CqDecodeRows<Tr, F>& op) {  // row by row: no division per word
+    const cq_i64 rows = op.nrows();
     for (cq_i64 row = 0; row < rows; ++row) {
 #pragma omp parallel for schedule(static)
         for (cq_i64 w = 0; w < op.g.words_per_row; ++w) op.word_of_row(row, w);
     }
 }
 
-#define CQ_HOST(BITS, NAME, TR)                                                                           \
-    extern "C" void ccoll_host_int##BITS##_encode_rows_##NAME(const void* x, cq_i64 numel, cq_i64 rows,   \
-                                                              cq_i64 row_numel, cq_i64 block,            \
-                                                              int stochastic, cq_u32 seed,               \
-                                                              void* feedback, void* out) {               \
-        cq_host_encode_rows(CqEncodeRows<TR, BITS>(static_cast<const TR::storage*>(x), numel, rows,      \
-                                                   row_numel, block, stochastic, seed,                   \
-                                                   static_cast<float*>(feedback), static_cast<cq_u8*>(out))); \
+#define CQ_HOST(FMT, F, NAME, TR)                                                                         \
+    extern "C" void ccoll_host_##FMT##_encode_rows_##NAME(const void* x, cq_i64 numel, cq_i64 rows,       \
+                                                          cq_i64 row_numel, cq_i64 block, int stochastic, \
+                                                          cq_u32 seed, void* feedback, void* out,         \
+                                                          int rotate, cq_u32 rot_seed) {                  \
+        cq_host_teams(CqEncodeRows<TR, F>(static_cast<const TR::storage*>(x), numel, rows, row_numel, block, \
+                                          stochastic, seed, static_cast<float*>(feedback),                \
+                                          static_cast<cq_u8*>(out), rotate, rot_seed));                   \
     }                                                                                                     \
-    extern "C" void ccoll_host_int##BITS##_decode_rows_##NAME(const void* payloads, cq_i64 rows,          \
-                                                              cq_i64 row_numel, cq_i64 numel,            \
-                                                              cq_i64 block, void* y) {                   \
-        cq_host_words(CqDecodeRows<TR, BITS>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel, \
-                                             block, static_cast<TR::storage*>(y)));                      \
+    extern "C" void ccoll_host_##FMT##_decode_rows_##NAME(const void* payloads, cq_i64 rows,              \
+                                                          cq_i64 row_numel, cq_i64 numel, cq_i64 block,   \
+                                                          void* y, int rotate, cq_u32 rot_seed) {         \
+        const CqDecodeRows<TR, F> op(static_cast<const cq_u8*>(payloads), rows, row_numel, numel, block,  \
+                                     static_cast<TR::storage*>(y), rot_seed);                             \
+        if (rotate) cq_host_teams(op);                                                                    \
+        else cq_host_words(op);                                                                           \
     }                                                                                                     \
-    extern "C" void ccoll_host_int##BITS##_decode_sum_##NAME(const void* payloads, cq_i64 p,              \
-                                                             cq_i64 row_nbytes, cq_i64 numel,            \
-                                                             cq_i64 block, void* out) {                  \
-        cq_host_words(CqDecodeSum<TR, BITS>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,   \
-                                            block, static_cast<float*>(out)));                           \
+    extern "C" void ccoll_host_##FMT##_decode_sum_##NAME(const void* payloads, cq_i64 p,                  \
+                                                         cq_i64 row_nbytes, cq_i64 numel, cq_i64 block,   \
+                                                         void* out, int rotate, cq_u32 rot_seed) {        \
+        const CqDecodeSum<TR, F> op(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel, block,     \
+                                    static_cast<float*>(out), rot_seed);                                  \
+        if (rotate) cq_host_teams(op);                                                                    \
+        else cq_host_words(op);                                                                           \
     }
 
-CQ_HOST(8, f32, CqF32)
-CQ_HOST(8, bf16, CqBF16)
-CQ_HOST(8, f16, CqF16)
-CQ_HOST(4, f32, CqF32)
-CQ_HOST(4, bf16, CqBF16)
-CQ_HOST(4, f16, CqF16)
+CQ_ALL_FORMATS(CQ_HOST)
 #endif  // CCOLL_HOST

@@ -6,7 +6,7 @@ torch with CUDA, CuPy (cupy-cuda13x / cupy-cuda12x), numpy; optional: zfpy (libz
 skipped with a line), nvcc + g++ (the emulated host build, else skipped with a line), mpi4py is not used.
 
 1. Bytes: for every deterministic codec spec (zfp rates, dims 1 and 2; int8/int4 blocks, nearest and seeded
-   stochastic; bf16; fp16; none), every dtype it takes (fp64 included) and inputs that are normal,
+   stochastic; fp8 e4m3/e5m2; rotate=hadamard; bf16; fp16; none), every dtype it takes (fp64 included) and inputs that are normal,
    subnormal, non-finite, and misaligned views, the "device" backend (cupy on CUDA tensors) is compared
    with each reference backend (torch; emulated, when the host build exists): encode bytes, decode
    values, decode_sum, and the batched API (encode_rows without and with error feedback -- payload and
@@ -49,6 +49,13 @@ CHECK_SPECS = [
     *(f"int4:block={b}" for b in (8, 24, 64, 256, 4096)),
     "int8:block=64,round=stochastic,seed=3",
     "int4:block=256,round=stochastic,seed=4",
+    *(f"fp8:format=e4m3,block={b}" for b in (8, 24, 32, 4096)),
+    *(f"fp8:format=e5m2,block={b}" for b in (32, 4096)),
+    # rotate=hadamard: GPU teams of 1 to 32 lanes holding 1 to 8 words each
+    *(f"int8:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 1024)),
+    *(f"int4:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 32, 1024)),
+    *(f"fp8:block={b},rotate=hadamard,rotate_seed=3" for b in (32, 1024)),
+    "int4:block=64,round=stochastic,seed=4,rotate=hadamard",
     "bf16",
     "fp16",
     "none",
@@ -301,7 +308,8 @@ def emulated_available(skipped: list) -> bool:
 # throughput (CUDA only)
 
 TP_SPECS = ["zfp:rate=8", "zfp:rate=8,dims=2", "int8:block=256", "int4:block=64",
-            "int4:block=64,round=stochastic", "bf16", "fp16", "none"]
+            "int4:block=64,round=stochastic", "fp8:format=e4m3,block=32", "int4:block=64,rotate=hadamard",
+            "int8:block=256,rotate=hadamard", "bf16", "fp16", "none"]
 TP_ROWS = 4  # decode_sum rows
 
 

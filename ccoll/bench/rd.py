@@ -16,7 +16,7 @@ partial sums of row-parallel layers), ``tp/all_reduce:bwd`` (TP activation gradi
 stage's sends), ``pp/send`` (middle stages: both).
 
 The codec specs default to zfp rates 2.5–16 with dims 1 and 2, int8 and int4 at several block sizes
-(int4 also with stochastic rounding), bf16, fp16, and one default spec of any other registered codec.
+(int4 also with stochastic rounding; int4/int8 also with rotate=hadamard), fp8 e4m3/e5m2, bf16, fp16, and one default spec of any other registered codec.
 Output in the ``ccoll.bench`` style: ``#`` metadata lines, a header, fixed columns; ``--json`` and a plot
 (rel_l2 vs bits/value, one curve per codec family, one panel per class).
 """
@@ -34,6 +34,10 @@ DEFAULT_SPECS = [
     *(f"int8:block={b}" for b in (32, 256, 4096)),
     *(f"int4:block={b}" for b in (32, 64, 256)),
     *(f"int4:block={b},round=stochastic" for b in (32, 64, 256)),
+    *(f"int4:block={b},rotate=hadamard" for b in (32, 64, 256)),
+    *(f"int8:block={b},rotate=hadamard" for b in (32, 256)),
+    *(f"fp8:format={f},block={b}" for f in ("e4m3", "e5m2") for b in (32, 256)),
+    "fp8:format=e4m3,block=32,rotate=hadamard",
     "bf16",
     "fp16",
 ]
@@ -73,6 +77,10 @@ def family(spec: str) -> str:
         return f"zfp dims={params.get('dims', '1')}"
     if name == "int4" and params.get("round") == "stochastic":
         return "int4 stochastic"
+    if name == "fp8":
+        name = f"fp8 {params.get('format', 'e4m3')}"
+    if params.get("rotate") == "hadamard":
+        return f"{name} hadamard"
     if name in ("bf16", "fp16"):
         return "bf16/fp16"
     return name

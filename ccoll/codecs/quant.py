@@ -1,4 +1,6 @@
-"""Block quantization codecs "int8" and "int4": symmetric absmax per block, one fp32 scale per block.
+"""Block quantization codecs "int8" and "int4" (symmetric absmax per block, one fp32 scale per block) and
+"fp8" (MX-style: one E8M0 power-of-two scale per block, E4M3 / E5M2 elements; see Fp8Codec), all with
+an optional ``rotate=hadamard``.
 
 One implementation parametrised by ``bits`` (qmax = 2^(bits-1) - 1 = 127 or 7). The algorithm, the exact
 rounding rules and the payload layout are specified once, in kernels/quant.cu's header comment; this
@@ -26,6 +28,16 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
 - Batches: ``encode_rows`` (optionally with fused error feedback), ``decode_rows`` and ``decode_sum`` are one
   kernel launch (cupy, emulated) / one vectorised pass (torch) for any number of rows; plain
   ``encode`` / ``decode`` are the one-row case of the same code.
+- ``rotate=hadamard`` (``rotate_seed=S``, default 0): each whole block x (block a power of two in [8, 1024])
+  is sent as y = H D x (H the unnormalised Walsh-Hadamard matrix, D random signs from S -- a codec
+  parameter, identical on all ranks, never salted) and decoded as D H (y' / block); a partial last block
+  of a row is sent unrotated. Why: one outlier no longer sets the step of its whole block (its energy is
+  spread over the block), so heavy-tailed tensors lose less at the same bits. Bound (round to nearest,
+  per whole block): ||x' - x||_2 <= ||x||_1 / (2 qmax), up to fp32 rounding. The forward transform can
+  grow values by up to ``block``x: a block with absmax > FLT_MAX / block overflows and decodes to NaN
+  (the non-finite rule). decode_sum rotates each payload back before adding it (the sum of the decodes, as
+  the contract defines it, in the same single pass/launch), not once after summing in the rotated domain,
+  which would round differently from decode-then-add and break bit-identity with the reference.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
 - Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
 - Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
@@ -43,7 +55,7 @@ import torch
 
 from .. import kernels
 from ..errors import CodecError, PolicyError
-from .base import CODECS, Codec, Param
+from .base import CODECS, Codec, Param, _fmt
 
 MAX_BLOCK = 1 << 20
 _FLT_MIN_NORMAL = 2.0**-126
@@ -109,14 +121,34 @@ def _uniform(seed: int, index0: int, numel: int) -> torch.Tensor:
     return x.to(torch.float32).mul_(2.0**-24)
 
 
+#: rotate=hadamard parameters, shared by every block codec (kernels/quant.cu, CqRot)
+ROTATE_PARAMS = {
+    "rotate": Param(str, "none", ("none", "hadamard"),
+                    "hadamard: randomized Walsh-Hadamard transform of each block before quantizing"),
+    "rotate_seed": Param(int, 0, doc="sign seed of the rotation, 0 <= rotate_seed < 2^32: the same on every rank "
+                                     "(part of the spec, never salted)"),
+}
+#: the largest block rotate=hadamard takes (a GPU team of 32 lanes holds it in registers)
+MAX_ROTATE_BLOCK = 1024
+
+
 class BlockQuantCodec(Codec):
-    """Shared implementation of "int8" and "int4"; subclasses only set ``bits``."""
+    """Shared implementation of "int8", "int4" and "fp8": one algorithm (kernels/quant.cu) over an element
+    format. Subclasses set ``bits`` and ``kernel_format`` (the kernels' name for the format); the int
+    formats are the defaults here, fp8 overrides the format hooks (``_quantize``, ``_q_values``,
+    ``_scale``, the scale section)."""
 
     bits: ClassVar[int]
+    #: the format part of the kernel names: ccoll_<kernel_format>_<op>_<dtype>
+    kernel_format: ClassVar[str]
+    #: bytes per block in the scale section (fp32 scale; fp8: one E8M0 byte)
+    scale_bytes: ClassVar[int] = 4
+    scale_dtype: ClassVar[torch.dtype] = torch.float32
     PARAMS = {
         "block": Param(int, None, doc="values per scale: a multiple of 8 in [8, 2^20], e.g. 256"),
         "round": Param(str, "nearest", ("nearest", "stochastic"), "rounding: nearest (ties to even) or stochastic"),
         "seed": Param(int, 0, doc="stochastic rounding seed, 0 <= seed < 2^32"),
+        **ROTATE_PARAMS,
     }
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -130,7 +162,17 @@ class BlockQuantCodec(Codec):
 
     @property
     def stochastic(self) -> bool:
-        return self.params["round"] == "stochastic"
+        return self.params.get("round") == "stochastic"
+
+    @property
+    def rotate(self) -> bool:
+        return self.params["rotate"] == "hadamard"
+
+    @property
+    def spec(self) -> str:
+        """Canonical spec; the rotation parameters appear only when the codec rotates."""
+        params = self.params if self.rotate else {k: v for k, v in self.params.items() if k not in ROTATE_PARAMS}
+        return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in params.items())
 
     def _validate(self) -> None:
         block = self.params["block"]
@@ -139,8 +181,14 @@ class BlockQuantCodec(Codec):
                 f"codec {self.name!r}: block={block} is invalid; block must be a multiple of 8 between 8 and "
                 f"{MAX_BLOCK} (e.g. 64, 256, 4096)"
             )
-        if not 0 <= self.params["seed"] <= _U32:
-            raise PolicyError(f"codec {self.name!r}: seed={self.params['seed']} must be in [0, 2^32)")
+        for key in ("seed", "rotate_seed"):
+            if not 0 <= self.params.get(key, 0) <= _U32:
+                raise PolicyError(f"codec {self.name!r}: {key}={self.params[key]} must be in [0, 2^32)")
+        if self.rotate and (block & (block - 1) or block > MAX_ROTATE_BLOCK):
+            raise PolicyError(
+                f"codec {self.name!r}: rotate=hadamard needs block to be a power of two between 8 and "
+                f"{MAX_ROTATE_BLOCK}, got block={block}"
+            )
 
     @property
     def align_numel(self) -> int:
@@ -161,7 +209,7 @@ class BlockQuantCodec(Codec):
     def _layout(self, numel: int) -> tuple[int, int, int]:
         """(nblocks, scale section bytes, q section bytes); both sections are padded to 16 bytes."""
         nblocks = -(-numel // self.block)
-        return nblocks, _round16(4 * nblocks), _round16(-(-numel * self.bits // 8))
+        return nblocks, _round16(self.scale_bytes * nblocks), _round16(-(-numel * self.bits // 8))
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         self.check_dtype(dtype)
@@ -247,6 +295,30 @@ class BlockQuantCodec(Codec):
         for rows, sl in self._blocks(v):
             rows.mul_(scales[:, sl, None])
 
+    def _q_values(self, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """v ([nr, L] fp32) = the values of the q fields ``q`` ([nr, L] int8, unpacked) before scaling."""
+        return v.copy_(q)
+
+    def _scale_view(self, rows: torch.Tensor, nblocks: int) -> torch.Tensor:
+        """The stored scales of payload rows ``rows`` ([nr, nbytes] uint8) as [nr, nblocks]."""
+        return rows[:, : self.scale_bytes * nblocks].view(self.scale_dtype)
+
+    # rotate=hadamard (kernels/quant.cu, CqRot): y = H D x on whole blocks; decode x' = D H (y' * 2^-k)
+    def _full_blocks(self, v: torch.Tensor):
+        """The whole blocks of v ([nr, L], rows starting on a block) as [nr, nfull, block]: the rotated ones."""
+        return [rows for rows, _ in self._blocks(v) if rows.shape[-1] == self.block]
+
+    def _rotate(self, v: torch.Tensor) -> None:
+        for rows in self._full_blocks(v):
+            rows.view(torch.int32).bitwise_xor_(_rotation_sign_bits(self.params["rotate_seed"], self.block))
+            _hadamard_(rows)
+
+    def _unrotate(self, v: torch.Tensor) -> None:
+        for rows in self._full_blocks(v):
+            rows.mul_(2.0 ** -(self.block.bit_length() - 1))
+            _hadamard_(rows)
+            rows.view(torch.int32).bitwise_xor_(_rotation_sign_bits(self.params["rotate_seed"], self.block))
+
     def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
         dst = _aligned_like(out)
         self._salted(salt)._encode_pieces(src, dst, row_numel, feedback)
@@ -266,9 +338,9 @@ class BlockQuantCodec(Codec):
         numel, dtype, rows, block = src.numel(), src.dtype, out.shape[0], self.block
         nb, scale_nbytes, _ = self._layout(row_numel)
         q_used = -(-row_numel * self.bits // 8)
-        out[:, 4 * nb : scale_nbytes].zero_()
+        out[:, self.scale_bytes * nb : scale_nbytes].zero_()
         out[:, scale_nbytes + q_used :].zero_()
-        scales_all = out[:, : 4 * nb].view(torch.float32)
+        scales_all = self._scale_view(out, nb)
         qsec = out[:, scale_nbytes : scale_nbytes + q_used]
         cap = min(self._chunk_numel(), rows * row_numel)
         f32 = torch.float32
@@ -278,7 +350,8 @@ class BlockQuantCodec(Codec):
             comp = _empty_cpu(cap, f32)
         narrow = None if dtype == f32 or feedback is None else torch.empty(cap, dtype=dtype)
         sent_buf = None if narrow is None else torch.empty(cap, dtype=f32)
-        scale_buf = torch.empty(-(-cap // block) + cap // row_numel + 1, dtype=f32)
+        scale_buf = torch.empty(-(-cap // block) + cap // row_numel + 1, dtype=self.scale_dtype)
+        rot_buf = _empty_cpu(cap, f32) if self.rotate else None
         if self.bits == 4:
             qbuf = torch.empty(cap + cap // row_numel + 1, dtype=torch.int8)
             pack_tmp = torch.empty(cap // 2 + cap // row_numel + 1, dtype=torch.int16)
@@ -304,11 +377,17 @@ class BlockQuantCodec(Codec):
                 even = length + length % 2
                 qb = qbuf[: nr * even].view(nr, even)
                 q = qb[:, :length]
-            self._quantize(sent.view(nr, length), v, scales, q, index0 + e0)
+            sent = sent.view(nr, length)
+            if rot_buf is not None:
+                sent = rot_buf[:count].view(nr, length).copy_(sent)
+                self._rotate(sent)
+            self._quantize(sent, v, scales, q, index0 + e0)
             scales_all[r0:r1, j0 // block : j0 // block + nbs].copy_(scales)
             if feedback is not None:  # residual = c - what the receivers decode (rounded to dtype)
-                dec = v.copy_(q)  # before int4 packing overwrites q
+                dec = self._q_values(v, q)  # before int4 packing overwrites q
                 self._scale(dec, scales)
+                if rot_buf is not None:
+                    self._unrotate(dec)
                 if narrow is not None:
                     dec.view(-1).copy_(narrow[:count].copy_(dec.view(-1)))
                 r = feedback[e0 : e0 + count]
@@ -329,10 +408,10 @@ class BlockQuantCodec(Codec):
         """fp32 decode of elements j0..j1-1 (j0 a multiple of block) of each payload row of ``rows``
         ([nr, nbytes], payloads of ``numel`` values) into v ([nr, j1 - j0], last dim contiguous)."""
         nblocks, scale_nbytes, _ = self._layout(numel)
-        scales = rows[:, : 4 * nblocks].view(torch.float32)[:, j0 // self.block : -(-j1 // self.block)]
+        scales = self._scale_view(rows, nblocks)[:, j0 // self.block : -(-j1 // self.block)]
         qsec = rows[:, scale_nbytes:]
         if self.bits == 8:
-            v.copy_(qsec[:, j0:j1].view(torch.int8))
+            self._q_values(v, qsec[:, j0:j1].view(torch.int8))
         else:
             # unpack through int16 words (contiguous ops; little-endian: low byte = even element):
             # word = (sext(high nibble) << 8) | (sext(low nibble) & 0xFF)
@@ -345,6 +424,8 @@ class BlockQuantCodec(Codec):
             words.bitwise_or_(low)
             v.copy_(words.view(torch.int8)[:, : j1 - j0])
         self._scale(v, scales)
+        if self.rotate:
+            self._unrotate(v)
 
     def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
         return None if self.bits == 8 else torch.empty(2, numel, dtype=torch.int16)
@@ -353,6 +434,14 @@ class BlockQuantCodec(Codec):
         """Decode straight into ``out`` (fp32), or through one cache-sized fp32 piece (bf16/fp16)."""
         payloads = _aligned(payloads)
         numel, dtype = out.numel(), out.dtype
+        if self.rotate and numel % row_numel:  # a rotated block cut by numel is decoded whole, then clipped
+            full = numel // row_numel
+            if full:
+                self._decode_rows_torch(payloads[:full], out[: full * row_numel], row_numel)
+            last = torch.empty(row_numel, dtype=dtype)
+            self._decode_rows_torch(payloads[full : full + 1], last, row_numel)
+            out[full * row_numel :].copy_(last[: numel - full * row_numel])
+            return
         cap = min(self._chunk_numel(), numel)
         work = None if dtype == torch.float32 else _empty_cpu(cap, torch.float32)
         qwork = self._unpack_scratch(cap)
@@ -412,13 +501,13 @@ class BlockQuantCodec(Codec):
 
     # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
     def _host_fn(self, op: str, dtype: torch.dtype):
-        fn = getattr(kernels.host_library("quant"), f"ccoll_host_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}")
+        fn = getattr(kernels.host_library("quant"), f"ccoll_host_{self.kernel_format}_{op}_{_DTYPE_NAMES[dtype]}")
         if fn.argtypes is None:
-            i64, vp = ctypes.c_longlong, ctypes.c_void_p
+            i64, vp, i32, u32 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
             fn.argtypes = {
-                "encode_rows": [vp, i64, i64, i64, i64, ctypes.c_int, ctypes.c_uint32, vp, vp],
-                "decode_rows": [vp, i64, i64, i64, i64, vp],
-                "decode_sum": [vp, i64, i64, i64, i64, vp],
+                "encode_rows": [vp, i64, i64, i64, i64, i32, u32, vp, vp, i32, u32],
+                "decode_rows": [vp, i64, i64, i64, i64, vp, i32, u32],
+                "decode_sum": [vp, i64, i64, i64, i64, vp, i32, u32],
             }[op]
             fn.restype = None
         return fn
@@ -427,7 +516,8 @@ class BlockQuantCodec(Codec):
         enc, dst = self._salted(salt), _aligned_like(out)
         self._host_fn("encode_rows", src.dtype)(
             src.data_ptr(), src.numel(), out.shape[0], row_numel, self.block, int(enc.stochastic),
-            enc.params["seed"], None if feedback is None else feedback.data_ptr(), dst.data_ptr(),
+            enc.params.get("seed", 0), None if feedback is None else feedback.data_ptr(), dst.data_ptr(),
+            *self._rotate_args(),
         )
         if dst is not out:
             out.copy_(dst)
@@ -435,14 +525,20 @@ class BlockQuantCodec(Codec):
     def _decode_rows_emulated(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
         payloads = _aligned(payloads)  # keep the (possibly copied) payloads alive during the call
         self._host_fn("decode_rows", out.dtype)(
-            payloads.data_ptr(), payloads.shape[0], row_numel, out.numel(), self.block, out.data_ptr()
+            payloads.data_ptr(), payloads.shape[0], row_numel, out.numel(), self.block, out.data_ptr(),
+            *self._rotate_args(),
         )
 
     def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         payloads = _aligned(payloads)
         self._host_fn("decode_sum", dtype)(
-            payloads.data_ptr(), payloads.shape[0], payloads.shape[1], numel, self.block, out.data_ptr()
+            payloads.data_ptr(), payloads.shape[0], payloads.shape[1], numel, self.block, out.data_ptr(),
+            *self._rotate_args(),
         )
+
+    def _rotate_args(self) -> tuple[int, int]:
+        """The kernels' (rotate, rot_seed) arguments."""
+        return int(self.rotate), self.params["rotate_seed"]
 
     # --- cupy backend (kernels/quant.cu through NVRTC, on torch's current stream) ---------------
     # One launch per call whatever the number of rows; temporaries (aligned copies) are freed after
@@ -456,7 +552,8 @@ class BlockQuantCodec(Codec):
         typed = tuple(
             a if isinstance(a, np.generic) else np.uint64(a) if isinstance(a, _Ptr) else np.int64(a) for a in args
         )
-        kernels.launch("quant", f"ccoll_int{self.bits}_{op}_{_DTYPE_NAMES[dtype]}", grid, self._THREADS, typed, device)
+        kernels.launch("quant", f"ccoll_{self.kernel_format}_{op}_{_DTYPE_NAMES[dtype]}", grid, self._THREADS, typed,
+                       device)
 
     def _team(self) -> int:
         """Lanes per quant block in the encode kernel: a power of two <= 32 covering its q words."""
@@ -471,26 +568,36 @@ class BlockQuantCodec(Codec):
         self._launch(
             "encode_rows", src.dtype, src.device, rows * -(-row_numel // self.block) * team,
             (_Ptr(src.data_ptr()), src.numel(), rows, row_numel, self.block, np.int32(team),
-             np.int32(enc.stochastic), np.uint32(enc.params["seed"]),
-             _Ptr(0 if feedback is None else feedback.data_ptr()), _Ptr(dst.data_ptr())),
+             np.int32(enc.stochastic), np.uint32(enc.params.get("seed", 0)),
+             _Ptr(0 if feedback is None else feedback.data_ptr()), _Ptr(dst.data_ptr()),
+             np.int32(self.rotate), np.uint32(self.params["rotate_seed"])),
         )
         if dst is not out:
             out.copy_(dst)
 
     def _decode_rows_cupy(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        import numpy as np
+
         payloads = _aligned(payloads)
         rows = min(payloads.shape[0], -(-out.numel() // row_numel))
-        nwords = rows * -(-row_numel * self.bits // 32)
-        self._launch("decode_rows", out.dtype, out.device, nwords,
+        if self.rotate:  # one team per block
+            nthreads = rows * -(-row_numel // self.block) * self._team()
+        else:  # one thread per q word
+            nthreads = rows * -(-row_numel * self.bits // 32)
+        self._launch("decode_rows", out.dtype, out.device, nthreads,
                      (_Ptr(payloads.data_ptr()), payloads.shape[0], row_numel, out.numel(), self.block,
-                      _Ptr(out.data_ptr())))
+                      _Ptr(out.data_ptr()), np.int32(self._team()), np.int32(self.rotate),
+                      np.uint32(self.params["rotate_seed"])))
 
     def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
+        import numpy as np
+
         payloads = _aligned(payloads)
-        nwords = -(-numel * self.bits // 32)
-        self._launch("decode_sum", dtype, payloads.device, nwords,
+        nthreads = -(-numel // self.block) * self._team() if self.rotate else -(-numel * self.bits // 32)
+        self._launch("decode_sum", dtype, payloads.device, nthreads,
                      (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], numel, self.block,
-                      _Ptr(out.data_ptr())))
+                      _Ptr(out.data_ptr()), np.int32(self._team()), np.int32(self.rotate),
+                      np.uint32(self.params["rotate_seed"])))
 
 
 _HUGE_PAGE = 2 << 20
@@ -526,6 +633,31 @@ def _empty_cpu(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
+@functools.lru_cache(maxsize=None)
+def _rotation_sign_bits(seed: int, block: int) -> torch.Tensor:
+    """int32 masks (0 or the fp32 sign bit) of D for rotate_seed ``seed``: element i of every block is
+    negated when mix32(i + key) is odd, key = mix32(seed ^ 0x5bd1e995) (kernels/quant.cu, CqRot)."""
+    key = _mix32(seed ^ 0x5BD1E995)
+    return torch.tensor([-(1 << 31) if _mix32(i + key) & 1 else 0 for i in range(block)], dtype=torch.int32)
+
+
+def _hadamard_(t: torch.Tensor) -> None:
+    """Unnormalised Walsh-Hadamard transform of the last dim of ``t`` (a power of two), in place: butterflies
+    (a, b) -> (a + b, a - b) over the index bits in ascending order, the kernels' order. Each stage writes
+    into the other of two buffers (two ops per stage, no temporary per stage)."""
+    n, s = t.shape[-1], 1
+    src, dst = t, torch.empty_like(t)
+    while s < n:
+        u, o = src.unflatten(-1, (n // (2 * s), 2, s)), dst.unflatten(-1, (n // (2 * s), 2, s))
+        a, b = u.select(-2, 0), u.select(-2, 1)
+        torch.add(a, b, out=o.select(-2, 0))
+        torch.sub(a, b, out=o.select(-2, 1))
+        src, dst = dst, src
+        s *= 2
+    if src is not t:
+        t.copy_(src)
+
+
 class _Ptr(int):
     """A device pointer argument (passed to the kernel as a 64-bit value)."""
 
@@ -534,8 +666,9 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f1
 
 #: every kernel of kernels/quant.cu this module launches (the NVRTC build check asserts each exists)
 CUDA_KERNELS = tuple(
-    f"ccoll_int{bits}_{op}_{name}"
-    for bits in (8, 4) for op in ("encode_rows", "decode_rows", "decode_sum") for name in _DTYPE_NAMES.values()
+    f"ccoll_{fmt}_{op}_{name}"
+    for fmt in ("int8", "int4", "fp8e4m3", "fp8e5m2")
+    for op in ("encode_rows", "decode_rows", "decode_sum") for name in _DTYPE_NAMES.values()
 )
 
 
@@ -560,6 +693,7 @@ class Int8Codec(BlockQuantCodec):
 
     name = "int8"
     bits = 8
+    kernel_format = "int8"
 
 
 @CODECS.register("int4")
@@ -568,3 +702,82 @@ class Int4Codec(BlockQuantCodec):
 
     name = "int4"
     bits = 4
+    kernel_format = "int4"
+
+
+#: fp8 element formats: (torch dtype, EMAX, largest finite value 1.75 * 2^EMAX)
+_FP8_FORMATS = {
+    "e4m3": (torch.float8_e4m3fn, 8, 448.0),
+    "e5m2": (torch.float8_e5m2, 15, 57344.0),
+}
+#: E8M0 scale byte -> 2^(byte - 127) (byte 0: 2^-127, a subnormal fp32), byte 255 -> NaN
+_E8M0 = torch.tensor([0x00400000] + [c << 23 for c in range(1, 255)] + [0x7FC00000], dtype=torch.int32).view(
+    torch.float32
+)
+
+
+@CODECS.register("fp8")
+class Fp8Codec(BlockQuantCodec):
+    """MX-style block-scaled fp8 (OCP Microscaling): ``fp8:format=e4m3|e5m2,block=32``; 8 + 8/block bits per
+    value (one E8M0 scale byte per block; 8.25 at the MX block of 32).
+
+    Per block: e = the smallest integer with absmax <= fmax * 2^e (fmax = 448 for E4M3, 57344 for E5M2),
+    clamped to [-127, 127 - EMAX] (so fmax * 2^e <= 1.75 * 2^127 and finite input never decodes to Inf;
+    a block with absmax above that, ~2.98e38, saturates to it); each value is x * 2^-e (exact), clamped to [-fmax, fmax] (saturating; with this
+    scale only the clamp's safety net), rounded to the element format to nearest even, subnormals included;
+    decode = fp8 value * 2^e. This is the "round up" scale of the hardware MX conversions (TE / cuBLAS
+    MXFP8): unlike OCP's floor(log2(absmax)) - EMAX it never saturates the block's largest values (which
+    costs up to 12.5% error on them), at the price of at most one binade of range at the bottom.
+
+    Error bound (round to nearest, finite block): |decode - x| <= max(2^-(m+1) |x|, 2^(e + 1 - bias - m - 1))
+    per element, m = 3 / bias = 7 (E4M3) or m = 2 / bias = 15 (E5M2): half an ulp of the element format
+    (relative 1/16 or 1/8), or half its smallest subnormal step (scaled) for values below its normal range,
+    plus the final rounding to bf16/fp16 output. Zero stays zero. A block holding NaN/Inf stores the NaN
+    scale byte 255 and decodes to NaN for the whole block. ``rotate=hadamard`` applies as for int8/int4.
+    """
+
+    name = "fp8"
+    bits = 8
+    scale_bytes = 1
+    scale_dtype = torch.uint8
+    PARAMS = {
+        "format": Param(str, "e4m3", ("e4m3", "e5m2"),
+                        "element format: e4m3 (3 mantissa bits, max 448) or e5m2 (2 mantissa bits, max 57344)"),
+        "block": Param(int, 32, doc="values per E8M0 scale: a multiple of 8 in [8, 2^20]; MX uses 32"),
+        **ROTATE_PARAMS,
+    }
+
+    @property
+    def kernel_format(self) -> str:  # type: ignore[override]
+        return "fp8" + self.params["format"]
+
+    def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> None:
+        """x ([nr, L] fp32) -> E8M0 codes (scales, [nr, nblocks] uint8) and fp8 bytes (q, [nr, L] int8 view);
+        v: fp32 scratch. The bit arithmetic of kernels/quant.cu CqFp8::params, vectorised."""
+        dtype8, emax, fmax = _FP8_FORMATS[self.params["format"]]
+        torch.abs(x, out=v)
+        amax = torch.empty(scales.shape, dtype=torch.float32)
+        for rows, sl in self._blocks(v):
+            amax[:, sl] = rows.amax(dim=2)  # NaN propagates, Inf stays Inf
+        finite = torch.isfinite(amax)
+        bits = amax.view(torch.int32)
+        field = bits >> 23
+        e = torch.where(field == 0, -126, field - 127) - emax
+        e += ((field != 0) & ((bits & 0x7FFFFF) > 0x600000)).to(torch.int32)
+        e.clamp_(-127, 127 - emax)  # fmax * 2^e stays finite: no value rounds up to Inf
+        scales.copy_(torch.where(finite, e + 127, 255))
+        enc = ((127 - e) << 23).view(torch.float32)  # 2^-e, a normal fp32
+        for (rows_x, sl), (rows_v, _) in zip(self._blocks(x), self._blocks(v)):
+            torch.mul(rows_x, enc[:, sl, None], out=rows_v)
+        v.clamp_(-fmax, fmax)
+        if not bool(finite.all()):
+            for rows_v, sl in self._blocks(v):
+                rows_v.masked_fill_(~finite[:, sl, None], 0.0)
+        q.copy_(v.to(dtype8).view(torch.int8))
+
+    def _q_values(self, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return v.copy_(q.view(_FP8_FORMATS[self.params["format"]][0]))
+
+    def _scale(self, v: torch.Tensor, scales: torch.Tensor) -> None:
+        """v *= 2^e of each block (scales: E8M0 codes)."""
+        super()._scale(v, _E8M0[scales.long()])

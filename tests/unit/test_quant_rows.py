@@ -225,10 +225,10 @@ def test_property_rows_backends_identical(name, block, rounding, dtype, rows, ro
 
 def test_cuda_kernels_list_names_every_entry_point():
     source = kernels.source("quant").read_text()
-    assert len(quant.CUDA_KERNELS) == 18
+    assert len(quant.CUDA_KERNELS) == 36
     for name in quant.CUDA_KERNELS:
-        bits, op = re.fullmatch(r"ccoll_int(\d)_(\w+)_(?:f32|bf16|f16)", name).groups()
-        assert f"ccoll_int##BITS##_{op}_##NAME" in source, name
+        fmt, op = re.fullmatch(r"ccoll_(int8|int4|fp8e4m3|fp8e5m2)_(\w+)_(?:f32|bf16|f16)", name).groups()
+        assert f"ccoll_##FMT##_{op}_##NAME" in source and f"CQ_FORMAT(MACRO, {fmt}," in source, name
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -277,21 +277,34 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
 
     launched = []
     dtypes = {name: dtype for dtype, name in quant._DTYPE_NAMES.items()}
+    host_specs = {"int8": "int8:block=8", "int4": "int4:block=8", "fp8e4m3": "fp8", "fp8e5m2": "fp8:format=e5m2"}
 
     def fake_launch(module, kernel, grid, block, args, device):
         assert module == "quant" and kernel in quant.CUDA_KERNELS
         assert all(isinstance(a, np.generic) for a in args)
-        bits, op, dtype_name = re.fullmatch(r"ccoll_int(\d)_(\w+)_(f32|bf16|f16)", kernel).groups()
+        fmt, op, dtype_name = re.fullmatch(r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)_(f32|bf16|f16)",
+                                           kernel).groups()
         values = [int(a) for a in args]
         if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
             rows, row_numel, block_numel, team = values[2], values[3], values[4], values.pop(5)
             assert grid * block >= rows * -(-row_numel // block_numel) * team
-        host = ccoll.get_codec(f"int{bits}:block=8", backend="emulated")._host_fn(op, dtypes[dtype_name])
+        else:
+            team, rotate = values.pop(6), values[6]
+            if op == "decode_rows":
+                rows, row_numel, numel, block_numel = values[1:5]
+                units = min(rows, -(-numel // row_numel)) * -(-row_numel // block_numel)
+            else:
+                numel, block_numel = values[3:5]
+                units = -(-numel // block_numel)
+            if rotate:  # one team per block
+                assert grid * block >= units * team
+        host = ccoll.get_codec(host_specs[fmt], backend="emulated")._host_fn(op, dtypes[dtype_name])
         host(*values)
         launched.append(op)
 
     monkeypatch.setattr(kernels, "launch", fake_launch)
-    for spec in ["int8:block=32", "int4:block=16,round=stochastic,seed=4"]:
+    for spec in ["int8:block=32", "int4:block=16,round=stochastic,seed=4", "fp8:format=e5m2,block=16",
+                 "int4:block=16,rotate=hadamard,rotate_seed=3", "fp8:block=32,rotate=hadamard"]:
         ct = ccoll.get_codec(spec, backend="torch")
         cc = ccoll.get_codec(spec, backend="torch")  # the cupy methods, called directly on CPU tensors
         for dtype in (torch.float32, torch.bfloat16):
