@@ -112,6 +112,16 @@ class _State:
         from .feedback import ErrorFeedback
 
         self.feedback = ErrorFeedback()
+        self._wdelta = None  # ccoll.wdelta.WeightDelta, made at the first weight-delta all_gather
+
+    @property
+    def wdelta(self):
+        """Reconstructions of weight-delta all-gathers (``weight_delta:`` rules), keyed by call key."""
+        if self._wdelta is None:
+            from .wdelta import WeightDelta
+
+            self._wdelta = WeightDelta()
+        return self._wdelta
 
     def call_key(self, dim: str, op: str, group: Any) -> tuple:
         """The logical name of this call: ``(dim, op, group ranks, n-th call of the step)``."""
@@ -143,8 +153,11 @@ class _State:
 
     def state_dict(self) -> dict:
         with self.lock:
-            return {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
-                    "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+            state = {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
+                     "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+        if self._wdelta is not None:
+            state["weight_delta"] = self._wdelta.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != 1:
@@ -156,6 +169,11 @@ class _State:
             self.ordinals = {_tuplify(k): int(n) for k, n in state["ordinals"]}
             self.periods = {_tuplify(k): int(n) for k, n in state["periods"]}
         self.feedback.load_state_dict(state["feedback"])
+        # without saved reconstructions every weight-delta call site starts with an exact refresh
+        if "weight_delta" in state:
+            self.wdelta.load_state_dict(state["weight_delta"])
+        elif self._wdelta is not None:
+            self._wdelta.reset()
 
 
 _group_keys: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
@@ -379,12 +397,19 @@ def _make_all_gather(orig: Callable) -> Callable:
         if codec is None or output_tensor.dtype != input_tensor.dtype:
             return _native(dim, "all_gather", input_tensor.numel() * input_tensor.element_size(), orig,
                            output_tensor, input_tensor, group, async_op)
+        refresh_steps = st.policy.rule(dim, "all_gather").weight_delta
         _enter(st)
         try:
             with dimension(dim):
-                fn = _collectives().all_gather_into_tensor
-                h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
-                       salt=st.salt(st.call_key(dim, "all_gather", group)))
+                key = st.call_key(dim, "all_gather", group)
+                if refresh_steps:  # weight_delta: send encoded changes against ccoll's reconstruction
+                    h = st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=group, codec=codec,
+                                                         async_op=async_op, key=key, step=st.steps,
+                                                         refresh_steps=refresh_steps, min_bytes=0, salt=st.salt(key))
+                else:
+                    fn = _collectives().all_gather_into_tensor
+                    h = fn(output_tensor, input_tensor, group=group, codec=codec, async_op=async_op, min_bytes=0,
+                           salt=st.salt(key))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None

@@ -20,6 +20,11 @@ Schema (``version: 1``)::
         - {dtype: float16, ndim: 4}
       ops:                  # per-op overrides; keys as above
         all_gather: {codec: bf16}
+        # all_gather: {codec: int8, weight_delta: 100}   # send encoded weight changes, exact every 100 steps
+
+``weight_delta: N`` (all_gather only; N >= 1 optimizer steps, or false = off, the default): the codec
+is applied to the change of the gathered tensor since its last gather (ZeRO-1/2 parameter all-gathers),
+with an exact all-gather on the first call and at least every N steps; see :mod:`ccoll.wdelta`.
 
 Each setting of (dimension, op) is looked up in this order: ``<dim>.ops.<op>``, ``<dim>``,
 ``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes ``ccoll.defaults.DEFAULT_MIN_BYTES`` = 4096, no error feedback,
@@ -56,7 +61,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", 
 REDUCING_OPS = ("all_reduce", "reduce_scatter")
 NATIVE = "native"
 
-RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude")
+RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude", "weight_delta")
 DIM_KEYS = RULE_KEYS + ("ops",)
 EXCLUDE_KEYS = ("dtype", "ndim")
 
@@ -95,18 +100,23 @@ class Rule:
     error_feedback: bool
     warmup_steps: int
     exclude: tuple[Exclude, ...]
+    #: all_gather only: refresh interval (optimizer steps) of weight-delta gathers, 0 = off (ccoll.wdelta)
+    weight_delta: int = 0
     #: the built codec (None for native); built once at load so a bad spec fails at start
     codec_obj: Codec | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "codec": self.codec, "min_bytes": self.min_bytes, "error_feedback": self.error_feedback,
             "warmup_steps": self.warmup_steps, "exclude": [e.to_dict() for e in self.exclude],
         }
+        if self.weight_delta:  # only when on: fingerprints of policies without it stay what they were
+            out["weight_delta"] = self.weight_delta
+        return out
 
 
 _BUILTIN: dict[str, Any] = {"codec": NATIVE, "min_bytes": DEFAULT_MIN_BYTES, "error_feedback": False,
-                            "warmup_steps": 0, "exclude": ()}
+                            "warmup_steps": 0, "exclude": (), "weight_delta": 0}
 
 
 class Policy:
@@ -207,7 +217,8 @@ class Policy:
             for op in OPS:
                 r = self._rules[(dim, op)]
                 ef = "+ef" if r.error_feedback else ""
-                parts.append(f"{op}={r.codec}{ef}")
+                wd = f"+delta/{r.weight_delta}" if r.weight_delta else ""
+                parts.append(f"{op}={r.codec}{ef}{wd}")
             lines.append(f"{dim}: " + " ".join(parts))
         return "\n".join(lines)
 
@@ -313,6 +324,20 @@ def _parse_level(source: str, where: str, raw: dict, op: str | None) -> dict[str
         out["warmup_steps"] = w
     if "exclude" in raw:
         out["exclude"] = _parse_exclude(source, f"{where}.exclude", raw["exclude"])
+    if "weight_delta" in raw:
+        wd = raw["weight_delta"]
+        if wd is False:
+            wd = 0
+        if isinstance(wd, bool) or not isinstance(wd, int) or wd < 0:
+            raise _err(source, f"{where}.weight_delta",
+                       f"must be the exact-refresh interval in optimizer steps (an integer >= 1) or false, got {wd!r}")
+        if wd and op is not None and op != "all_gather":
+            raise _err(source, f"{where}.weight_delta", f"weight deltas apply to all_gather only, not {op}")
+        if wd and "codec" in out and (out["codec"] is None or not out["codec"].lossy):
+            name = out["codec"].spec if out["codec"] is not None else NATIVE
+            raise _err(source, f"{where}.weight_delta",
+                       f"weight deltas need a lossy codec; codec {name!r} sends the weights exactly anyway")
+        out["weight_delta"] = wd
     return out
 
 
@@ -346,10 +371,12 @@ def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
             codec = eff["codec"] if isinstance(eff["codec"], Codec) else None
             # error feedback only exists for reducing ops with a lossy codec; normalise it away elsewhere
             ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and codec is not None and codec.lossy
+            # weight deltas only exist for all_gather with a lossy codec (a dim-level key means its all_gather)
+            wd = eff["weight_delta"] if op == "all_gather" and codec is not None and codec.lossy else 0
             rules[(dim, op)] = Rule(
                 codec=codec.spec if codec is not None else NATIVE,
                 min_bytes=eff["min_bytes"], error_feedback=ef, warmup_steps=eff["warmup_steps"],
-                exclude=tuple(eff["exclude"]), codec_obj=codec,
+                exclude=tuple(eff["exclude"]), weight_delta=wd, codec_obj=codec,
             )
     return rules
 
