@@ -38,7 +38,9 @@ calls. The step count also delimits call keys: the n-th compressed call of a (di
 a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces its gradient
 buckets in the same order every step); error-feedback residuals are keyed by it and stochastic-rounding
 salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run
-bit-identically. DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
+bit-identically. A rule with ``weight_delta:`` sends the all_gather's encoded change against a
+reconstruction ccoll keeps per call key (:mod:`ccoll.wdelta`); ``state_dict()`` carries those
+reconstructions too (a state without them makes the next gather of each call key an exact refresh). DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
 (keys by parameter) rather than the patch under torch's own hooks.
 
 Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both

@@ -167,6 +167,12 @@ def _patch_job(rank: int, world: int):
         flat.view(world, M)[rank].copy_(master)
         dist.all_gather_into_tensor(flat, flat.view(world, M)[rank])
         res["exact_after_load"] = torch.equal(flat.view(world, M)[rank], master) and _all_equal(flat)
+        # async: issued at the call, decoded (and the reconstruction advanced) by wait()
+        master += _updates(rank, 8, M)
+        flat.view(world, M)[rank].copy_(master)
+        work = dist.all_gather_into_tensor(flat, flat.view(world, M)[rank], async_op=True)
+        work.wait()
+        res["async_ok"] = _all_equal(flat) and (flat.view(world, M)[rank] - master).abs().max().item() < 1e-3
     finally:
         patch.uninstall()
     return res
@@ -178,4 +184,4 @@ def test_given_weight_delta_rule_when_patched_all_gather_then_routed_and_checkpo
         assert r["saved_keys"] == [("dp", "all_gather")]
         # steps 0 and 5 refresh exactly (weight_delta: 5), the other five send deltas
         assert r["stats"] == {"native": 2, f"wdelta/{_spec(CODEC)}": 5}, r["stats"]
-        assert r["exact_after_load"]
+        assert r["exact_after_load"] and r["async_ok"]
