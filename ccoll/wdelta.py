@@ -49,8 +49,8 @@ from typing import Any, Hashable
 
 import torch
 
-from .collectives import _check_tensor, _plan, _rows, _salts, all_gather_into_tensor as _exact_all_gather
-from .errors import PolicyError, TransportError
+from .collectives import _plan, _rows, _salts, all_gather_into_tensor as _exact_all_gather
+from .errors import PolicyError
 from .stats import current_dimension, record as _record_stats
 from .transports import Handle, for_group
 
@@ -94,21 +94,16 @@ class WeightDelta:
             raise PolicyError("weight-delta all_gather needs key= naming the call site")
         if isinstance(refresh_steps, bool) or not isinstance(refresh_steps, int) or refresh_steps < 1:
             raise PolicyError(f"weight-delta refresh_steps must be an integer >= 1, got {refresh_steps!r}")
-        _check_tensor(output, "all_gather_into_tensor")
-        _check_tensor(input, "all_gather_into_tensor")
         tr = for_group(group)
         if tr.rank < 0:
             return None
         p = tr.world_size
-        out, inp = output.detach(), input.detach()
-        if out.numel() != p * inp.numel() or inp.dtype != out.dtype:
-            raise TransportError(
-                f"all_gather_into_tensor: output must hold {p} x input ({inp.numel()} x {inp.dtype}), "
-                f"got {out.numel()} x {out.dtype}"
-            )
-        c = _plan(codec, inp, min_bytes, tr)
-        if c is None:
+        shaped = isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor) \
+            and output.numel() == p * input.numel() and output.dtype == input.dtype
+        c = _plan(codec, input, min_bytes, tr) if shaped else None
+        if c is None:  # the exact gather, which also raises ccoll's TransportError for bad arguments
             return _exact_all_gather(output, input, group=group, codec=None, async_op=async_op)
+        out, inp = output.detach(), input.detach()
         m = inp.numel()
         rdtype = c.feedback_dtype(inp.dtype)
         signature = (m, p, str(inp.dtype), str(inp.device), c.spec, tuple(tr.global_rank(i) for i in range(p)))

@@ -105,6 +105,15 @@ def _job(rank: int, world: int):
     master += _updates(rank, 100, M)
     gather(wd, small, STEPS + 4, M // 2)
     out["after_shape_change_delta"] = not torch.equal(small.view(world, M // 2)[rank], master[:M // 2])
+
+    # an output that cannot hold the gather: ccoll's typed error, raised before anything travels
+    from ccoll.errors import TransportError
+
+    try:
+        wd.all_gather_into_tensor(torch.zeros(5), master, codec=CODEC, key=key, step=0, refresh_steps=REFRESH)
+        out["bad_output_error"] = None
+    except TransportError as e:
+        out["bad_output_error"] = str(e)
     return out
 
 
@@ -123,6 +132,7 @@ def test_given_owned_partitions_when_gathered_by_weight_delta_then_replicas_iden
         assert all(r["resumed_identical"])
         assert r["fresh_exact"]
         assert r["shape_change_exact"] and r["recon_numel"] == 3 * (M // 2) and r["after_shape_change_delta"]
+        assert r["bad_output_error"] and "output must hold 3 x input" in r["bad_output_error"]
 
 
 def _spec(s: str) -> str:
