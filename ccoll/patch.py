@@ -122,7 +122,9 @@ class _State:
         if self._wdelta is None:
             from .wdelta import WeightDelta
 
-            self._wdelta = WeightDelta()
+            with self.lock:
+                if self._wdelta is None:
+                    self._wdelta = WeightDelta()
         return self._wdelta
 
     def call_key(self, dim: str, op: str, group: Any) -> tuple:
