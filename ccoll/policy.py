@@ -20,9 +20,9 @@ Schema (``version: 1``)::
         - {dtype: float16, ndim: 4}
       ops:                  # per-op overrides; keys as above
         all_gather: {codec: bf16}
-        # all_gather: {codec: int8, weight_delta: 100}   # send encoded weight changes, exact every 100 steps
+        # all_gather: {codec: int8:block=256, weight_delta: 100}   # weight changes; exact every 100 steps
 
-``weight_delta: N`` (all_gather only; N >= 1 optimizer steps, or false = off, the default): the codec
+``weight_delta: N`` (all_gather only; N >= 1 optimizer steps; 0 or false = off, the default): the codec
 is applied to the change of the gathered tensor since its last gather (ZeRO-1/2 parameter all-gathers),
 with an exact all-gather on the first call and at least every N steps; see :mod:`ccoll.wdelta`.
 
@@ -330,7 +330,7 @@ def _parse_level(source: str, where: str, raw: dict, op: str | None) -> dict[str
             wd = 0
         if isinstance(wd, bool) or not isinstance(wd, int) or wd < 0:
             raise _err(source, f"{where}.weight_delta",
-                       f"must be the exact-refresh interval in optimizer steps (an integer >= 1) or false, got {wd!r}")
+                       f"must be the exact-refresh interval in optimizer steps (an integer >= 1; 0 or false = off), got {wd!r}")
         if wd and op is not None and op != "all_gather":
             raise _err(source, f"{where}.weight_delta", f"weight deltas apply to all_gather only, not {op}")
         if wd and "codec" in out and (out["codec"] is None or not out["codec"].lossy):
