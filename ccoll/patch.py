@@ -44,7 +44,9 @@ calls. The step count also delimits call keys: the n-th compressed call of a (di
 a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces its gradient
 buckets in the same order every step); error-feedback residuals are keyed by it and stochastic-rounding
 salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run
-bit-identically. DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
+bit-identically. A rule with ``weight_delta:`` sends the all_gather's encoded change against a
+reconstruction ccoll keeps per call key (:mod:`ccoll.wdelta`); ``state_dict()`` carries those
+reconstructions too (a state without them makes the next gather of each call key an exact refresh). DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
 (keys by parameter) rather than the patch under torch's own hooks.
 
 Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both
@@ -118,6 +120,18 @@ class _State:
         from .feedback import ErrorFeedback
 
         self.feedback = ErrorFeedback()
+        self._wdelta = None  # ccoll.wdelta.WeightDelta, made at the first weight-delta all_gather
+
+    @property
+    def wdelta(self):
+        """Reconstructions of weight-delta all-gathers (``weight_delta:`` rules), keyed by call key."""
+        if self._wdelta is None:
+            from .wdelta import WeightDelta
+
+            with self.lock:
+                if self._wdelta is None:
+                    self._wdelta = WeightDelta()
+        return self._wdelta
 
     def call_key(self, dim: str, op: str, group: Any) -> tuple:
         """The logical name of this call: ``(dim, op, group ranks, n-th call of the step)``."""
@@ -149,8 +163,11 @@ class _State:
 
     def state_dict(self) -> dict:
         with self.lock:
-            return {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
-                    "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+            state = {"version": 1, "steps": self.steps, "ordinals": list(self.ordinals.items()),
+                     "periods": list(self.periods.items()), "feedback": self.feedback.state_dict()}
+        if self._wdelta is not None:
+            state["weight_delta"] = self._wdelta.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != 1:
@@ -162,6 +179,11 @@ class _State:
             self.ordinals = {_tuplify(k): int(n) for k, n in state["ordinals"]}
             self.periods = {_tuplify(k): int(n) for k, n in state["periods"]}
         self.feedback.load_state_dict(state["feedback"])
+        # without saved reconstructions every weight-delta call site starts with an exact refresh
+        if "weight_delta" in state:
+            self.wdelta.load_state_dict(state["weight_delta"])
+        elif self._wdelta is not None:
+            self._wdelta.reset()
 
 
 _group_keys: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
@@ -432,10 +454,15 @@ def _make_all_gather(orig: Callable) -> Callable:
         _enter(st)
         try:
             with dimension(dim):
-                fn = _collectives().all_gather_into_tensor
-                h = fn(output_tensor, input_tensor, group=group if comm is None else comm, codec=codec,
-                       async_op=async_op, min_bytes=0, salt=st.salt(st.call_key(dim, "all_gather", group)),
-                       **_hier(rule))
+                key = st.call_key(dim, "all_gather", group)
+                if rule.weight_delta:  # weight_delta: send encoded changes against ccoll's reconstruction
+                    h = st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=group if comm is None else comm,
+                                                         codec=codec, async_op=async_op, key=key, step=st.steps,
+                                                         refresh_steps=rule.weight_delta, min_bytes=0, salt=st.salt(key))
+                else:
+                    fn = _collectives().all_gather_into_tensor
+                    h = fn(output_tensor, input_tensor, group=group if comm is None else comm, codec=codec,
+                           async_op=async_op, min_bytes=0, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None

@@ -20,6 +20,11 @@ Schema (``version: 1``)::
         - {dtype: float16, ndim: 4}
       ops:                  # per-op overrides; keys as above
         all_gather: {codec: bf16}
+        # all_gather: {codec: int8:block=256, weight_delta: 100}   # weight changes; exact every 100 steps
+
+``weight_delta: N`` (all_gather only; N >= 1 optimizer steps; 0 or false = off, the default): the codec
+is applied to the change of the gathered tensor since its last gather (ZeRO-1/2 parameter all-gathers),
+with an exact all-gather on the first call and at least every N steps; see :mod:`ccoll.wdelta`.
 
 Each setting of (dimension, op) is looked up in this order: ``<dim>.ops.<op>``, ``<dim>``,
 ``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes ``ccoll.defaults.DEFAULT_MIN_BYTES`` = 4096, no error feedback,
@@ -88,7 +93,8 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", 
 REDUCING_OPS = ("all_reduce", "reduce_scatter")
 NATIVE = "native"
 
-RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude", "sizes", "transport", "hierarchy")
+RULE_KEYS = ("codec", "min_bytes", "error_feedback", "warmup_steps", "exclude", "sizes", "transport", "hierarchy",
+             "weight_delta")
 V2_KEYS = ("sizes", "transport", "hierarchy")
 DIM_KEYS = RULE_KEYS + ("ops",)
 EXCLUDE_KEYS = ("dtype", "ndim")
@@ -145,6 +151,8 @@ class Rule:
     error_feedback: bool
     warmup_steps: int
     exclude: tuple[Exclude, ...]
+    #: all_gather only: refresh interval (optimizer steps) of weight-delta gathers, 0 = off (ccoll.wdelta)
+    weight_delta: int = 0
     #: the built codec (None for native); built once at load so a bad spec fails at start
     codec_obj: Codec | None = dataclasses.field(default=None, compare=False, repr=False)
     #: size buckets (v2), ascending; empty: ``codec`` for every size
@@ -179,6 +187,8 @@ class Rule:
             out["transport"] = self.transport
         if self.hierarchy is not None:
             out["hierarchy"] = self.hierarchy
+        if self.weight_delta:  # only when on: fingerprints of policies without it stay what they were
+            out["weight_delta"] = self.weight_delta
         return out
 
     @property
@@ -187,7 +197,8 @@ class Rule:
 
 
 _BUILTIN: dict[str, Any] = {"codec": NATIVE, "min_bytes": DEFAULT_MIN_BYTES, "error_feedback": False,
-                            "warmup_steps": 0, "exclude": (), "sizes": None, "transport": "torch", "hierarchy": None}
+                            "warmup_steps": 0, "exclude": (), "sizes": None, "transport": "torch", "hierarchy": None,
+                            "weight_delta": 0}
 
 
 class Policy:
@@ -294,7 +305,8 @@ class Policy:
                 ef = "+ef" if r.error_feedback else ""
                 codec = "|".join(f"<{b.below}:{b.codec}" if b.below else b.codec for b in r.sizes) or r.codec
                 extra = (f"@{r.transport}" if r.transport != "torch" else "") + (f"/{r.hierarchy}" if r.hierarchy else "")
-                parts.append(f"{op}={codec}{ef}{extra}")
+                wd = f"+delta/{r.weight_delta}" if r.weight_delta else ""
+                parts.append(f"{op}={codec}{ef}{wd}{extra}")
             lines.append(f"{dim}: " + " ".join(parts))
         return "\n".join(lines)
 
@@ -466,6 +478,20 @@ def _parse_level(source: str, where: str, raw: dict, op: str | None, version: in
         out["warmup_steps"] = w
     if "exclude" in raw:
         out["exclude"] = _parse_exclude(source, f"{where}.exclude", raw["exclude"])
+    if "weight_delta" in raw:
+        wd = raw["weight_delta"]
+        if wd is False:
+            wd = 0
+        if isinstance(wd, bool) or not isinstance(wd, int) or wd < 0:
+            raise _err(source, f"{where}.weight_delta",
+                       f"must be the exact-refresh interval in optimizer steps (an integer >= 1; 0 or false = off), got {wd!r}")
+        if wd and op is not None and op != "all_gather":
+            raise _err(source, f"{where}.weight_delta", f"weight deltas apply to all_gather only, not {op}")
+        if wd and "codec" in out and not any(c is not None and c.lossy for c in _codecs(out["codec"])):
+            name = "/".join(c.spec if c is not None else NATIVE for c in _codecs(out["codec"]))
+            raise _err(source, f"{where}.weight_delta",
+                       f"weight deltas need a lossy codec; codec {name!r} sends the weights exactly anyway")
+        out["weight_delta"] = wd
     return out
 
 
@@ -500,12 +526,14 @@ def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
             sizes = eff["codec"] if isinstance(eff["codec"], tuple) else ()
             codec = sizes[-1].codec_obj if sizes else eff["codec"] if isinstance(eff["codec"], Codec) else None
             # error feedback only exists for reducing ops with a lossy codec; normalise it away elsewhere
-            ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and any(
-                c is not None and c.lossy for c in _codecs(sizes or codec))
+            lossy = any(c is not None and c.lossy for c in _codecs(sizes or codec))
+            ef = bool(eff["error_feedback"]) and op in REDUCING_OPS and lossy
+            # weight deltas only exist for all_gather with a lossy codec (a dim-level key means its all_gather)
+            wd = eff["weight_delta"] if op == "all_gather" and lossy else 0
             rules[(dim, op)] = Rule(
                 codec=codec.spec if codec is not None else NATIVE,
                 min_bytes=eff["min_bytes"], error_feedback=ef, warmup_steps=eff["warmup_steps"],
-                exclude=tuple(eff["exclude"]), codec_obj=codec, sizes=sizes,
+                exclude=tuple(eff["exclude"]), weight_delta=wd, codec_obj=codec, sizes=sizes,
                 # set on a dimension, these apply to the ops that have them (like error_feedback)
                 transport=eff["transport"] if op in TRANSPORT_OPS else "torch",
                 hierarchy=eff["hierarchy"] if op in HIERARCHY_OPS else None,
