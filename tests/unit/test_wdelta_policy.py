@@ -71,3 +71,13 @@ def test_given_bad_arguments_when_weight_delta_gather_then_policy_error(kwargs, 
     x = torch.zeros(8)
     with pytest.raises(PolicyError, match=message):
         WeightDelta().all_gather_into_tensor(torch.zeros(16), x, codec="int8:block=256", **kwargs)
+
+
+def test_given_weight_delta_with_v2_size_buckets_when_loaded_then_lossy_buckets_carry_it_and_native_only_is_refused():
+    buckets = [{"below": "1MiB", "codec": "native"}, {"codec": "int8:block=256"}]
+    p = Policy.from_dict({"version": 2, "dp": {"ops": {"all_gather": {"sizes": buckets, "weight_delta": 20}}}})
+    rule = p.rule("dp", "all_gather")
+    assert rule.weight_delta == 20 and rule.codec_for(4 << 20) is not None and rule.codec_for(1024) is None
+    with pytest.raises(PolicyError, match="weight_delta"):
+        Policy.from_dict({"version": 2, "dp": {"ops": {"all_gather": {
+            "sizes": [{"below": "1MiB", "codec": "native"}, {"codec": "none"}], "weight_delta": 20}}}})
