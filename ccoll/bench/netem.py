@@ -283,12 +283,17 @@ def stop_process_groups(procs: list[subprocess.Popen], term_wait_s: float = 5.0,
                 pass
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def split_command(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """(our options, the command after ``--``): argparse would take the command's own options."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
     if "--" in argv:
         k = argv.index("--")
-        argv, command = argv[:k], argv[k + 1:]
+        return argv[:k], argv[k + 1:]
+    return argv, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv, command = split_command(argv)
     p = argparse.ArgumentParser(prog="python -m ccoll.bench.netem",
                                 description=__doc__.split("\n\n")[0],
                                 usage="%(prog)s --ranks N --rate RATE [--delay D] [options] -- COMMAND ...")

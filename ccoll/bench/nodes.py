@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Sequence
 
-from .netem import NetemError, ShapedLinks, _check_environment, _Interrupted, run_ranks
+from .netem import NetemError, ShapedLinks, _check_environment, _Interrupted, run_ranks, split_command
 
 DEFAULT_SIZES = "1M,4M,16M,64M"
 DEFAULT_CODECS = ("int8:block=256", "int4:block=64")
@@ -179,11 +179,7 @@ def table(header: dict, rows: list[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
-    if "--" in argv:
-        k = argv.index("--")
-        argv, command = argv[:k], argv[k + 1:]
+    argv, command = split_command(argv)
     ap = argparse.ArgumentParser(prog="python -m ccoll.bench.nodes", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=2, help="node namespaces (default 2)")
     ap.add_argument("--per-node", type=int, default=2, help="ranks per node (default 2)")

@@ -112,6 +112,16 @@ class Codec:
     def _validate(self) -> None:
         """Reject parameter combinations that can never work (raise PolicyError)."""
 
+    def _check_block(self, multiple: int, max_block: int, examples: str) -> None:
+        """The ``block`` parameter of block codecs: a multiple of ``multiple`` in [multiple, max_block]
+        (the kernels' thread mapping and payload alignment rest on it)."""
+        block = self.params["block"]
+        if block < multiple or block > max_block or block % multiple:
+            raise PolicyError(
+                f"codec {self.name!r}: block={block} is invalid; block must be a multiple of {multiple} between "
+                f"{multiple} and {max_block} (e.g. {examples})"
+            )
+
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         raise NotImplementedError
 

@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 
 from .. import kernels
-from ..errors import CodecError, PolicyError
+from ..errors import CodecError
 from .base import CODECS, Codec, Param
 from .quant import BlockQuantCodec, _Ptr, _aligned, _aligned_like, _round16
 
@@ -116,12 +116,7 @@ class LosslessCodec(Codec):
         return self.params["block"]
 
     def _validate(self) -> None:
-        block = self.params["block"]
-        if block < 32 or block > MAX_BLOCK or block % 32:
-            raise PolicyError(
-                f"codec 'lossless': block={block} is invalid; block must be a multiple of 32 between 32 and "
-                f"{MAX_BLOCK} (e.g. 256, 1024)"
-            )
+        self._check_block(32, MAX_BLOCK, "256, 1024")
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         """The capacity of a payload of ``numel`` values: raw bytes + the 16-byte header, padded to 16."""

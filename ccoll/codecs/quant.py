@@ -175,12 +175,8 @@ class BlockQuantCodec(Codec):
         return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in params.items())
 
     def _validate(self) -> None:
+        self._check_block(8, MAX_BLOCK, "64, 256, 4096")
         block = self.params["block"]
-        if block < 8 or block > MAX_BLOCK or block % 8:
-            raise PolicyError(
-                f"codec {self.name!r}: block={block} is invalid; block must be a multiple of 8 between 8 and "
-                f"{MAX_BLOCK} (e.g. 64, 256, 4096)"
-            )
         for key in ("seed", "rotate_seed"):
             if not 0 <= self.params.get(key, 0) <= _U32:
                 raise PolicyError(f"codec {self.name!r}: {key}={self.params[key]} must be in [0, 2^32)")
