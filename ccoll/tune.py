@@ -14,7 +14,11 @@ What it does, on every rank (rank 0 prints and writes):
    ``ccoll.bench``'s harness measures it (:func:`ccoll.bench.harness.measure`: barrier, time each
    iteration), on the harness's inputs; ``--stat`` picks the figure that decides: ``best`` (default,
    the fastest iteration: on a shared machine noise only adds time), ``median``, or ``mean`` (the
-   harness's slowest-rank mean). Sizes are the harness's (all_gather: the
+   harness's slowest-rank mean). Each size's candidates are timed in ``--rounds`` interleaved rounds
+   (default 3) and a candidate's rounds are folded the same way (fastest round for ``best``, else the
+   median round): a disturbance of a shared machine lasts seconds, so one candidate measured once can
+   lose by a third what it wins in the next minute (4 ranks at 1 Gbit/s, 8 MiB: int8 80 ms in the
+   tuning pass, 60 ms in the compare pass). Sizes are the harness's (all_gather: the
    gathered output; the policy's buckets use each rank's input, size / n).
 2. Error: each codec's relative L2 round-trip error (pooled, :func:`ccoll.bench.rd.measure`) on
    real-looking data per (dimension, op): tensors captured with ``CCOLL_CAPTURE`` (``--data DIR``) where
@@ -287,6 +291,12 @@ def _resolve(specs: list[str]):
 STATS = {"best": "time_us_best", "median": "time_us_median", "mean": "time_us"}
 
 
+def fold(rounds_us: list[float], stat: str) -> float:
+    """One figure from a candidate's rounds: the fastest for ``--stat best`` (noise only adds time), else
+    the median round."""
+    return min(rounds_us) if stat == "best" else sorted(rounds_us)[len(rounds_us) // 2]
+
+
 def _time(w, coll, case, codec, args, nbytes: int) -> float:
     iters, warmup = harness._iters_for(args, nbytes)
     return harness.measure(w, coll, case, codec, iters, warmup, 0)[STATS[args.stat]]
@@ -316,23 +326,30 @@ def run_rank(args) -> int:
             "host": os.uname().nodename, "sizes": sizes, "codecs": [s for s, _ in specs], "ops": args.ops,
             "dims": args.dims, "data": args.data or "synthetic"}
     compare = [(p, Policy.from_yaml(p)) for p in args.compare]
-    n_time = len(colls) * len(sizes) * len(specs) * len(worlds)
+    n_time = len(colls) * len(sizes) * len(specs) * len(worlds) * args.rounds
     prog = Progress(n_time, rank == 0 and not args.quiet)
 
-    # 1. timing pass
+    # 1. timing pass: --rounds interleaved rounds over every candidate of a size, so a disturbance of a
+    # shared machine (which lasts seconds) falls on one round of one candidate, and the fold drops it
     times: dict[str, dict] = {}  # coll -> {(transport, spec, size): us}
+    samples: dict[str, dict] = {}  # coll -> {(transport, spec, size): [us per round]}
     for coll in colls:
-        t = times.setdefault(coll.name, {})
+        t, smp = times.setdefault(coll.name, {}), samples.setdefault(coll.name, {})
         for size in sizes:
             count = max(coll.granularity(n), size // dtype.itemsize // coll.granularity(n) * coll.granularity(n))
             case = coll.build(w0, count, dtype, args.seed)
-            for tr, w in worlds:
-                for spec, codec in specs:
-                    if tr == "mpi" and coll.name == "sendrecv":
-                        prog.step(f"{coll.name} {_fmt_bytes(size)} {spec} {tr} (skipped: torch only)")
-                        continue
-                    t[(tr, spec, size)] = _time(w, coll, case, codec, args, count * dtype.itemsize)
-                    prog.step(f"{coll.name} {_fmt_bytes(size)} {spec} {tr}")
+            for rnd in range(args.rounds):
+                for tr, w in worlds:
+                    for spec, codec in specs:
+                        what = f"{coll.name} {_fmt_bytes(size)} {spec} {tr}" + (f" (round {rnd + 1})" if rnd else "")
+                        if tr == "mpi" and coll.name == "sendrecv":
+                            prog.step(f"{what} (skipped: torch only)")
+                            continue
+                        smp.setdefault((tr, spec, size), []).append(_time(w, coll, case, codec, args, count * dtype.itemsize))
+                        prog.step(what)
+            for key, us in smp.items():
+                if key[2] == size:
+                    t[key] = fold(us, args.stat)
             del case
 
     # 2-4. errors, budgets and choices (rank 0 decides, everyone gets the same answer from the same table)
@@ -360,7 +377,8 @@ def run_rank(args) -> int:
             for (tr, spec, size), us in sorted(t.items()):
                 table["times"].append({"op": op, "collective": coll.name, "transport": tr, "codec": spec,
                                        "size_bytes": size, "policy_nbytes": _policy_nbytes(coll.name, size, n),
-                                       "time_us": us, "speedup": t[("torch", harness.NATIVE, size)] / us})
+                                       "time_us": us, "rounds_us": samples[coll.name][(tr, spec, size)],
+                                       "speedup": t[("torch", harness.NATIVE, size)] / us})
             native_time = {s: t[("torch", harness.NATIVE, s)] for s in sizes}
             for dim in args.dims:
                 if (dim, op) not in errors:
@@ -467,8 +485,9 @@ def _confirm(args, worlds, colls, picks, times, n, prog) -> list:
 
 
 def _compare(args, worlds, colls, sizes, policies, n) -> dict:
-    """Second timing pass: each policy's resolved codec and transport per (dim, op, size), each distinct
-    (op, transport, codec, size) timed once, so every policy is measured in the same conditions."""
+    """Second timing pass: each policy's resolved codec and transport per (dim, op, size); each distinct
+    (transport, codec) of a size timed in --rounds interleaved rounds and folded as in the timing pass,
+    once for all the policies that resolve to it, so every policy is measured in the same conditions."""
     from .codecs import get_codec
 
     wmap = dict(worlds)
@@ -480,15 +499,12 @@ def _compare(args, worlds, colls, sizes, policies, n) -> dict:
         for size in sizes:
             count = max(coll.granularity(n), size // dtype.itemsize // coll.granularity(n) * coll.granularity(n))
             pn = _policy_nbytes(coll.name, size, n)
-            case = coll.build(w0, count, dtype, args.seed)
-            timed: dict[tuple[str, str], float] = {}
-            native = _time(wmap["torch"], coll, case, None, args, count * dtype.itemsize)
-            timed[("torch", harness.NATIVE)] = native
+            needed: dict[tuple[str, str], Any] = {("torch", harness.NATIVE): None}  # same order on every rank
+            plan = []
             for dim in args.dims:
                 if op not in DIM_OPS.get(dim, ()):
                     continue
-                row = {"op": op, "dim": dim, "size_bytes": size, "policy_nbytes": pn, "native_us": native,
-                       "policies": {}}
+                entries = {}
                 for name, pol in policies:
                     codec = pol.resolve(dim, op, (count if coll.name != "all_gather" else count // n, dtype),
                                         step=10**9)
@@ -496,13 +512,22 @@ def _compare(args, worlds, colls, sizes, policies, n) -> dict:
                     if tr not in wmap:
                         tr = "torch"  # a static policy asking for MPI in a run without it: timed on torch
                     spec = harness.NATIVE if codec is None else codec.spec
-                    if (tr, spec) not in timed:
-                        timed[(tr, spec)] = _time(wmap[tr], coll, case, None if codec is None else get_codec(spec),
-                                                  args, count * dtype.itemsize)
-                    row["policies"][os.path.basename(str(name))] = {"codec": spec, "transport": tr,
-                                                                    "time_us": timed[(tr, spec)]}
-                rows.append(row)
+                    needed.setdefault((tr, spec), None if codec is None else get_codec(spec))
+                    entries[os.path.basename(str(name))] = (tr, spec)
+                plan.append((dim, entries))
+            case = coll.build(w0, count, dtype, args.seed)
+            rounds: dict[tuple[str, str], list[float]] = {k: [] for k in needed}
+            for _ in range(args.rounds):
+                for (tr, spec), codec in needed.items():
+                    rounds[(tr, spec)].append(_time(wmap[tr], coll, case, codec, args, count * dtype.itemsize))
             del case
+            timed = {k: fold(v, args.stat) for k, v in rounds.items()}
+            native = timed[("torch", harness.NATIVE)]
+            for dim, entries in plan:
+                rows.append({"op": op, "dim": dim, "size_bytes": size, "policy_nbytes": pn, "native_us": native,
+                             "policies": {name: {"codec": spec, "transport": tr, "time_us": timed[(tr, spec)],
+                                                 "rounds_us": rounds[(tr, spec)]}
+                                          for name, (tr, spec) in entries.items()}})
     return {"rows": rows}
 
 
@@ -590,6 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slack", type=float, default=1.1, help="default budget = hybrid's error x this (default 1.1)")
     p.add_argument("--margin", type=float, default=0.05,
                    help="a codec or transport must be this much faster than native to be chosen (default 0.05)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved timing rounds over the candidates of each size, folded by --stat (default 3)")
     p.add_argument("--confirm", action=argparse.BooleanOptionalAction, default=True,
                    help="time every pick over native a second time; it must win both times (default on)")
     p.add_argument("--compare", nargs="*", default=[], metavar="POLICY",
@@ -611,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
         args.codecs = split_codecs([args.codecs])
         args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
         args.budget = dict(args.budget)
+        if args.rounds < 1:
+            raise BenchError(f"--rounds {args.rounds}: at least 1")
         args.sizes = sorted({parse_size(x) for x in args.sizes.split(",") if x.strip()}) if args.sizes else None
         for o in args.ops:
             if o not in POLICY_OPS:

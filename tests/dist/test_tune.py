@@ -18,13 +18,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_given_two_local_ranks_when_tuning_expect_loadable_v2_policy_json_table_and_never_slower_than_native(tmp_path):
     out = tmp_path / "tuned.yaml"
-    cmd = [sys.executable, "-m", "ccoll.tune", "--np", "2", "--sizes", "16K,256K", "-n", "2", "-w", "1",
+    cmd = [sys.executable, "-m", "ccoll.tune", "--np", "2", "--sizes", "16K,256K", "-n", "2", "-w", "1", "--rounds", "2",
            "--ops", "all_reduce,sendrecv", "--dims", "dp,pp", "--codecs", "native,bf16,int8:block=256",
            "--out", str(out), "--json", str(tmp_path / "raw.json"), "--compare", os.path.join(REPO, "configs", "hybrid.yaml")]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "] 12/12 " in proc.stderr  # the progress bar: 2 ops x 2 sizes x 3 codecs, one transport
+    assert "] 24/24 " in proc.stderr  # the progress bar: 2 ops x 2 sizes x 3 codecs x 2 rounds, one transport
     text = out.read_text()
     assert text.startswith("# Written by python -m ccoll.tune") and "us/call" in text
     policy = Policy.from_yaml(out)
@@ -33,6 +33,8 @@ def test_given_two_local_ranks_when_tuning_expect_loadable_v2_policy_json_table_
     assert table["fingerprint"] == policy.fingerprint() and table["meta"]["world_size"] == 2
     times = {(r["op"], r["codec"], r["size_bytes"]): r["time_us"] for r in table["times"] if r["transport"] == "torch"}
     assert len(times) == 2 * 2 * 3
+    for r in table["times"]:  # each figure is the fastest of its interleaved rounds (--stat best)
+        assert len(r["rounds_us"]) == 2 and r["time_us"] == min(r["rounds_us"])
     for key, ch in table["choices"].items():
         dim, op = key.split("/")
         info = table["errors"][key]
@@ -54,3 +56,8 @@ def test_given_two_local_ranks_when_tuning_expect_loadable_v2_policy_json_table_
     rows = table["compare"]["rows"]
     assert {(r["dim"], r["op"]) for r in rows} == {("dp", "all_reduce"), ("pp", "send_recv")}
     assert all(set(r["policies"]) == {"tuned", "hybrid.yaml"} for r in rows)
+    for r in rows:  # one timing per distinct codec, in rounds, shared by the policies resolving to it
+        for p in r["policies"].values():
+            assert len(p["rounds_us"]) == 2 and p["time_us"] == min(p["rounds_us"])
+        if r["policies"]["tuned"]["codec"] == r["policies"]["hybrid.yaml"]["codec"]:
+            assert r["policies"]["tuned"]["time_us"] == r["policies"]["hybrid.yaml"]["time_us"]
