@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -344,28 +343,6 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
     nbytes = src.numel() * src.element_size()
     return {"spec": codec.spec, "numel": src.numel(), "feedback": feedback, "encode_gbps": nbytes / enc / 1e9,
             "decode_gbps": nbytes / dec / 1e9, "codec_gbps": 2 * nbytes / (enc + dec) / 1e9}
-
-
-def measure_codec_gbps(spec: str, procs: int = 1, numel: int = 1 << 22, feedback: bool = True,
-                       timeout_s: float = 600.0) -> dict:
-    """``codec_throughput`` in ``procs`` processes at once (one thread each, as the training ranks run),
-    so the figure includes the CPU sharing the ranks see: the median process's result, and all of them."""
-    import subprocess
-
-    cmd = [sys.executable, "-m", "ccoll.model", "--codec-throughput", spec, "--codec-numel", str(numel)]
-    if not feedback:
-        cmd.append("--no-feedback")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-          for _ in range(procs)]
-    results = []
-    for p in ps:
-        out, err = p.communicate(timeout=timeout_s)
-        if p.returncode != 0:
-            raise CcollError(f"codec throughput of {spec!r} failed ({p.returncode}): {err.strip()[-500:]}")
-        results.append(json.loads(out))
-    results.sort(key=lambda r: r["codec_gbps"])
-    return dict(results[len(results) // 2], procs=procs, all_codec_gbps=[r["codec_gbps"] for r in results])
 
 
 # --- presets and the cluster table ------------------------------------------------------------------

@@ -105,6 +105,34 @@ def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: s
         row["histogram"][b] = row["histogram"].get(b, 0) + calls
 
 
+#: host-clock codec seconds: (dim, codec name, phase) -> {"calls", "nbytes", "seconds"}
+_codec_table: dict[tuple[str, str, str], dict] = {}
+
+
+def record_codec(codec: str, phase: str, nbytes: int, seconds: float) -> None:
+    """Count one batched codec call (``phase``: encode, decode or decode_sum) over ``nbytes`` of
+    uncompressed values. Why: a model of step time needs the codec's throughput under the contention
+    the training ranks really see, which no separate micro-benchmark reproduces; the codec's own calls
+    in the run measure it. Host devices only (a GPU call returns before its kernel has run)."""
+    key = (_dim.get(), codec, phase)
+    with _lock:
+        row = _codec_table.get(key)
+        if row is None:
+            row = _codec_table[key] = {"dim": key[0], "codec": codec, "phase": phase, "calls": 0, "nbytes": 0,
+                                       "seconds": 0.0}
+        row["calls"] += 1
+        row["nbytes"] += int(nbytes)
+        row["seconds"] += float(seconds)
+
+
+def codec_stats() -> list[dict]:
+    """One dict per (dim, codec, phase) of the batched codec calls on host tensors: calls, nbytes
+    (uncompressed values in or out), seconds (host clock). The dimension is the one in effect at the
+    call (an async collective decodes where its ``wait()`` runs)."""
+    with _lock:
+        return [dict(_codec_table[k]) for k in sorted(_codec_table)]
+
+
 def stats() -> list[dict]:
     """One dict per (dim, op, codec): calls, raw_bytes, wire_bytes, seconds, histogram {size<=: calls}."""
     _flush()
@@ -119,6 +147,7 @@ def reset_stats() -> None:
     _flush()  # pending counts belong to the period being discarded
     with _lock:
         _table.clear()
+        _codec_table.clear()
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -12,6 +12,8 @@ training loop still see it. Finite input is never affected by this rule.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from typing import Any, ClassVar
 
 import torch
@@ -226,13 +228,14 @@ class Codec:
         elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:
             raise CodecError(f"decode_sum out= must be a contiguous fp32 tensor of {numel} elements on {payloads.device}")
         backend = self.resolve_backend(payloads.device)
-        fused = getattr(self, f"_decode_sum_{backend}", None)
-        if fused is not None:
-            fused(payloads.contiguous(), numel, dtype, out.view(-1))
-            return out
-        out.zero_()
-        for row in payloads:
-            out += self.decode(row, numel, dtype).to(torch.float32)
+        with _HostClock(self.name, "decode_sum", payloads.shape[0] * numel * dtype.itemsize, payloads):
+            fused = getattr(self, f"_decode_sum_{backend}", None)
+            if fused is not None:
+                fused(payloads.contiguous(), numel, dtype, out.view(-1))
+            else:
+                out.zero_()
+                for row in payloads:
+                    out += self.decode(row, numel, dtype).to(torch.float32)
         return out
 
     # --- batched API: the only codec calls the collectives make -----------------------------------
@@ -287,11 +290,12 @@ class Codec:
                 f"{rows * row_numel} elements on {src.device}, got {feedback.numel()} x {feedback.dtype}"
             )
         backend = self.resolve_backend(src.device)
-        fn = getattr(self, f"_encode_rows_{backend}", None)
-        if fn is not None:
-            fn(src, out, row_numel, feedback, salt)
-        else:
-            self._encode_rows_generic(src, out, row_numel, feedback, salt)
+        with _HostClock(self.name, "encode", src.numel() * src.element_size(), src):
+            fn = getattr(self, f"_encode_rows_{backend}", None)
+            if fn is not None:
+                fn(src, out, row_numel, feedback, salt)
+            else:
+                self._encode_rows_generic(src, out, row_numel, feedback, salt)
         return out
 
     def decode_rows(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> torch.Tensor:
@@ -302,11 +306,12 @@ class Codec:
         if not out.is_contiguous() or out.dim() != 1:
             raise CodecError("decode_rows: out must be a contiguous 1-D tensor")
         backend = self.resolve_backend(out.device)
-        fn = getattr(self, f"_decode_rows_{backend}", None)
-        if fn is not None:
-            fn(payloads, out, row_numel)
-        else:
-            self._decode_rows_generic(payloads, out, row_numel)
+        with _HostClock(self.name, "decode", out.numel() * out.element_size(), out):
+            fn = getattr(self, f"_decode_rows_{backend}", None)
+            if fn is not None:
+                fn(payloads, out, row_numel)
+            else:
+                self._decode_rows_generic(payloads, out, row_numel)
         return out
 
     def _check_rows(self, rows2d: torch.Tensor, numel: int, row_numel: int, dtype: torch.dtype, what: str) -> int:
@@ -375,6 +380,33 @@ class Codec:
                 f"codec {self.spec!r}: payload has {payload.numel()} bytes, expected {expected} "
                 f"for {numel} x {dtype}"
             )
+
+
+class _HostClock:
+    """Times one batched codec call on a host tensor into ccoll.stats.codec_stats. Only the outermost
+    call of a thread counts (a generic decode_sum or an error-feedback encode may call decode_rows
+    inside), and GPU calls are not timed (they return before their kernels have run)."""
+
+    _local = threading.local()
+    __slots__ = ("name", "phase", "nbytes", "t0")
+
+    def __init__(self, name: str, phase: str, nbytes: int, t: torch.Tensor):
+        self.name, self.phase, self.nbytes = name, phase, nbytes
+        self.t0 = None if t.device.type != "cpu" or getattr(self._local, "busy", False) else 0.0
+
+    def __enter__(self) -> None:
+        if self.t0 is not None:
+            self._local.busy = True
+            self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.t0 is not None:
+            seconds = time.perf_counter() - self.t0
+            self._local.busy = False
+            if exc[0] is None:
+                from .. import stats
+
+                stats.record_codec(self.name, self.phase, self.nbytes, seconds)
 
 
 def _fmt(v: Any) -> str:

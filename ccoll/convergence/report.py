@@ -85,11 +85,27 @@ def summary(results: list[RunResult], meta: dict) -> dict:
             "compression": {d: _ratio(first.bytes[d]) for d in DIMS},
             "wall_seconds": sum(r.seconds for r in runs),
             "by_op": _by_op(first.stats),
+            "codec_in_run": codec_in_run(runs),
         }
         grads = [o for o in p["by_op"] if o["dim"] == "dp" and o["op"] in GRADIENT_OPS]
         p["dp_gradients"] = {"raw": sum(o["raw"] for o in grads), "wire": sum(o["wire"] for o in grads)}
         policies[name] = p
     return {"baseline": base_name, "meta": meta, "policies": policies}
+
+
+def codec_in_run(runs: list) -> dict | None:
+    """The codec's throughput in the runs themselves (host clock around every batched codec call of
+    steps 2.., all ranks and seeds pooled), and its seconds per step (mean and slowest rank): the codec
+    under the contention training really puts on it. None when nothing was encoded on a host."""
+    per_rank = [c for r in runs for c in r.codec]
+    enc = [sum(c["encode"][k] for c in per_rank) for k in ("nbytes", "seconds")]
+    dec = [sum(c["decode"][k] for c in per_rank) for k in ("nbytes", "seconds")]
+    if not per_rank or enc[1] <= 0:
+        return None
+    steps = [max(1, len(r.losses) - 1) for r in runs for _ in r.codec]
+    per_step = [(c["encode"]["seconds"] + c["decode"]["seconds"]) / n for c, n in zip(per_rank, steps)]
+    return {"encode_gbps": enc[0] / enc[1] / 1e9, "decode_gbps": dec[0] / dec[1] / 1e9 if dec[1] > 0 else None,
+            "seconds_per_step_mean": sum(per_step) / len(per_step), "seconds_per_step_max": max(per_step)}
 
 
 def _by_op(rows: list[dict]) -> list[dict]:

@@ -42,6 +42,8 @@ class RunResult:
     seed: int = 0
     #: [[step, held-out loss], ...] (steps counted from 1, as in losses.csv)
     val_losses: list[list[float]] = field(default_factory=list)
+    #: per rank, host-clock codec calls of steps 2..: {"encode"|"decode": {"nbytes", "seconds"}}
+    codec: list[dict] = field(default_factory=list)
 
 
 def _tail(path: str, nlines: int = 30) -> str:
@@ -177,4 +179,5 @@ def _merge(name: str, run_dir: str, world: int, wall_s: float, seed: int = 0) ->
             if row["dim"] in totals and row["op"] not in RECEIVE_OPS:
                 totals[row["dim"]]["raw"] += int(row["raw_bytes"])
                 totals[row["dim"]]["wire"] += int(row["wire_bytes"])
-    return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats, seed, ranks[0].get("val_losses", []))
+    return RunResult(name, losses, samples_per_s, wall_s, totals, all_stats, seed, ranks[0].get("val_losses", []),
+                     [r["codec"] for r in ranks if "codec" in r])

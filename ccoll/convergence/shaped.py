@@ -4,15 +4,20 @@ Why: a speedup measured on one machine is only worth something if the model that
 predicts it; and the model (ccoll.model) is only worth something if it predicts what was measured.
 This tool does both in one run, per link rate:
 
-1. measures the policy's DP codec throughput on this CPU (``ccoll.model.measure_codec_gbps``: encode with
-   error feedback + decode, in as many processes at once as there are ranks, so the figure includes the
-   CPU sharing the ranks see);
-2. trains baseline and the policy on the same seed on ranks in network namespaces behind ``--rate``
+1. trains baseline and the policy on the same seed on ranks in network namespaces behind ``--rate``
    links (``ccoll.bench.netem`` via ``ccoll.convergence``; needs root), with a model large enough that DP
    gradients dominate the traffic; by default both at the same time, each on its own links, so that the
    load of a shared machine (which changes by the minute) weighs on both alike;
+2. takes the codec throughput the policy's run measured in itself (``codec_in_run`` of its summary: the
+   host clock around every batched codec call of steps 2.., ccoll.stats.codec_stats). Why not a separate
+   micro-benchmark: the contention the training ranks put on the codec (ranks sharing cores, the other
+   run's ranks, which mostly wait on the slow links) is what sets its speed, and no benchmark beside the
+   run reproduces it -- the first shaped runs, with codec rates from 4 benchmark processes at once,
+   over-predicted codec time by 2x at 1 Gbit/s and missed the measured speedup by 14-26%;
+   ``--codec-gbps`` overrides;
 3. predicts the policy's speedup with ``ccoll.model.validate``: compute = the baseline's measured step
-   time minus the model's baseline link time at that rate, then compute + wire + codec for the policy;
+   time minus the model's baseline link time at that rate, then compute + wire + codec for the policy,
+   the codec time from the model's count of values encoded and decoded per step at that throughput;
 4. prints per rate: samples/s of both, measured and predicted speedup and their difference, the
    held-out loss delta, and the predicted step decomposed (compute, wire, codec) -- which says in
    numbers why a speedup is or is not reached.
@@ -49,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--codec-gbps", type=float, default=None,
-                   help="DP codec encode throughput, GB/s (default: measured on this CPU now)")
-    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput (default: measured)")
+                   help="DP codec encode throughput, GB/s (default: measured in the policy's run)")
+    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput (default: measured in the run)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
     p.add_argument("--together", action=argparse.BooleanOptionalAction, default=True,
                    help="run baseline and policy at the same time (each on its own shaped links), so a shared "
@@ -148,36 +153,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    world = args.dp * args.tp * args.pp
     report = {"args": vars(args), "rates": {}}
     try:
-        spec = _dp_codec(args.policy)
-        # the policy's ranks encode and decode at the same moment, so the codec is measured in as many processes
-        # at once; in --together mode the baseline's ranks run too, but they spend the slow-link part of
-        # their step waiting on the wire, so counting them as busy (2 x ranks) overstates the contention
-        # (first shaped run: codec time predicted 2x what the step measured)
-        procs = world
+        _dp_codec(args.policy)  # fail early when the policy compresses no DP gradients
         for rate in args.rates:
             out = os.path.join(args.out, rate)
             os.makedirs(out, exist_ok=True)
             t0 = time.monotonic()
             load0 = os.getloadavg()[0]
-            codec = [cmodel.measure_codec_gbps(spec, procs=procs)] if args.codec_gbps is None else []
             summary = _compare(args, rate, out)
-            if args.codec_gbps is None:
-                codec.append(cmodel.measure_codec_gbps(spec, procs=procs))
-                # the load of a shared machine drifts: the mean of the rates measured before and after the runs
-                enc = sum(c["encode_gbps"] for c in codec) / 2
-                dec = sum(c["decode_gbps"] for c in codec) / 2
+            inrun = summary["policies"][_stem(args.policy)].get("codec_in_run")
+            if args.codec_gbps is not None:
+                enc, dec, source = args.codec_gbps, args.decode_gbps, "given"
+            elif inrun:
+                enc, dec, source = inrun["encode_gbps"], inrun["decode_gbps"], "measured in the run"
             else:
-                enc, dec = args.codec_gbps, args.decode_gbps
+                raise CcollError(f"the {_stem(args.policy)} run timed no codec call on a host tensor; "
+                                 "give --codec-gbps")
             res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec)
             report["rates"][rate] = {"validate": res, "summary": summary, "wall_s": time.monotonic() - t0,
-                                     "load_average": (load0 + os.getloadavg()[0]) / 2, "codec_measured": codec,
-                                     "encode_gbps": enc, "decode_gbps": dec or enc}
-            print(f"# {rate} done in {time.monotonic() - t0:.0f} s; codec {spec}: encode {enc:.3f} GB/s, decode "
-                  f"{(dec or enc):.3f} GB/s (" + ("given" if not codec else f"measured before and after the runs "
-                  f"in {procs} processes at once, median of them, mean of the two") + ")", flush=True)
+                                     "load_average": (load0 + os.getloadavg()[0]) / 2, "codec_in_run": inrun,
+                                     "codec_source": source, "encode_gbps": enc, "decode_gbps": dec or enc}
+            print(f"# {rate} done in {time.monotonic() - t0:.0f} s; DP codec: encode {enc:.3f} GB/s, decode "
+                  f"{(dec or enc):.3f} GB/s ({source})", flush=True)
         _print(report, args)
     except CcollError as e:
         print(f"error: {e}", file=sys.stderr)

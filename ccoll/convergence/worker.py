@@ -44,6 +44,23 @@ def subtract_stats(after: list[dict], before: list[dict]) -> list[dict]:
     return out
 
 
+def codec_totals() -> dict[str, dict[str, float]]:
+    """Host-clock codec seconds and values by phase (encode; decode = decode_rows + decode_sum), summed
+    over dimensions: the in-run codec throughput ccoll.model.validate takes."""
+    import ccoll
+
+    out = {"encode": {"nbytes": 0, "seconds": 0.0}, "decode": {"nbytes": 0, "seconds": 0.0}}
+    for r in ccoll.stats.codec_stats():
+        o = out["encode" if r["phase"] == "encode" else "decode"]
+        o["nbytes"] += r["nbytes"]
+        o["seconds"] += r["seconds"]
+    return out
+
+
+def minus(a: dict, b: dict) -> dict:
+    return {k: {f: a[k][f] - b[k][f] for f in a[k]} for k in a}
+
+
 def _tp_state(topology, rank: int):
     import torch.distributed as dist
 
@@ -133,7 +150,7 @@ def run(spec: dict) -> dict:
     eval_every = spec.get("eval_every", 0) or steps
 
     def evaluate() -> float:
-        before = ccoll.stats()
+        before, codec_before = ccoll.stats(), codec_totals()
         val = iter([val_sampler.micro_batch_at(0, dp_rank, i) for i in range(n_val)])
         capturing, capture.active = capture.active, False  # capture training traffic only
         try:
@@ -142,16 +159,19 @@ def run(spec: dict) -> dict:
             capture.active = capturing
         engine.module.train()
         eval_traffic.append(subtract_stats(ccoll.stats(), before))
+        eval_codec.append(minus(codec_totals(), codec_before))
         return loss
 
     # count only training traffic: init-time parameter broadcasts are never compressed by design
     ccoll.reset_stats()
-    losses, step_seconds, val_losses, eval_traffic = [], [], [], []
+    losses, step_seconds, val_losses, eval_traffic, eval_codec = [], [], [], [], []
     progress = open(os.path.join(spec["run_dir"], "progress.txt"), "a") if rank == 0 else None
     for step in range(steps):
         t0 = time.perf_counter()
         loss = engine.train_batch(data_iter=batches)
         step_seconds.append(time.perf_counter() - t0)
+        if step == 0:  # the codec's one-off warm-up is step 1's, as the setup is (throughput times steps 2..)
+            eval_codec.append(codec_totals())
         losses.append(float(loss))
         if progress is not None:
             progress.write(f"{step} {losses[-1]:.6f} {step_seconds[-1]:.6f}\n")
@@ -167,9 +187,12 @@ def run(spec: dict) -> dict:
     stats = ccoll.stats()
     for t in eval_traffic:
         stats = subtract_stats(stats, t)
+    codec = codec_totals()
+    for c in eval_codec:  # evaluation's and step 1's codec calls out: the codec time of steps 2..
+        codec = minus(codec, c)
     result = {
         "rank": rank, "coord": topology.get_coord(rank)._asdict(), "losses": losses, "val_losses": val_losses,
-        "step_seconds": step_seconds, "samples_per_step": mb * gas * dp, "stats": stats,
+        "step_seconds": step_seconds, "samples_per_step": mb * gas * dp, "stats": stats, "codec": codec,
     }
     uninstall()
     import torch.distributed as dist

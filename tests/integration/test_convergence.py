@@ -77,6 +77,12 @@ def test_given_two_policies_when_run_expect_every_output_file_and_summary_shape(
     assert h["delta_val_pct"]["n"] == 2 and h["delta_val_pct"]["lo"] < h["delta_val_pct"]["mean"] < h["delta_val_pct"]["hi"]
     assert h["verdict"] in ("within 1%", "worse", "better", "not separable")
     assert s["policies"]["baseline"]["verdict"] == "baseline"
+    # the codec timed in the run itself (ccoll.convergence.shaped predicts step time from it): hybrid
+    # encodes its DP gradients and PP activations on every rank; baseline sends everything native
+    c = h["codec_in_run"]
+    assert c["encode_gbps"] > 0 and c["decode_gbps"] > 0
+    assert 0 < c["seconds_per_step_mean"] <= c["seconds_per_step_max"]
+    assert s["policies"]["baseline"]["codec_in_run"] is None
     md = (out / "summary.md").read_text()
     assert "| baseline | 2 |" in md and "| hybrid | 2 |" in md and h["verdict"] in md
 
