@@ -33,7 +33,7 @@ kernels-check: venv
 
 # kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
 test: venv kernels-host
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=20 tests
 
 test-fast: venv kernels-host
 	$(PY) -m pytest -q -ra tests/unit
