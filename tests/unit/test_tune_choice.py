@@ -63,3 +63,19 @@ def test_given_choices_per_size_when_writing_buckets_expect_native_below_first_s
     assert buckets([(65536, "native"), (1 << 20, "native")]) == [{"codec": "native"}]
     p = Policy.from_dict({"version": 2, "dp": {"sizes": buckets(per_size)}})  # what tune writes, loads
     assert p.resolve("dp", "all_reduce", (1 << 18, __import__("torch").float32)).spec == "bf16"
+
+
+def test_given_confirmation_gates_when_choosing_expect_gate_decides_vs_native_and_fastest_figure_ranks():
+    """A candidate's slower pass decides whether it beats native; its faster pass ranks it among the
+    candidates (one unlucky pass must not hand a size to a slower codec)."""
+    t = _times({("torch", "native"): [100, 1000, 8000], ("torch", "int8:block=256"): [90, 700, 3650],
+                ("torch", "bf16"): [85, 800, 3700]})
+    gate = dict(t)
+    gate[("torch", "int8:block=256", SIZES[2])] = 4000  # confirmed slower, still well under native
+    gate[("torch", "bf16", SIZES[1])] = 990  # its second pass lost to native's margin
+    native = {s: t[("torch", "native", s)] for s in SIZES}
+    ch = choose(t, native, ERR, budget=0.01, sizes=SIZES, transports=["torch"], margin=0.05, gate=gate)
+    assert [spec for _, spec in ch["per_size"]] == ["bf16", "int8:block=256", "int8:block=256"]
+    gate[("torch", "int8:block=256", SIZES[1])] = 960  # both lose to native at 1 MiB on the second pass
+    ch = choose(t, native, ERR, budget=0.01, sizes=SIZES, transports=["torch"], margin=0.05, gate=gate)
+    assert [spec for _, spec in ch["per_size"]] == ["bf16", "native", "int8:block=256"]
