@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,7 +74,7 @@ bench: venv kernels-host
 
 # as root: hybrid vs baseline training on DP4 ranks behind 1 Gbit/s and 100 Mbit/s links (a model whose DP
 # gradients dominate the traffic): samples/s of both, measured vs predicted speedup (ccoll.model with the codec
-# throughput measured on this CPU), and the predicted step decomposed into compute, wire and codec
+# throughput the policy's run measured on itself), and the predicted step decomposed into compute, wire and codec
 e2e-shaped: venv
 	$(PY) -m ccoll.convergence.shaped --rates 1gbit 100mbit --out results/shaped
 
@@ -82,6 +82,14 @@ e2e-shaped: venv
 bench-shaped: venv kernels-host
 	$(PY) -m ccoll.bench.netem --ranks 4 --rate 1gbit -- $(PY) -m ccoll.bench all_reduce -b 64M -e 64M -n 5 -w 1 --codec $(BENCH_CODECS) --json results/bench/shaped_1gbit.json
 	$(PY) -m ccoll.bench.plot results/bench/shaped_1gbit.json
+
+# as root: python -m ccoll.tune on shaped links, 2 and 4 ranks x 1 Gbit/s and 100 Mbit/s, 64 KiB..64 MiB; each run
+# re-times every shipped policy beside the tuned one (--compare) and prints tuned vs native and vs the best static
+tune-shaped: venv kernels-host
+	for cfg in "4 1gbit" "2 1gbit" "2 100mbit" "4 100mbit"; do set -- $$cfg; \
+	  $(PY) -m ccoll.bench.netem --ranks $$1 --rate $$2 -- $(PY) -m ccoll.tune --sizes 64K,1M,8M,64M -n 2 -w 0 \
+	    --rounds 3 --ops all_reduce --dims dp,tp --out results/tune/tuned_r$$1_$$2.yaml --compare configs/*.yaml \
+	    || exit 1; done
 
 # as root: 2 namespaces ("nodes") x 2 ranks, unshaped inside a node, 1 Gbit/s and 100 Mbit/s between nodes:
 # hierarchical (hierarchy: node) vs flat all_reduce, time, error and bytes on the nodes' links
