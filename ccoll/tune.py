@@ -155,6 +155,20 @@ def default_budgets(errors: dict, slack: float) -> dict:
 
 # --- choosing ------------------------------------------------------------------------------------
 
+def beating_native(times: dict, gate: dict, native_us: float, errors: dict, budget: float, transport: str,
+                   size: int, margin: float):
+    """(spec, us) of every candidate on ``transport`` at ``size`` within the error ``budget`` whose
+    ``gate`` figure beats ``native_us`` by the margin (torch's native itself is the reference, not a
+    candidate); ``us`` is its ``times`` figure, which ranks it."""
+    for (tr, spec, s), us in times.items():
+        if tr != transport or s != size or us is None or (tr == "torch" and spec == harness.NATIVE):
+            continue
+        if spec != harness.NATIVE and errors.get(spec, math.inf) > budget:
+            continue
+        if gate.get((tr, spec, s), us) <= native_us * (1 - margin):
+            yield spec, us
+
+
 def choose(times: dict, native_time: dict, errors: dict, budget: float, sizes: list[int], transports: list[str],
            margin: float, gate: dict | None = None) -> dict:
     """The choice for one (dim, op). ``times[(transport, spec, size)]`` in us ranks the candidates;
@@ -172,12 +186,8 @@ def choose(times: dict, native_time: dict, errors: dict, budget: float, sizes: l
             base = native_time[s]
             # native on torch is the reference; anything else must win by the margin
             pick, t_pick = (harness.NATIVE, base) if tr == "torch" else (None, math.inf)
-            for (t_tr, spec, t_s), t in times.items():
-                if t_tr != tr or t_s != s or t is None or (tr == "torch" and spec == harness.NATIVE):
-                    continue
-                if spec != harness.NATIVE and errors.get(spec, math.inf) > budget:
-                    continue
-                if gate.get((t_tr, spec, t_s), t) <= base * (1 - margin) and t < t_pick:
+            for spec, t in beating_native(times, gate, base, errors, budget, tr, s, margin):
+                if t < t_pick:
                     pick, t_pick = spec, t
             if pick is None:
                 feasible = False
@@ -341,7 +351,7 @@ def run_rank(args) -> int:
     times: dict[str, dict] = {}  # coll -> {(transport, spec, size): us}
     samples: dict[str, dict] = {}  # coll -> {(transport, spec, size): [us per round]}
     for coll in colls:
-        t, smp = times.setdefault(coll.name, {}), samples.setdefault(coll.name, {})
+        smp = samples.setdefault(coll.name, {})
         for size in sizes:
             count = max(coll.granularity(n), size // dtype.itemsize // coll.granularity(n) * coll.granularity(n))
             case = coll.build(w0, count, dtype, args.seed)
@@ -354,10 +364,8 @@ def run_rank(args) -> int:
                             continue
                         smp.setdefault((tr, spec, size), []).append(_time(w, coll, case, codec, args, count * dtype.itemsize))
                         prog.step(what)
-            for key, us in smp.items():
-                if key[2] == size:
-                    t[key] = fold(us, args.stat)
             del case
+        times[coll.name] = {key: fold(us, args.stat) for key, us in smp.items()}
 
     # 2-4. errors, budgets and choices (rank 0 decides, everyone gets the same answer from the same table)
     policy_ops = [POLICY_OPS[c.name] for c in colls]
@@ -455,17 +463,12 @@ def _picks(args, colls, sizes, times, errors, budgets) -> list:
         for dim in args.dims:
             if (dim, op) not in errors:
                 continue
-            err = errors[(dim, op)]["errors"]
             for s in sizes:
-                base = t[("torch", harness.NATIVE, s)]
-                for (tr, spec, size), us in sorted(t.items()):
-                    if size != s or tr not in trs or us is None or (tr == "torch" and spec == harness.NATIVE):
-                        continue
-                    if spec != harness.NATIVE and err.get(spec, math.inf) > budgets[(dim, op)]:
-                        continue
-                    pick = [coll.name, s, tr, spec]
-                    if us <= base * (1 - args.margin) and pick not in out:
-                        out.append(pick)
+                for tr in trs:
+                    for spec, _ in beating_native(t, t, t[("torch", harness.NATIVE, s)], errors[(dim, op)]["errors"],
+                                                  budgets[(dim, op)], tr, s, args.margin):
+                        if [coll.name, s, tr, spec] not in out:
+                            out.append([coll.name, s, tr, spec])
     return out
 
 

@@ -11,6 +11,7 @@ training loop still see it. Finite input is never affected by this rule.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import stats as _stats
 from ..errors import CodecError, PolicyError
 from ..registry import Registry
 
@@ -228,7 +230,7 @@ class Codec:
         elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:
             raise CodecError(f"decode_sum out= must be a contiguous fp32 tensor of {numel} elements on {payloads.device}")
         backend = self.resolve_backend(payloads.device)
-        with _HostClock(self.name, "decode_sum", payloads.shape[0] * numel * dtype.itemsize, payloads):
+        with _host_clock(self.name, "decode_sum", payloads.shape[0] * numel * dtype.itemsize, payloads):
             fused = getattr(self, f"_decode_sum_{backend}", None)
             if fused is not None:
                 fused(payloads.contiguous(), numel, dtype, out.view(-1))
@@ -290,7 +292,7 @@ class Codec:
                 f"{rows * row_numel} elements on {src.device}, got {feedback.numel()} x {feedback.dtype}"
             )
         backend = self.resolve_backend(src.device)
-        with _HostClock(self.name, "encode", src.numel() * src.element_size(), src):
+        with _host_clock(self.name, "encode", src.numel() * src.element_size(), src):
             fn = getattr(self, f"_encode_rows_{backend}", None)
             if fn is not None:
                 fn(src, out, row_numel, feedback, salt)
@@ -306,7 +308,7 @@ class Codec:
         if not out.is_contiguous() or out.dim() != 1:
             raise CodecError("decode_rows: out must be a contiguous 1-D tensor")
         backend = self.resolve_backend(out.device)
-        with _HostClock(self.name, "decode", out.numel() * out.element_size(), out):
+        with _host_clock(self.name, "decode", out.numel() * out.element_size(), out):
             fn = getattr(self, f"_decode_rows_{backend}", None)
             if fn is not None:
                 fn(payloads, out, row_numel)
@@ -383,30 +385,35 @@ class Codec:
 
 
 class _HostClock:
-    """Times one batched codec call on a host tensor into ccoll.stats.codec_stats. Only the outermost
-    call of a thread counts (a generic decode_sum or an error-feedback encode may call decode_rows
-    inside), and GPU calls are not timed (they return before their kernels have run)."""
+    """Times one batched codec call into ccoll.stats.codec_stats (see :func:`_host_clock`)."""
 
-    _local = threading.local()
+    busy = threading.local()
     __slots__ = ("name", "phase", "nbytes", "t0")
 
-    def __init__(self, name: str, phase: str, nbytes: int, t: torch.Tensor):
+    def __init__(self, name: str, phase: str, nbytes: int):
         self.name, self.phase, self.nbytes = name, phase, nbytes
-        self.t0 = None if t.device.type != "cpu" or getattr(self._local, "busy", False) else 0.0
 
     def __enter__(self) -> None:
-        if self.t0 is not None:
-            self._local.busy = True
-            self.t0 = time.perf_counter()
+        self.busy.on = True
+        self.t0 = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
-        if self.t0 is not None:
-            seconds = time.perf_counter() - self.t0
-            self._local.busy = False
-            if exc[0] is None:
-                from .. import stats
+        seconds = time.perf_counter() - self.t0
+        self.busy.on = False
+        if exc[0] is None:
+            _stats.record_codec(self.name, self.phase, self.nbytes, seconds)
 
-                stats.record_codec(self.name, self.phase, self.nbytes, seconds)
+
+_NO_CLOCK = contextlib.nullcontext()
+
+
+def _host_clock(name: str, phase: str, nbytes: int, t: torch.Tensor):
+    """A clock for one batched codec call when ``ccoll.stats.time_codecs()`` is on, the tensor is on the
+    host (a GPU call returns before its kernels have run) and no batched call of this thread is already
+    timed (a generic decode_sum or an error-feedback encode may call decode_rows inside); else a no-op."""
+    if not _stats.codec_clock or t.device.type != "cpu" or getattr(_HostClock.busy, "on", False):
+        return _NO_CLOCK
+    return _HostClock(name, phase, nbytes)
 
 
 def _fmt(v: Any) -> str:

@@ -58,6 +58,7 @@ def codec_totals() -> dict[str, dict[str, float]]:
 
 
 def minus(a: dict, b: dict) -> dict:
+    """``codec_totals()`` a minus b: the codec work of what happened in between taken out."""
     return {k: {f: a[k][f] - b[k][f] for f in a[k]} for k in a}
 
 
@@ -159,19 +160,20 @@ def run(spec: dict) -> dict:
             capture.active = capturing
         engine.module.train()
         eval_traffic.append(subtract_stats(ccoll.stats(), before))
-        eval_codec.append(minus(codec_totals(), codec_before))
+        untimed_codec.append(minus(codec_totals(), codec_before))
         return loss
 
     # count only training traffic: init-time parameter broadcasts are never compressed by design
     ccoll.reset_stats()
-    losses, step_seconds, val_losses, eval_traffic, eval_codec = [], [], [], [], []
+    ccoll.stats.time_codecs()  # the codec's in-run throughput (ccoll.convergence.shaped predicts from it)
+    losses, step_seconds, val_losses, eval_traffic, untimed_codec = [], [], [], [], []
     progress = open(os.path.join(spec["run_dir"], "progress.txt"), "a") if rank == 0 else None
     for step in range(steps):
         t0 = time.perf_counter()
         loss = engine.train_batch(data_iter=batches)
         step_seconds.append(time.perf_counter() - t0)
         if step == 0:  # the codec's one-off warm-up is step 1's, as the setup is (throughput times steps 2..)
-            eval_codec.append(codec_totals())
+            untimed_codec.append(codec_totals())
         losses.append(float(loss))
         if progress is not None:
             progress.write(f"{step} {losses[-1]:.6f} {step_seconds[-1]:.6f}\n")
@@ -188,7 +190,7 @@ def run(spec: dict) -> dict:
     for t in eval_traffic:
         stats = subtract_stats(stats, t)
     codec = codec_totals()
-    for c in eval_codec:  # evaluation's and step 1's codec calls out: the codec time of steps 2..
+    for c in untimed_codec:  # evaluation's and step 1's codec calls out: the codec time of steps 2..
         codec = minus(codec, c)
     result = {
         "rank": rank, "coord": topology.get_coord(rank)._asdict(), "losses": losses, "val_losses": val_losses,

@@ -13,8 +13,19 @@ from ccoll import get_codec, stats
 @pytest.fixture(autouse=True)
 def _clean():
     stats.reset_stats()
+    stats.time_codecs()
     yield
+    stats.time_codecs(False)
     stats.reset_stats()
+
+
+def test_given_clock_off_by_default_when_encoding_expect_nothing_timed():
+    """Off unless asked for: every compressed collective runs through these calls."""
+    stats.time_codecs(False)
+    c = get_codec("int8:block=256")
+    x = torch.randn(1024)
+    c.encode_rows(x, torch.empty(1, c.encoded_nbytes(1024, x.dtype), dtype=torch.uint8), 1024)
+    assert stats.codec_stats() == []
 
 
 def _rows() -> dict:
