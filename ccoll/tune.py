@@ -708,4 +708,4 @@ def _launch(args, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.exit_process(main())

@@ -1,5 +1,3 @@
-import sys
+from .harness import exit_process, main
 
-from .harness import main
-
-sys.exit(main())
+exit_process(main())

@@ -912,6 +912,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_process(status: int) -> None:
+    """End a benchmark process once its work is done and its process group destroyed: Python's exit
+    handlers run (CCOLL_STATS dumps), MPI is finalized if it was started, then the process exits
+    without interpreter finalization. Why: a
+    gloo worker thread can still hold an AsyncWork whose tensors are released while the interpreter is
+    torn down, which aborts the process ("terminate called without an active exception", status -6;
+    seen once in ~10 runs of a 3-rank `ccoll.bench all`; pytorch/pytorch#179291 describes the race)."""
+    import atexit
+
+    atexit._run_exitfuncs()  # ccoll's MPI progress thread stops here, before MPI_Finalize
+    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py finalizes MPI at interpreter exit, which os._exit skips
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
