@@ -187,20 +187,28 @@ class _SideWork:
         return self.work.get_future()
 
 
-_api: CudaApi | None = None
-_api_lock = threading.Lock()
+class _Devices:
+    """The one :class:`CudaApi` of this process, made on the first CUDA call (so CPU-only runs never
+    touch torch.cuda)."""
+
+    def __init__(self) -> None:
+        self.cuda: CudaApi | None = None
+        self.lock = threading.Lock()
+
+    def cuda_api(self) -> CudaApi:
+        with self.lock:
+            if self.cuda is None:
+                self.cuda = CudaApi()
+            return self.cuda
+
+
+_devices = _Devices()
 
 
 def _api_for(device: torch.device) -> Any:
     """The device API for ``device``: :class:`CudaApi` for CUDA tensors, None (no streams) otherwise.
     Tests replace this to drive :class:`Call` with a recording fake on CPU."""
-    global _api
-    if device.type != "cuda":
-        return None
-    with _api_lock:
-        if _api is None:
-            _api = CudaApi()
-        return _api
+    return _devices.cuda_api() if device.type == "cuda" else None
 
 
 def begin(device: torch.device) -> Call | _NullCall:
