@@ -50,7 +50,7 @@ import torch
 
 from .collectives import all_gather_into_tensor as _exact_all_gather
 from .collectives.call import Run, decide, rows
-from .collectives.salts import REDUCE_SCATTER, salts
+from .collectives.salts import OWN, salts
 from .errors import PolicyError
 from .transports import Handle, for_group
 
@@ -123,7 +123,7 @@ class WeightDelta:
             # written only after every payload has arrived
             delta = flat.to(rdtype) - recon.view(p, m)[tr.rank]
             payload = rows(1, c.encoded_nbytes(m, rdtype), inp.device)
-            c.encode_rows(delta, payload, m, salt=salts(salt, tr)(REDUCE_SCATTER, 0))
+            c.encode_rows(delta, payload, m, salt=salts(salt, tr)(OWN, 0))
             gathered = rows(p, payload.shape[1], inp.device)
             work = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op))
 

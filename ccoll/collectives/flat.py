@@ -21,7 +21,7 @@ from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
 from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
-from .salts import ALL_GATHER, REDUCE_SCATTER, salts
+from .salts import OWN, REDUCED, salts
 from .segments import segments, spans
 
 
@@ -50,7 +50,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
             send = rows(p, c.encoded_nbytes(chunk, dtype), t.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c)
-            c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt_of(REDUCE_SCATTER, s))
+            c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()
             issued = (s, lo, seg_numel, chunk, recv, send, side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True)))
@@ -82,7 +82,7 @@ def _reduce_and_gather(c, tr, side, issued, opn, dtype, ef, key, salt_of):
     mine = reduced if dtype == torch.float32 else reduced.to(dtype)
     payload = rows(1, recv.shape[1], recv.device)
     fb = feedback_buffer(ef, residual_key(key, "ag", s), chunk, dtype, recv.device, c)
-    c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(ALL_GATHER, s))
+    c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(REDUCED, s))
     gathered = rows(tr.world_size, recv.shape[1], recv.device)
     return (lo, seg_numel, chunk, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True)))
 
@@ -120,7 +120,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
             src = flat if len(pieces) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
             send = rows(p, c.encoded_nbytes(span, dtype), inp.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * span, dtype, inp.device, c)
-            c.encode_rows(src, send, span, feedback=fb, salt=salt_of(REDUCE_SCATTER, s))
+            c.encode_rows(src, send, span, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()
             exchanges.append((a, span, recv, send, side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True))))
@@ -164,7 +164,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
         flat, obuf, pieces = _span_buffers(side, c, inp, out, m, p)
         for s, (a, span) in enumerate(pieces):
             payload = rows(1, c.encoded_nbytes(span, inp.dtype), inp.device)
-            c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(REDUCE_SCATTER, s))
+            c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(OWN, s))
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
             gathers.append((a, span, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))))
@@ -207,7 +207,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
         side.keep(t)
         payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
-            c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(REDUCE_SCATTER, 0))
+            c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
     def body() -> None:
@@ -227,7 +227,7 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
     with side.on_side():
         side.keep(inp, out)
         send = rows(tr.world_size, c.encoded_nbytes(m, inp.dtype), inp.device)
-        c.encode_rows(contig(inp.reshape(-1)), send, m, salt=salts(salt, tr)(REDUCE_SCATTER, 0))
+        c.encode_rows(contig(inp.reshape(-1)), send, m, salt=salts(salt, tr)(OWN, 0))
         recv = torch.empty_like(send)
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
@@ -249,7 +249,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     with side.on_side():
         side.keep(t)
         payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
-        c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(REDUCE_SCATTER, 0))
+        c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
     sending = [payload]
 

@@ -16,8 +16,10 @@ from typing import Any, Callable
 
 from ..transports import Transport
 
-#: phases of one call: each lossy encode of a segment gets its own salt
-REDUCE_SCATTER, ALL_GATHER, NODE = 0, 1, 2
+#: phases of one call, each lossy encode of a segment gets its own salt: the encode of the caller's own
+#: data (every collective's first), the re-encode of a reduced chunk (all_reduce's all-gather), and a
+#: node's partial sum (hierarchical all_reduce, 2 nodes)
+OWN, REDUCED, NODE = 0, 1, 2
 
 _M64 = (1 << 64) - 1
 
@@ -59,4 +61,4 @@ def salts(salt: int | None, tr: Transport) -> Callable[[int, int], int]:
     return lambda phase, segment: mix64(mine ^ (phase << 48) ^ segment) or 1
 
 
-__all__ = ["ALL_GATHER", "NODE", "REDUCE_SCATTER", "mix64", "salts"]
+__all__ = ["NODE", "OWN", "REDUCED", "mix64", "salts"]
