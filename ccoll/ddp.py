@@ -38,7 +38,8 @@ import torch.distributed as dist
 from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
-from .feedback import ErrorFeedback
+from .collectives.segments import segments
+from .feedback import ErrorFeedback, parse_residual_key
 from .patch import internal, stable_salt
 from .stats import dimension
 
@@ -109,18 +110,18 @@ class CompressionState:
 class _PackedFeedback(ErrorFeedback):
     """The residual buffers one packed all_reduce asks for, assembled from per-parameter residuals.
 
-    ``collectives.all_reduce`` names its residuals ``(key, "rs", chunk i) + segment`` (this rank's
-    encode of chunk i of its input) and ``(key, "ag") + segment`` (the reduced chunk this rank owns);
-    :meth:`buffer` maps each to its span of the packed layout, backed by two packed residual tensors
-    that :meth:`store` scatters back to the parameters' own residuals after the call."""
+    ``collectives.all_reduce`` asks for one residual per (phase, segment), named by
+    :func:`ccoll.feedback.residual_key`: phase "rs" (the p chunks of the segment this rank encodes) and
+    "ag" (the reduced chunk it owns); :meth:`buffer` reads the key with
+    :func:`~ccoll.feedback.parse_residual_key` and maps it to its span of the packed layout, backed by
+    two packed residual tensors that :meth:`store` scatters back to the parameters' own residuals."""
 
     def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
                  codec: Codec, world: int, rank: int):
         super().__init__()
         self._state, self._regions, self._rank = state, regions, rank
         fb_dtype = codec.feedback_dtype(dtype)
-        self._segments = collectives._segments(total, world, torch.empty((), dtype=dtype).element_size(),
-                                               codec.align_numel)
+        self._segments = segments(total, world, torch.empty((), dtype=dtype).element_size(), codec.align_numel)
         # the last segment's rows may run past the bucket (zero padding): its residuals stay zero
         padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
         self._world = world
@@ -132,12 +133,14 @@ class _PackedFeedback(ErrorFeedback):
             self._packed[kind] = packed
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
-        # the collectives' keys: (key, "rs") + segment -> p * chunk residuals of the segment's rows;
-        # (key, "ag") + segment -> the chunk this rank owns
-        kind, rest = key[1], key[2:]
-        if kind not in ("rs", "ag"):
+        # phase "rs" -> p * chunk residuals of the segment's rows; "ag" -> the chunk this rank owns
+        try:
+            _, kind, segment = parse_residual_key(key)
+        except ValueError:
+            kind, segment = None, 0
+        if kind not in ("rs", "ag") or segment >= len(self._segments):
             raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
-        lo, _, chunk = self._segments[rest[0] if rest else 0]
+        lo, _, chunk = self._segments[segment]
         start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
         if numel != expected:
             raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")

@@ -5,8 +5,10 @@ step is no longer lost but delayed: over many steps the time-averaged result con
 time-averaged exact result (EF-SGD, 1-bit Adam). The state lives here, not in the codec, so codecs
 stay pure functions and one codec object can serve many tensors.
 
-Keys: the caller names the logical tensor (``key=``); the collectives derive one residual per encode
-they do for it (one per reduce-scatter chunk, one for the all-gather of the reduced chunk). A residual
+Keys: the caller names the logical tensor (``key=``); the collectives derive one residual per lossy
+encode they do for it, named by :func:`residual_key` (key, phase, segment) so that code that lays
+residuals out itself (``ccoll.ddp``'s packed buckets) reads them with :func:`parse_residual_key`
+instead of knowing the tuple shape. A residual
 is dropped and restarted from zero when the tensor it belongs to changes numel, dtype, device or codec
 (a different world size changes the chunk sizes, so it resets too): a residual computed for another
 layout would add noise, not correct an error. Non-finite residual entries (an overflowing step, which
@@ -20,6 +22,27 @@ from typing import Any, Hashable
 import torch
 
 from .codecs import Codec
+
+
+#: phases of a collective that encode lossily: the p chunks a rank sends in a reduce-scatter, the
+#: reduced chunk it owns in the all-gather, the node's partial sum in a hierarchical exchange
+PHASES = ("rs", "ag", "node")
+
+
+def residual_key(key: Hashable, phase: str, segment: int = 0) -> tuple:
+    """The residual key of one lossy encode of logical tensor ``key``: ``(key, phase)`` for the first
+    segment (an unsegmented tensor keeps that short key), ``(key, phase, segment)`` after it. The
+    logical key stays first, so :meth:`ErrorFeedback.reset` (key) drops every segment's residuals."""
+    return (key, phase) if segment == 0 else (key, phase, segment)
+
+
+def parse_residual_key(rk: Any) -> tuple[Hashable, str, int]:
+    """``(key, phase, segment)`` of a key made by :func:`residual_key`; ValueError for anything else."""
+    if isinstance(rk, tuple) and len(rk) in (2, 3) and rk[1] in PHASES:
+        segment = rk[2] if len(rk) == 3 else 0
+        if isinstance(segment, int) and segment >= 0:
+            return rk[0], rk[1], segment
+    raise ValueError(f"not an error-feedback residual key: {rk!r}")
 
 
 class ErrorFeedback:
@@ -53,17 +76,6 @@ class ErrorFeedback:
             self._residuals[key] = (signature, buf)
             return buf
 
-    def encode(self, key: Hashable, x: torch.Tensor, codec: Codec, *, salt: int = 0) -> torch.Tensor:
-        """``payload = codec.encode(x + residual[key])``; ``residual[key] = (x + residual) - decode(payload)``.
-        The payload has the layout of a plain ``codec.encode(x)``, so receivers need not know whether
-        the sender compensates."""
-        flat = x.reshape(-1)
-        flat = flat if flat.is_contiguous() else flat.contiguous()
-        out = torch.empty(1, codec.encoded_nbytes(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
-        fb = self.buffer(key, flat.numel(), flat.dtype, flat.device, codec)
-        codec.encode_rows(flat, out, flat.numel(), feedback=fb, salt=salt)
-        return out.view(-1)
-
     def residual(self, key: Hashable) -> torch.Tensor | None:
         """The current residual for ``key`` (1-D), or None."""
         with self._lock:
@@ -90,7 +102,7 @@ class ErrorFeedback:
         """Replace every residual by ``state``'s (made by :meth:`state_dict`), on their recorded devices."""
         residuals = {}
         for k, sig, t in state["residuals"]:
-            residuals[_tuplify(k)] = (tuple(sig), t.to(torch.device(sig[2])).contiguous())
+            residuals[tuplify(k)] = (tuple(sig), t.to(torch.device(sig[2])).contiguous())
         with self._lock:
             self._residuals = residuals
 
@@ -106,6 +118,9 @@ class ErrorFeedback:
         return f"<ErrorFeedback {len(self)} residuals>"
 
 
-def _tuplify(k: Any) -> Any:
+def tuplify(k: Any) -> Any:
     """Keys come back from serialisers (JSON, some checkpoint formats) with tuples turned into lists."""
-    return tuple(_tuplify(x) for x in k) if isinstance(k, list) else k
+    return tuple(tuplify(x) for x in k) if isinstance(k, list) else k
+
+
+_tuplify = tuplify  # the name ccoll/patch.py imports until the patch package is merged (then remove)

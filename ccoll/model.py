@@ -187,17 +187,17 @@ def _policy_op(op: str) -> str:
 
 def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> int:
     """Bytes ccoll's collectives record as sent for one call (mirrors ccoll.collectives' segmenting)."""
-    from .collectives import _segments, _spans
+    from .collectives.segments import segments, spans
 
     elt = torch.empty((), dtype=dtype).element_size()
     if codec is None:
         return numel * elt
     if op == "all_reduce":
-        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in _segments(numel, group, elt, codec.align_numel))
+        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in segments(numel, group, elt, codec.align_numel))
     if op == "reduce_scatter":
-        return sum(group * codec.encoded_nbytes(n, dtype) for _, n in _spans(numel // group, group, elt, codec.align_numel))
+        return sum(group * codec.encoded_nbytes(n, dtype) for _, n in spans(numel // group, group, elt, codec.align_numel))
     if op == "all_gather":
-        return sum(codec.encoded_nbytes(n, dtype) for _, n in _spans(numel, group, elt, codec.align_numel))
+        return sum(codec.encoded_nbytes(n, dtype) for _, n in spans(numel, group, elt, codec.align_numel))
     return codec.encoded_nbytes(numel, dtype)
 
 

@@ -329,11 +329,12 @@ def _async_result(h: Any, dim: str) -> Any:
 
 
 def _decide(st: _State, dim: str, op: str, tensor: torch.Tensor):
-    """The codec for this call, or None. Rejects cheaply first (native rule, below min_bytes): most
-    calls the patch sees are tiny or on native dimensions; the full policy check runs for the rest."""
+    """The codec for this call, or None: the policy's choice (``Policy.resolve``, whose passthrough
+    rules are the collectives' one ``decide``). A native rule returns at once: most calls the patch
+    sees are on native dimensions. The collectives get the rule's ``min_bytes`` with the codec, so
+    they reach the same answer rather than being told to skip the check."""
     if _capture.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
-    rule = st.policy.rule(dim, op)
-    if not rule.compresses or tensor.numel() * tensor.element_size() < rule.min_bytes:
+    if not st.policy.rule(dim, op).compresses:
         return None
     return st.policy.resolve(dim, op, tensor, step=st.steps)
 
@@ -424,7 +425,7 @@ def _make_all_reduce(orig: Callable) -> Callable:
                 key = st.call_key(dim, "all_reduce", group)
                 fn = _collectives().all_reduce
                 h = fn(tensor, op=red, group=group if comm is None else comm, codec=codec, async_op=async_op,
-                       error_feedback=ef, key=key, min_bytes=0, salt=st.salt(key), **_hier(rule))
+                       error_feedback=ef, key=key, min_bytes=rule.min_bytes, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -458,11 +459,11 @@ def _make_all_gather(orig: Callable) -> Callable:
                 if rule.weight_delta:  # weight_delta: send encoded changes against ccoll's reconstruction
                     h = st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=group if comm is None else comm,
                                                          codec=codec, async_op=async_op, key=key, step=st.steps,
-                                                         refresh_steps=rule.weight_delta, min_bytes=0, salt=st.salt(key))
+                                                         refresh_steps=rule.weight_delta, min_bytes=rule.min_bytes, salt=st.salt(key))
                 else:
                     fn = _collectives().all_gather_into_tensor
                     h = fn(output_tensor, input_tensor, group=group if comm is None else comm, codec=codec,
-                           async_op=async_op, min_bytes=0, salt=st.salt(key), **_hier(rule))
+                           async_op=async_op, min_bytes=rule.min_bytes, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -498,7 +499,7 @@ def _make_reduce_scatter(orig: Callable) -> Callable:
                 key = st.call_key(dim, "reduce_scatter", group)
                 fn = _collectives().reduce_scatter_tensor
                 h = fn(output, input, op=red, group=group if comm is None else comm, codec=codec, async_op=async_op,
-                       error_feedback=ef, key=key, min_bytes=0, salt=st.salt(key), **_hier(rule))
+                       error_feedback=ef, key=key, min_bytes=rule.min_bytes, salt=st.salt(key), **_hier(rule))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -534,7 +535,7 @@ def _make_broadcast(orig: Callable) -> Callable:
             with dimension(dim):
                 fn = _collectives().broadcast
                 h = fn(tensor, src, group=group if comm is None else comm, codec=codec, async_op=async_op,
-                       min_bytes=0, salt=st.salt(st.call_key(dim, "broadcast", group)))
+                       min_bytes=st.policy.rule(dim, "broadcast").min_bytes, salt=st.salt(st.call_key(dim, "broadcast", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -568,7 +569,7 @@ def _make_all_to_all_single(orig: Callable) -> Callable:
             with dimension(dim):
                 fn = _collectives().all_to_all_single
                 h = fn(output, input, group=group if comm is None else comm, codec=codec, async_op=async_op,
-                       min_bytes=0, salt=st.salt(st.call_key(dim, "all_to_all", group)))
+                       min_bytes=st.policy.rule(dim, "all_to_all").min_bytes, salt=st.salt(st.call_key(dim, "all_to_all", group)))
         finally:
             _local.busy = False
         return _async_result(h, dim) if async_op else None
@@ -620,7 +621,7 @@ def _make_p2p(orig: Callable, name: str) -> Callable:
                 salt = st.salt(st.call_key(dim, stat_op, group))  # decoding needs none: receivers take no salt
                 extra = {"salt": salt} if sending else {}
                 h = getattr(_collectives(), name)(tensor, global_peer, group=group, codec=codec, tag=tag,
-                                                  min_bytes=0, **extra)
+                                                  min_bytes=st.policy.rule(dim, "send_recv").min_bytes, **extra)
         finally:
             _local.busy = False
         if is_async:

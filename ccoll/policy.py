@@ -246,20 +246,22 @@ class Policy:
         ``tensor``: the tensor this rank contributes (all_gather: its input chunk), or a
         ``(numel_or_shape, dtype)`` pair. ``step``: optimizer steps done so far (None: warm-up is over).
         The answer depends on (dim, op, shape, dtype, step) only, so both sides of a send/recv agree.
+
+        The policy only *chooses*: the rule, its size bucket, warm-up, excludes, and single values
+        (loss scalars, flags: never worth a codec call). Whether the chosen codec may take this tensor
+        (dtype, layout, ``min_bytes``, ...) is :func:`ccoll.collectives.call.decide`'s answer, the
+        same function the collectives apply, so the two can never disagree.
         """
+        from .collectives.call import decide
+
         try:
             rule = self._rules[(dim, op)]
         except KeyError:
             rule = self.rule(dim, op)  # raises the PolicyError
         if not rule.compresses:
             return None
-        # cheapest tests first: this runs on every call the patch sees, most of them tiny
         if isinstance(tensor, torch.Tensor):
-            numel, dtype = tensor.numel(), tensor.dtype
-            nbytes = numel * dtype.itemsize
-            if numel <= 1 or nbytes < rule.min_bytes:
-                return None
-            ndim = tensor.dim()
+            numel, dtype, ndim = tensor.numel(), tensor.dtype, tensor.dim()
         else:
             shape, dtype = tensor
             if isinstance(shape, int):
@@ -268,20 +270,17 @@ class Policy:
                 numel, ndim = 1, len(shape)
                 for s in shape:
                     numel *= int(s)
-            nbytes = numel * dtype.itemsize
-            if numel <= 1 or nbytes < rule.min_bytes:
-                return None
-        codec = rule.codec_obj if not rule.sizes else rule.codec_for(nbytes)
-        if codec is None:
+        if numel <= 1:
             return None
-        if dtype not in codec.dtypes or not dtype.is_floating_point:
+        codec = rule.codec_obj if not rule.sizes else rule.codec_for(numel * dtype.itemsize)
+        if codec is None:
             return None
         if step is not None and step < rule.warmup_steps:
             return None
         for ex in rule.exclude:
             if ex.matches(ndim, dtype):
                 return None
-        return codec
+        return decide(codec, tensor if isinstance(tensor, torch.Tensor) else (numel, dtype), min_bytes=rule.min_bytes)
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the normalised rules: equal for policies that behave the same, whatever the

@@ -17,7 +17,7 @@ by host synchronisation:
    caching allocator cannot hand their memory to someone else while codec work still reads/writes it.
 
 Stats seconds on CUDA are the elapsed time between an event at the call (caller's stream) and the done
-event, measured lazily when the stats are read (:class:`ccoll.stats` resolves them): no synchronisation
+event (native calls: :meth:`Call.mark_done` on the stream that waited for the native work), measured lazily when the stats are read (:class:`ccoll.stats` resolves them): no synchronisation
 on the hot path. On CPU every method is a no-op and seconds are ``time.perf_counter`` differences.
 
 The ordering logic (:class:`Call`) is written against a tiny device API (:class:`CudaApi`), so tests
@@ -104,6 +104,12 @@ class Call:
         """Record the done event on the side stream (all codec work of the call is enqueued)."""
         self.done = self.api.record(self.side, timing=True)
 
+    def mark_done(self) -> None:
+        """The done event of a call without codec work (the native path), on the stream current at
+        completion (the caller's, which waited for the native work), so its stats seconds are measured
+        like a compressed call's."""
+        self.done = self.api.record(self.api.current_stream(self.device), timing=True)
+
     def join(self) -> None:
         """Make the stream current now (the caller's, at ``wait()``) wait for the done event."""
         if self.done is not None:
@@ -136,6 +142,9 @@ class _NullCall:
         pass
 
     def join(self) -> None:
+        pass
+
+    def mark_done(self) -> None:
         pass
 
     def is_done(self) -> bool:
@@ -187,20 +196,28 @@ class _SideWork:
         return self.work.get_future()
 
 
-_api: CudaApi | None = None
-_api_lock = threading.Lock()
+class _Devices:
+    """The one :class:`CudaApi` of this process, made on the first CUDA call (so CPU-only runs never
+    touch torch.cuda)."""
+
+    def __init__(self) -> None:
+        self.cuda: CudaApi | None = None
+        self.lock = threading.Lock()
+
+    def cuda_api(self) -> CudaApi:
+        with self.lock:
+            if self.cuda is None:
+                self.cuda = CudaApi()
+            return self.cuda
+
+
+_devices = _Devices()
 
 
 def _api_for(device: torch.device) -> Any:
     """The device API for ``device``: :class:`CudaApi` for CUDA tensors, None (no streams) otherwise.
     Tests replace this to drive :class:`Call` with a recording fake on CPU."""
-    global _api
-    if device.type != "cuda":
-        return None
-    with _api_lock:
-        if _api is None:
-            _api = CudaApi()
-        return _api
+    return _devices.cuda_api() if device.type == "cuda" else None
 
 
 def begin(device: torch.device) -> Call | _NullCall:

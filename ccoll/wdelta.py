@@ -44,14 +44,14 @@ Stats: delta calls record codec ``wdelta/<spec>``; refreshes record ``native`` (
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Hashable
 
 import torch
 
-from .collectives import _plan, _rows, _salts, all_gather_into_tensor as _exact_all_gather
+from .collectives import all_gather_into_tensor as _exact_all_gather
+from .collectives.call import Run, decide, rows
+from .collectives.salts import OWN, salts
 from .errors import PolicyError
-from .stats import current_dimension, record as _record_stats
 from .transports import Handle, for_group
 
 __all__ = ["WeightDelta"]
@@ -88,7 +88,7 @@ class WeightDelta:
         """Weight-delta all-gather of ``input`` (this rank's partition) into ``output``. ``key`` names
         the call site (the same logical tensor every step); ``step`` is the optimizer step count, equal
         on every rank; ``refresh_steps`` (>= 1) the most steps between exact re-seedings. Passthrough
-        rules (codec None, tiny or integer tensors, world size 1, ...) are :func:`ccoll.collectives`'s:
+        rules (codec None, tiny or integer tensors, world size 1, ...) are :func:`ccoll.collectives.call.decide`'s:
         those calls are plain exact all-gathers and leave the state alone."""
         if key is None:
             raise PolicyError("weight-delta all_gather needs key= naming the call site")
@@ -100,7 +100,7 @@ class WeightDelta:
         p = tr.world_size
         shaped = isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor) \
             and output.numel() == p * input.numel() and output.dtype == input.dtype
-        c = _plan(codec, input, min_bytes, tr) if shaped else None
+        c = decide(codec, input, min_bytes=min_bytes, transport=tr) if shaped else None
         if c is None:  # the exact gather, which also raises ccoll's TransportError for bad arguments
             return _exact_all_gather(output, input, group=group, codec=None, async_op=async_op)
         out, inp = output.detach(), input.detach()
@@ -113,31 +113,28 @@ class WeightDelta:
                 or step < entry.seeded_step:
             return self._refresh(key, signature, output, input, group, rdtype, step, async_op)
 
-        t0, dim = time.perf_counter(), current_dimension()
+        run = Run("all_gather", inp.device)
+        side = run.stream
         recon = entry.recon
-        flat = inp.reshape(-1)
-        # the delta is a new tensor: ``input`` may alias ``output`` (DeepSpeed's own slot), which is
-        # written only after every payload has arrived
-        delta = flat.to(rdtype) - recon.view(p, m)[tr.rank]
-        payload = _rows(1, c.encoded_nbytes(m, rdtype), inp.device)
-        c.encode_rows(delta, payload, m, salt=_salts(salt, tr)(0, 0))
-        gathered = _rows(p, payload.shape[1], inp.device)
-        work = tr.all_gather(gathered.view(-1), payload.view(-1), async_op)
-        raw, wire = m * inp.element_size(), payload.numel()
+        with side.on_side():
+            side.keep(inp, out)
+            flat = inp.reshape(-1)
+            # the delta is a new tensor: ``input`` may alias ``output`` (DeepSpeed's own slot), which is
+            # written only after every payload has arrived
+            delta = flat.to(rdtype) - recon.view(p, m)[tr.rank]
+            payload = rows(1, c.encoded_nbytes(m, rdtype), inp.device)
+            c.encode_rows(delta, payload, m, salt=salts(salt, tr)(OWN, 0))
+            gathered = rows(p, payload.shape[1], inp.device)
+            work = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op))
 
-        def then() -> None:
+        def body() -> None:
             decoded = torch.empty(p * m, dtype=rdtype, device=inp.device)
             c.decode_rows(gathered, decoded, m)
             recon.add_(decoded)
             out.copy_(recon.view(out.shape))
-            _record_stats("all_gather", f"wdelta/{c.spec}", raw, wire, time.perf_counter() - t0, dim=dim)
 
-        if async_op:
-            return Handle([work], then, [output])
-        if work is not None:
-            work.wait()
-        then()
-        return None
+        return run.compressed(async_op, [work], body, c, m * inp.element_size(), payload.numel(), [output],
+                              name=f"wdelta/{c.spec}")
 
     def _refresh(self, key: Hashable, signature: tuple, output: torch.Tensor, input: torch.Tensor, group: Any,
                  rdtype: torch.dtype, step: int, async_op: bool) -> Handle | None:
@@ -171,12 +168,12 @@ class WeightDelta:
     def load_state_dict(self, state: dict) -> None:
         """Replace every reconstruction by ``state``'s (made by :meth:`state_dict`), each on the device
         its signature names."""
-        from .feedback import _tuplify
+        from .feedback import tuplify
 
         entries = {}
         for k, sig, seeded_step, recon in state["entries"]:
-            sig = _tuplify(sig)
-            entries[_tuplify(k)] = _Entry(sig, recon.to(torch.device(sig[3])).contiguous().clone(), int(seeded_step))
+            sig = tuplify(sig)
+            entries[tuplify(k)] = _Entry(sig, recon.to(torch.device(sig[3])).contiguous().clone(), int(seeded_step))
         with self._lock:
             self._entries = entries
 

@@ -191,12 +191,12 @@ def hunk() -> dict:
     """Seconds per call of the dispatch test on a fixed-size codec spec (what every compressed call pays)."""
     import timeit
 
-    from ccoll import collectives as cc
+    from ccoll.collectives.call import as_codec
 
     codec = "int8:block=256"
-    cc._as_codec(codec)
+    as_codec(codec)
     n = 200000
-    t = timeit.timeit(lambda: codec is not None and cc._as_codec(codec).variable_size, number=n) / n
+    t = timeit.timeit(lambda: codec is not None and as_codec(codec).variable_size, number=n) / n
     return {"dispatch_test_us": t * 1e6}
 
 

@@ -77,7 +77,7 @@ def _measure(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from .. import collectives as cc
-    from .. import hierarchy
+    from ..collectives import nodes as hierarchy
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))

@@ -106,7 +106,7 @@ def measure(x, codec) -> dict:
         if bool((emax[~nz] > 0).any()):
             max_blk = math.inf  # a block of zeros that did not stay zero
     xn, yn = float(xd.norm()), float(y.norm())
-    # a variable-size codec's payload is its capacity; what travels is the used part (ccoll/varsize.py)
+    # a variable-size codec's payload is its capacity; what travels is the used part (ccoll/collectives/varsize.py)
     nbytes = codec.used_nbytes(payload.view(1, -1))[0] if codec.variable_size else payload.numel()
     cos = float(torch.dot(xd, y)) / (xn * yn) if xn > 0 and yn > 0 else (1.0 if xn == yn else 0.0)
     return {"bits": nbytes * 8, "numel": n, "err2": float(err.pow(2).sum()), "x2": xn**2,

@@ -89,7 +89,7 @@ class Codec:
     #: decoded values may differ from the input (False only for exact codecs like "none")
     lossy: ClassVar[bool] = True
     #: payloads use a per-row number of bytes up to ``encoded_nbytes`` (a capacity), read back with
-    #: ``used_nbytes(rows)``; collectives then move only the used bytes (ccoll/varsize.py)
+    #: ``used_nbytes(rows)``; collectives then move only the used bytes (ccoll/collectives/varsize.py)
     variable_size: ClassVar[bool] = False
     #: input dtypes this codec accepts
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)

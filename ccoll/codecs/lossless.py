@@ -15,7 +15,7 @@ Variable size (``variable_size = True``): the payload of a row holds ``used_nbyt
 first word; ``used_nbytes(rows)`` reads them) out of a capacity ``encoded_nbytes(numel, dtype)`` = raw
 bytes + 16 (a row that would not shrink is stored raw). The batched API is unchanged: rows are capacity
 wide, bytes past ``used`` are zero and are never read, so a collective moves only the used bytes
-(ccoll/varsize.py) and places them at the start of a capacity-wide row to decode.
+(ccoll/collectives/varsize.py) and places them at the start of a capacity-wide row to decode.
 
 Exact: decode(encode(x)) has x's bits (NaN payloads, -0, subnormals, Inf included); ``decode_sum`` is the
 fp32 row-order sum of the exact decodes (what codec "none" gives). Error feedback, when asked for, is the

@@ -24,7 +24,8 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TransportError
-from . import Handle, Transport
+from .base import Transport
+from .handle import Handle
 
 
 class _Slot:

@@ -32,10 +32,8 @@ import torch
 
 from ..errors import TransportError
 from ..log import logger
-from . import Handle, Transport, check_bytes
-
-_cuda_aware: bool | None = None
-_cuda_lock = threading.Lock()
+from .base import Transport, check_bytes
+from .handle import Handle
 
 # dtypes whose numpy view MPI reduces natively (mpi4py maps numpy float16 to MPI's 16-bit float)
 _MPI_REDUCIBLE = {
@@ -56,29 +54,46 @@ def _find_libmpi() -> str | None:
     return None
 
 
-def cuda_aware() -> bool:
-    """Whether the MPI library accepts CUDA device buffers (detected once, logged once)."""
-    global _cuda_aware
-    with _cuda_lock:
-        if _cuda_aware is not None:
-            return _cuda_aware
+class _CudaAwareness:
+    """The answer to "does this MPI take CUDA buffers?", detected once per process (the library does
+    not change under a running job) and logged once."""
+
+    def __init__(self) -> None:
+        self.value: bool | None = None
+        self.lock = threading.Lock()
+
+    def get(self) -> bool:
+        with self.lock:
+            if self.value is None:
+                self.value = self._detect()
+            return self.value
+
+    @staticmethod
+    def _detect() -> bool:
         env = os.environ.get("CCOLL_MPI_CUDA_AWARE")
-        how = ""
         if env in ("0", "1"):
-            _cuda_aware, how = env == "1", "CCOLL_MPI_CUDA_AWARE"
+            aware, how = env == "1", "CCOLL_MPI_CUDA_AWARE"
         else:
-            _cuda_aware, how = False, "MPIX_Query_cuda_support not found"
+            aware, how = False, "MPIX_Query_cuda_support not found"
             path = _find_libmpi()
             if path:
                 try:
                     fn = ctypes.CDLL(path).MPIX_Query_cuda_support
                     fn.restype = ctypes.c_int
-                    _cuda_aware, how = bool(fn()), f"MPIX_Query_cuda_support() in {path}"
+                    aware, how = bool(fn()), f"MPIX_Query_cuda_support() in {path}"
                 except (OSError, AttributeError):
                     pass
-        logger.info("ccoll: MPI CUDA-aware: %s (%s); %s", _cuda_aware, how,
-                    "device buffers go to MPI directly" if _cuda_aware else "CUDA tensors are staged through host memory")
-        return _cuda_aware
+        logger.info("ccoll: MPI CUDA-aware: %s (%s); %s", aware, how,
+                    "device buffers go to MPI directly" if aware else "CUDA tensors are staged through host memory")
+        return aware
+
+
+_cuda_awareness = _CudaAwareness()
+
+
+def cuda_aware() -> bool:
+    """Whether the MPI library accepts CUDA device buffers (detected once, logged once)."""
+    return _cuda_awareness.get()
 
 
 #: how often the progress thread enters MPI while requests are outstanding
@@ -258,16 +273,6 @@ class MPITransport(Transport):
         d, finish = self._dst(buf)
         return _handle(self.comm.Irecv(d, source=src, tag=tag), lambda: (d, finish and finish())[1])
 
-    def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
-        check_bytes(buf)
-        self.comm.Send(self._src(buf), dest=dst, tag=tag)
-
-    def recv(self, buf: torch.Tensor, src: int, tag: int = 0) -> None:
-        check_bytes(buf)
-        d, finish = self._dst(buf)
-        self.comm.Recv(d, source=src, tag=tag)
-        if finish is not None:
-            finish()
 
     # native calls ------------------------------------------------------------------------------
     def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:

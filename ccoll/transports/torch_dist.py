@@ -23,7 +23,8 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..errors import TransportError
 from ..log import warn_once
-from . import Handle, Transport, check_bytes
+from .base import Transport
+from .handle import Handle
 
 _REDUCE_OPS = {
     "sum": c10d.ReduceOp.SUM,
@@ -95,14 +96,6 @@ class TorchTransport(Transport):
         return c10d.get_global_rank(self.group, int(group_rank))
 
     # byte movement: the Transport defaults (checked buffers, native calls) -----------------------
-    def send(self, buf: torch.Tensor, dst: int, tag: int = 0) -> None:
-        check_bytes(buf)
-        _original("isend")(buf, self.global_rank(dst), group=self.group, tag=tag).wait()
-
-    def recv(self, buf: torch.Tensor, src: int, tag: int = 0) -> None:
-        check_bytes(buf)
-        _original("irecv")(buf, self.global_rank(src), group=self.group, tag=tag).wait()
-
     # native calls ------------------------------------------------------------------------------
     def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
         reduce_op, then = self._reduce_op(op, tensor)

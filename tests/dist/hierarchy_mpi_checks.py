@@ -15,7 +15,7 @@ def main() -> None:
     from mpi4py import MPI
 
     from ccoll import collectives as cc
-    from ccoll import hierarchy
+    from ccoll.collectives import nodes as hierarchy
 
     comm = MPI.COMM_WORLD
     r, p = comm.Get_rank(), comm.Get_size()

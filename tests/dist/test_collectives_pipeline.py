@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import ccoll
-import ccoll.collectives as collectives
+import ccoll.collectives.segments as segmenting
 from collective_checks import (
     GlooEnv, data, deterministic, expect_close, expect_equal, expect_same_across_ranks, fail, roundtrip_bound, sum_bound,
 )
@@ -22,10 +22,10 @@ def _pipeline_checks(rank: int, world_size: int) -> dict:
     env = GlooEnv()
     p, G = env.world, env.group
     # the smallest segment: p chunks of one aligned block of elements each
-    collectives.SEGMENT_BYTES = p * CHUNK * 4
+    segmenting.SEGMENT_BYTES = p * CHUNK * 4
     seg_numel = p * CHUNK
     n = 3 * seg_numel + 1237  # three full segments and a short one; 1237 is prime, so not divisible by p
-    segments = collectives._segments(n, p, 4, 1)
+    segments = segmenting.segments(n, p, 4, 1)
     if len(segments) != 4 or sum(s[1] for s in segments) != n:
         fail(env, "segments", f"{segments}")
     for spec in SPECS:
@@ -88,8 +88,8 @@ def _reduce_scatter_and_all_gather(env: GlooEnv, spec: str) -> None:
     """reduce_scatter / all_gather pipelined over 4 spans of the per-rank chunk (the last one short)."""
     c, p, r, G = ccoll.get_codec(spec), env.world, env.rank, env.group
     m = 3 * CHUNK + 1237
-    if len(collectives._spans(m, p, 4, 1)) != 4:
-        fail(env, "spans", f"{collectives._spans(m, p, 4, 1)}")
+    if len(segmenting.spans(m, p, 4, 1)) != 4:
+        fail(env, "spans", f"{segmenting.spans(m, p, 4, 1)}")
     inputs = [data(92, k, p * m) for k in range(p)]
     mine = [x[r * m:(r + 1) * m] for x in inputs]
     ref = sum(x.double() for x in mine)
@@ -98,7 +98,7 @@ def _reduce_scatter_and_all_gather(env: GlooEnv, spec: str) -> None:
     ccoll.reset_stats()
     ccoll.reduce_scatter_tensor(out, inputs[r], "sum", G, spec, min_bytes=0)
     expect_close(env, f"segmented reduce_scatter {spec}", out, ref, bound * 1.01 + 1e-30)
-    wire = sum(p * c.encoded_nbytes(span, torch.float32) for _, span in collectives._spans(m, p, 4, 1))
+    wire = sum(p * c.encoded_nbytes(span, torch.float32) for _, span in segmenting.spans(m, p, 4, 1))
     row = [x for x in ccoll.stats() if x["op"] == "reduce_scatter"]
     if len(row) != 1 or row[0]["raw_bytes"] != 4 * p * m or row[0]["wire_bytes"] != wire:
         fail(env, f"segmented reduce_scatter {spec} stats", f"{row} (expected wire {wire})")

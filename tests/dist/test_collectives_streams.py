@@ -152,3 +152,35 @@ def test_given_sync_collectives_on_streams_expect_each_ends_with_caller_waiting_
 
 def test_given_cpu_tensors_expect_no_streams():
     assert streams.begin(torch.device("cpu")) is streams.NULL
+
+
+def _hier_and_varsize_calls(rank: int, group, c: ccoll.Codec, lossless: ccoll.Codec) -> list:
+    _tls.log = []
+    t = torch.randn(4000, generator=torch.Generator().manual_seed(rank))
+    ccoll.all_reduce(t, "sum", group, c, min_bytes=0, hierarchy="node")
+    _tls.log.append(("mark", "-"))
+    out = torch.empty(group.size() * 1000)
+    ccoll.all_gather_into_tensor(out, t[:1000], group, lossless, min_bytes=0)
+    return list(_tls.log)
+
+
+def test_given_hierarchical_and_variable_size_calls_on_streams_expect_the_same_ordering_as_flat(fake):
+    """Issue 17: every compressed path runs its codec work and waits on the side stream, and ends with
+    the caller's stream waiting for the call's done event (stats seconds then mean the same)."""
+    from ccoll.collectives import nodes
+
+    nodes.set_node_map(2)  # 2 nodes x 2 ranks
+    try:
+        logs = simulated_world(4, _hier_and_varsize_calls, _codec("bf16"), _codec("lossless"))
+    finally:
+        nodes.set_node_map(None)
+    for log in logs:
+        mark = log.index(("mark", "-"))
+        # the hierarchical form ran (2 nodes: one lossy phase, one encode and one decode-and-sum), then
+        # the variable-size all-gather (one encode, one decode)
+        assert [e[2] for e in log[:mark] if e[0] == "codec"] == ["encode_rows", "decode_sum"]
+        assert [e[2] for e in log[mark:] if e[0] == "codec"] == ["encode_rows", "decode_rows"]
+        assert all(e[1] == "side" for e in log if e[0] in ("codec", "comm-wait")), log
+        joins = [e[2] for e in log if e[0] == "wait" and e[1] == "caller"]
+        dones = [e[2] for e in log if e[0] == "record" and e[1] == "side"]
+        assert joins == dones and len(dones) == 2, (joins, dones)

@@ -48,7 +48,8 @@ def _checks(rank: int, world: int, nodes: list[int], seed: int) -> dict:
 
     import ccoll
     from ccoll import collectives as cc
-    from ccoll import hierarchy
+    from ccoll.collectives import nodes as hierarchy
+    from ccoll.collectives import segments
     from ccoll.errors import PolicyError
 
     lay = hierarchy.layout()
@@ -81,14 +82,14 @@ def _checks(rank: int, world: int, nodes: list[int], seed: int) -> dict:
         h.wait()
         assert torch.equal(a, t), f"{spec} async all_reduce differs from sync"
         # many pipeline segments (the node exchange of one overlaps the intra-node phases of others)
-        seg_bytes, cc.SEGMENT_BYTES = cc.SEGMENT_BYTES, 2048
+        seg_bytes, segments.SEGMENT_BYTES = segments.SEGMENT_BYTES, 2048
         try:
             sg = xs[rank].clone()
             cc.all_reduce(sg, codec=spec, min_bytes=0, hierarchy="node")
             sa = xs[rank].clone()
             cc.all_reduce(sa, codec=spec, min_bytes=0, hierarchy="node", async_op=True).get_future().wait()
         finally:
-            cc.SEGMENT_BYTES = seg_bytes
+            segments.SEGMENT_BYTES = seg_bytes
         assert float((sg.double() - exact).abs().max()) <= bound and _same(dist, sg) and torch.equal(sa, sg)
         # avg on a non-contiguous view
         base = torch.zeros(n, 2)
@@ -166,7 +167,7 @@ def _degenerate(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     from ccoll import collectives as cc
-    from ccoll import hierarchy
+    from ccoll.collectives import nodes as hierarchy
     from ccoll.errors import PolicyError
 
     x = _x(5, rank, 2048)
@@ -198,7 +199,7 @@ def _degenerate(rank: int, world: int) -> None:
 
 
 def _rank(rank: int, world: int) -> dict:
-    from ccoll import hierarchy
+    from ccoll.collectives import nodes as hierarchy
 
     figures = {"contiguous": _checks(rank, world, [0, 0, 1, 1], seed=1)}  # from CCOLL_NODE_MAP
     hierarchy.set_node_map(["b", "a", "b", "a"])  # interleaved, node ids of any hashable type

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ccoll import collectives as cc
-from ccoll import hierarchy
+from ccoll.collectives import nodes as hierarchy
 from ccoll.testing import simulated_world
 
 SPEC = "int8:block=256"

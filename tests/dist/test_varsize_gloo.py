@@ -1,4 +1,4 @@
-"""The variable-size collectives (ccoll/varsize.py) with the "lossless" codec on real gloo ranks (3):
+"""The variable-size collectives (ccoll/collectives/varsize.py) with the "lossless" codec on real gloo ranks (3):
 every result is bit-identical to the exact one (the input for send/recv, all_gather and broadcast; codec
 "none"'s result for all_reduce / reduce_scatter), on every rank; only the used bytes travel (wire < raw for
 compressible data, raw + 16 for incompressible data); crossing isend/irecv pairs and several sends in flight

@@ -182,7 +182,7 @@ def run(args) -> dict:
             check(item)
     seconds = time.perf_counter() - t0
     dist.barrier()
-    from ccoll.transports import _mpi_by_ranks
+    from ccoll.transports.registry import _mpi_by_ranks
 
     totals = world.gather(dict(counts), root=0)
     mpi_groups = world.gather(sorted(list(r) for r in _mpi_by_ranks), root=0)

@@ -27,6 +27,18 @@ def test_op_name_given_unsupported_op_expect_transport_error_listing_ops(bad):
         op_name(bad)
 
 
+def _ef_encode(ef, key, x, codec, salt: int = 0):
+    """One compensated encode the way the collectives do it: the key's residual buffer
+    (``call.feedback_buffer``) handed to the batched ``encode_rows`` as ``feedback=``."""
+    from ccoll.collectives.call import feedback_buffer, rows
+
+    flat = x.reshape(-1).contiguous()
+    out = rows(1, codec.encoded_nbytes(flat.numel(), flat.dtype), flat.device)
+    fb = feedback_buffer(ef, key, flat.numel(), flat.dtype, flat.device, codec)
+    codec.encode_rows(flat, out, flat.numel(), feedback=fb, salt=salt)
+    return out.view(-1)
+
+
 def test_handle_given_then_when_waited_twice_expect_it_runs_once_and_result_returned():
     calls = []
     h = Handle((), lambda: calls.append(1) or "decoded")
@@ -69,7 +81,7 @@ def test_error_feedback_given_repeated_encodes_expect_sum_of_decodes_tracks_sum_
     with_ef = torch.zeros(4096, dtype=torch.float64)
     without = torch.zeros(4096, dtype=torch.float64)
     for _ in range(steps):
-        with_ef += codec.decode(ef.encode("w", x, codec), x.numel(), x.dtype).double()
+        with_ef += codec.decode(_ef_encode(ef, "w", x, codec), x.numel(), x.dtype).double()
         without += codec.decode(codec.encode(x), x.numel(), x.dtype).double()
     exact = x.double() * steps
     one_step = float(x.abs().max()) * 2.0**-8
@@ -82,14 +94,14 @@ def test_error_feedback_given_changed_shape_or_codec_expect_residual_restarts():
     bf16, fp16 = ccoll.get_codec("bf16"), ccoll.get_codec("fp16")
     ef = ccoll.ErrorFeedback()
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
-    ef.encode("w", x, bf16)
+    _ef_encode(ef, "w", x, bf16)
     first = ef.residual("w").clone()
     # another codec: the old residual would be the wrong correction; it restarts from zero
-    payload = ef.encode("w", x, fp16)
+    payload = _ef_encode(ef, "w", x, fp16)
     assert torch.equal(payload, fp16.encode(x))
     assert not torch.equal(ef.residual("w"), first)
     # another numel under the same key
-    ef.encode("w", x[:10], bf16)
+    _ef_encode(ef, "w", x[:10], bf16)
     assert ef.residual("w").numel() == 10
 
 
@@ -98,10 +110,10 @@ def test_error_feedback_given_non_finite_input_expect_residual_stays_finite():
     ef = ccoll.ErrorFeedback()
     x = torch.randn(256)
     x[3] = float("inf")
-    ef.encode("g", x, codec)
+    _ef_encode(ef, "g", x, codec)
     assert torch.isfinite(ef.residual("g")).all()
     y = torch.randn(256)
-    payload = ef.encode("g", y, codec)
+    payload = _ef_encode(ef, "g", y, codec)
     assert torch.isfinite(codec.decode(payload, 256, torch.float32)).all()
 
 
@@ -109,7 +121,7 @@ def test_error_feedback_given_exact_codec_expect_zero_residual_and_unmodified_pa
     codec = ccoll.get_codec("none")
     ef = ccoll.ErrorFeedback()
     x = torch.randn(333)
-    payload = ef.encode("k", x, codec)
+    payload = _ef_encode(ef, "k", x, codec)
     assert torch.equal(payload, codec.encode(x)) and not ef.residual("k").any()
 
 
@@ -117,7 +129,7 @@ def test_error_feedback_given_reset_of_logical_key_expect_all_derived_keys_dropp
     codec = ccoll.get_codec("bf16")
     ef = ccoll.ErrorFeedback()
     for k in [("w", "rs", 0), ("w", "rs", 1), ("w", "ag"), ("b", "ag")]:
-        ef.encode(k, torch.randn(8), codec)
+        _ef_encode(ef, k, torch.randn(8), codec)
     ef.reset("w")
     assert ef.keys() == [("b", "ag")]
     ef.reset()
@@ -148,3 +160,70 @@ def test_stats_given_lazily_timed_calls_expect_seconds_read_only_when_the_table_
     (row,) = stats()
     assert row["seconds"] == 150.0 and row["calls"] == 300 and "_pending" not in row
     reset_stats()
+
+
+# --- the one passthrough decision (ccoll.collectives.call.decide) ------------------------------------
+
+class _Group:
+    """Just what decide() reads of a transport."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+
+def _exact_layouts() -> dict:
+    import warnings
+
+    warnings.simplefilter("ignore", UserWarning)
+    dense = torch.randn(64, 64)
+    q = torch.quantize_per_tensor(dense, scale=0.1, zero_point=0, dtype=torch.qint8)
+    return {
+        "sparse_coo": dense.to_sparse(),
+        "sparse_csr": dense.to_sparse_csr(),
+        "complex64": torch.randn(4096, dtype=torch.complex64),
+        "quantized": q,
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("what", list(_exact_layouts()))
+def test_decide_given_sparse_complex_or_quantized_tensor_expect_exact_native_path(what):
+    """Issue 19: codecs take dense real floats; any other layout must take the native call."""
+    from ccoll.collectives.call import decide
+
+    t = _exact_layouts()[what]
+    assert decide("bf16", t, op="sum", min_bytes=0, transport=_Group(0, 2)) is None
+    assert decide("int8:block=64", t, min_bytes=0) is None
+
+
+def test_decide_given_each_passthrough_rule_expect_none_and_otherwise_the_cached_codec():
+    from ccoll.collectives.call import as_codec, decide
+
+    x = torch.randn(4096)
+    c = decide("int8:block=64", x, op="avg", min_bytes=0, transport=_Group(1, 4))
+    assert c is as_codec("int8:block=64") and c.spec.startswith("int8")
+    assert decide(None, x, min_bytes=0) is None
+    assert decide("bf16", x, min_bytes=0, transport=_Group(0, 1)) is None  # world size 1
+    assert decide("bf16", x, min_bytes=0, transport=_Group(-1, 4)) is None  # outside the group
+    assert decide("bf16", torch.ones(4096, dtype=torch.int32), min_bytes=0) is None
+    assert decide("bf16", torch.empty(0), min_bytes=0) is None
+    assert decide("bf16", x, op="max", min_bytes=0) is None
+    assert decide("bf16", x, min_bytes=4 * 4096 + 1) is None
+    assert decide("bf16", x[:1023]) is None  # the default threshold (4 KiB)
+    assert decide("bf16", x[:1024]) is not None
+    assert decide("int8:block=64", torch.randn(4096, dtype=torch.float64), min_bytes=0) is None  # not its dtype
+    # the pair form a policy uses before there is a group
+    assert decide("bf16", ((32, 32), torch.float32), min_bytes=4096) is not None
+    assert decide("bf16", (1023, torch.float32), min_bytes=4096) is None
+
+
+def test_residual_keys_given_phase_and_segment_expect_round_trip_and_short_first_segment_key():
+    from ccoll.feedback import parse_residual_key, residual_key
+
+    assert residual_key("w", "rs") == ("w", "rs")
+    assert residual_key(("ddp", "a"), "ag", 3) == (("ddp", "a"), "ag", 3)
+    for key, phase, seg in [("w", "rs", 0), (("x", 1), "ag", 2), ("n", "node", 5)]:
+        assert parse_residual_key(residual_key(key, phase, seg)) == (key, phase, seg)
+    for bad in ["w", ("w",), ("w", "zz"), ("w", "rs", -1), ("w", "rs", "a")]:
+        with pytest.raises(ValueError):
+            parse_residual_key(bad)

@@ -8,7 +8,8 @@ import io
 import pytest
 import torch
 
-from ccoll import collectives, get_codec
+from ccoll import get_codec
+from ccoll.collectives import segments as segmenting
 from ccoll.ddp import CompressionState, _PackedFeedback
 from ccoll.errors import PolicyError
 
@@ -55,7 +56,7 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     the all-gather residual to this rank's chunk; store() writes them back per parameter. With a small
     SEGMENT_BYTES the collective segments the buffer and the mapping follows its segments."""
     if segment_bytes is not None:
-        monkeypatch.setattr(collectives, "SEGMENT_BYTES", segment_bytes)
+        monkeypatch.setattr(segmenting, "SEGMENT_BYTES", segment_bytes)
     codec = get_codec("int8:block=64")
     st = CompressionState(codec=codec)
     sizes = {"a": 64 * 70, "b": 64 * 200}  # padded regions, in canonical order
@@ -66,7 +67,7 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
         off += n
     total = -(-off // 128) * 128
     ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec, world=2, rank=1)
-    segments = collectives._segments(total, 2, 4, codec.align_numel)
+    segments = segmenting.segments(total, 2, 4, codec.align_numel)
     assert (len(segments) > 1) == (segment_bytes is not None)
     seen = 0
     for s, (lo, seg_numel, chunk) in enumerate(segments):

@@ -1,0 +1,64 @@
+"""Stochastic-rounding salts: one per (call, rank, phase, segment), never sent.
+
+A stochastic-rounding codec with one fixed seed would draw the same random numbers on every rank and
+every call (errors would correlate instead of cancelling in the sum, and repeat instead of averaging
+out over steps), so every encode gets a salt mixed from: the caller's ``salt`` (derived from (step,
+call key) by the patch/DDP/FSDP layers, so a resumed run draws what an uninterrupted one would) or,
+when None, a call counter of this process and group (reproducible run to run for a fixed call order);
+this rank's global rank (ranks decorrelate); the phase and the segment. Deterministic codecs ignore it.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Callable
+
+from ..transports import Transport
+
+#: phases of one call, each lossy encode of a segment gets its own salt: the encode of the caller's own
+#: data (every collective's first), the re-encode of a reduced chunk (all_reduce's all-gather), and a
+#: node's partial sum (hierarchical all_reduce, 2 nodes)
+OWN, REDUCED, NODE = 0, 1, 2
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class _Counters:
+    """Per-group call counters for calls without a caller salt (weakly keyed: a destroyed group's
+    counter goes with it)."""
+
+    def __init__(self) -> None:
+        self.by_transport: "weakref.WeakKeyDictionary[Transport, Any]" = weakref.WeakKeyDictionary()
+        self.lock = threading.Lock()
+
+    def next(self, tr: Transport) -> int:
+        with self.lock:
+            counter = self.by_transport.get(tr)
+            if counter is None:
+                counter = self.by_transport[tr] = itertools.count()
+        return next(counter)
+
+
+_counters = _Counters()
+
+
+def salts(salt: int | None, tr: Transport) -> Callable[[int, int], int]:
+    """``salt_of(phase, segment)`` for one call on this rank (nonzero: 0 means "no salt" to codecs)."""
+    if salt is None:
+        base = mix64(_counters.next(tr) ^ (tr.global_rank(0) << 40) ^ (tr.world_size << 20))
+    else:
+        base = mix64(int(salt) & _M64)
+    mine = mix64(base ^ mix64(tr.global_rank(tr.rank)))
+    return lambda phase, segment: mix64(mine ^ (phase << 48) ^ segment) or 1
+
+
+__all__ = ["NODE", "OWN", "REDUCED", "mix64", "salts"]
