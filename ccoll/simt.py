@@ -287,22 +287,25 @@ def _check_canaries(kernel: str, pointers: list[int]) -> None:
                 gap = ctypes.string_at(end, guard - end)
                 bad = [i for i, c in enumerate(gap) if c != _CANARY]
                 if bad:
-                    raise KernelError(f"simt {kernel}: out-of-bounds write {bad[0]} byte(s) past the end of the "
-                                      f"buffer at 0x{start:x} ({end - start} bytes; canary overwritten)")
+                    raise KernelError(f"simt {kernel}: out-of-bounds write at byte {bad[0]} past the end of the "
+                                      f"{end - start}-byte buffer at 0x{start:x} (canary overwritten)")
 
 
 # --------------------------------------------------------------------------------------------------
 # the codecs' own launch geometry on the CPU
 
 @contextlib.contextmanager
-def as_cupy(order: str = "forward"):
+def as_cupy(order: str = "forward", ctas: tuple[int, int] | None = None, record: list | None = None):
     """Within the block, ``ccoll.kernels.launch`` (the codecs' one GPU launch point) runs kernels here, so
     a codec's ``_encode_rows_cupy`` / ``_decode_rows_cupy`` / ``_decode_sum_cupy`` run on CPU tensors with
-    exactly the grid, block and arguments they give CuPy."""
+    exactly the grid, block and arguments they give CuPy. ``order`` / ``ctas``: as ``launch``;
+    ``record``: a list that gets (module, kernel, grid, block) of each launch."""
     saved = kernels.launch
 
     def _launch(module, kernel, grid, block, args, device):
-        launch(module, kernel, grid, block, args, device, order=order)
+        if record is not None:
+            record.append((module, kernel, grid, block))
+        launch(module, kernel, grid, block, args, device, order=order, ctas=ctas)
 
     kernels.launch = _launch
     try:
