@@ -319,6 +319,23 @@ def test_checks_argument_types_against_the_kernel_signature():
         _faults("simt_fill", 1, 32, out, np.int64(1024))
 
 
+@pytest.mark.parametrize("spec", ["int8:block=64,round=stochastic,seed=3", "int4:block=32,rotate=hadamard",
+                                  "fp8:format=e5m2,block=32", "zfp:rate=8,dims=2", "lossless:block=256"])
+def test_get_codec_backend_simt(spec):
+    """ccoll.get_codec(spec, backend="simt"): the public API (encode, decode, the batched calls) runs the
+    codec's cupy launches on the CPU and gives the emulated backend's bytes."""
+    em, sm = ccoll.get_codec(spec, backend="emulated"), ccoll.get_codec(spec, backend="simt")
+    x = _values(3 * 1000 + 17, torch.float32, 4).nan_to_num(0.0, 0.0, 0.0)
+    p = sm.encode(x)
+    assert torch.equal(p, em.encode(x))
+    assert torch.equal(sm.decode(p, x.numel(), x.dtype).view(torch.int32), em.decode(p, x.numel(), x.dtype).view(torch.int32))
+    rows = torch.zeros(3, sm.encoded_nbytes(1006, x.dtype), dtype=torch.uint8)
+    sm.encode_rows(x, rows, 1006)
+    assert torch.equal(rows, em.encode_rows(x, torch.zeros_like(rows), 1006))
+    assert torch.equal(sm.decode_sum(rows, 1006, x.dtype).view(torch.int32),
+                       em.decode_sum(rows, 1006, x.dtype).view(torch.int32))
+
+
 def test_zz_counts(capsys):
     """Prints how many kernel launches the matrix compared (run with -s to see it)."""
     with capsys.disabled():
