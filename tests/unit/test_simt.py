@@ -197,10 +197,11 @@ def test_lossless_kernels_match_emulated_and_torch(dname):
     assert record
 
 
-def test_huge_grid_top_ctas_encode_past_2_pow_32():
-    """int8 stochastic encode of 2^32 + 8192 f32 values (16 GiB virtual, MAP_NORESERVE): only the 4 CTAs
-    whose grid-stride loop reaches the top blocks run; the top 32 blocks' scales and q bytes equal the torch
-    backend's encode of that slice at stochastic index 2^32 (64-bit index and offset arithmetic)."""
+def test_huge_grid_top_ctas_past_2_pow_32():
+    """int8 stochastic encode and decode of 2^32 + 8192 f32 values (16 GiB virtual each way, MAP_NORESERVE):
+    only the CTAs whose grid-stride loop reaches the top blocks run; the top 32 blocks' scales and q bytes
+    equal the torch backend's encode of that slice at stochastic index 2^32, and their decode the decode of
+    that payload (64-bit index and offset arithmetic)."""
     top, tail = 1 << 32, 8192
     numel = top + tail
     codec = ccoll.get_codec("int8:block=256,round=stochastic,seed=5", backend="emulated")
@@ -224,6 +225,12 @@ def test_huge_grid_top_ctas_encode_past_2_pow_32():
     assert torch.equal(out[0, 4 * (top // 256): 4 * (top // 256 + nb)], ref[: 4 * nb])
     ref_sbytes = ref.numel() - tail
     assert torch.equal(out[0, sbytes + top: sbytes + top + tail], ref[ref_sbytes:])
+    # decode_rows: one thread per q word, 2^28 threads per grid stride: words >= 2^30 are threads 0..2047
+    # (CTAs 0..7) on their fifth iteration
+    y = simt.guarded_empty(numel, torch.float32, noreserve=True)
+    with simt.as_cupy(ctas=(0, 8), record=record):
+        codec._decode_rows_cupy(out, y, numel)
+    assert torch.equal(y[top:].view(torch.int32), codec.decode(ref, tail, torch.float32).view(torch.int32))
 
 
 # --------------------------------------------------------------------------------------------------------------
