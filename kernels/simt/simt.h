@@ -18,17 +18,17 @@ process does not crash):
     kind, mask, width and call site); a shuffle's source lane must be in the mask.
   * __syncthreads: a barrier of the CTA's live threads; a thread in a warp operation while others wait
     at the barrier (or the reverse) that can never be resolved is reported as a deadlock.
-  * alignment: built with -fsanitize=alignment
-    -fsanitize-undefined-trap-on-error, so a load or store through a
-    misaligned pointer of an over-aligned type (the 16-byte CqV16 / ccoll_v4f vectors, an 8-byte CqV8,
-    a float at an odd address) traps; the trap is reported as a misaligned access.
+  * alignment: built with -fsanitize=alignment -fsanitize-undefined-trap-on-error, so a load or store
+    through a misaligned pointer of an over-aligned type (the 16-byte CqV16 / ccoll_v4f vectors, an
+    8-byte CqV8, a float at an odd address) traps; the trap is reported as a misaligned access.
   * bounds: buffers made by ccoll.simt.guarded_empty end at a PROT_NONE page (reads and writes past the
     end fault) or, when their requested misalignment leaves < 64 bytes before that page, at canary bytes
     checked after the launch (writes only). SIGSEGV / SIGBUS / SIGFPE / SIGILL in a fiber are caught and
     reported with the faulting address and the thread.
   * threadIdx / blockIdx / blockDim / gridDim are per fiber; `__shared__` variables are per CTA (CTAs
     run one at a time; see below); dynamic shared memory bytes are allocated per launch (simt_dyn_shared()).
-  * order independence: the same launch in reverse CTA / warp / lane order must give the same bytes.
+  * order dependence, by the caller: `order="reverse"` runs CTAs, warps and lanes in reverse, and the
+    tests require the same bytes both ways. `ctas=(lo, hi)` runs only some CTAs (sparse huge grids).
 
 What simt cannot see:
   * memory-model races: CTAs run one after another and the threads of a CTA run one at a time between
@@ -44,7 +44,10 @@ What simt cannot see:
     inline PTX) is not executed -- the host twin is. `__shared__` is a function static: CTAs run one at a
     time so it is per CTA, but it is not re-poisoned between CTAs; `extern __shared__ T a[]` is not
     supported (simt_dyn_shared() gives the launch's dynamic bytes).
-  * reads in the < 64 canary bytes between a misaligned buffer's end and its guard page.
+  * reads in the < 64 canary bytes between a misaligned buffer's end and its guard page; any access
+    past a buffer that was not made by guarded_empty (an ordinary torch tensor: no guard page); reads of
+    uninitialised memory (no shadow state; simt is not a memory checker).
+  * only x86-64 (the register switch) is exercised; the ucontext fallback for other hosts is untested.
 */
 #pragma once
 
