@@ -117,24 +117,29 @@ def _check_codec(codec_spec: str, dtype: torch.dtype, rows: int, row_numel: int,
         assert torch.equal(s.view(torch.int32), s_ref.view(torch.int32)), f"{codec_spec} {dtype} {order}: decode_sum"
 
 
+def _quant_spec(fmt: str, block: int, rnd: str, rot: str, seed: int) -> str:
+    spec = QUANT[fmt].format(b=block)
+    if not fmt.startswith("fp8"):  # fp8 rounds to nearest only
+        spec += f",round={rnd},seed={seed}"
+    return spec + (f",rotate=hadamard,rotate_seed={seed % 5}" if rot != "none" else "")
+
+
 def _quant_cases(fmt: str):
     """(spec, rows, row_numel, feedback, misalign elements) for one format: every rounding (fp8: nearest
-    only) x rotation x feedback combination, blocks 8..4096 spread over them, 1 and 3 rows, word-aligned rows (vector loads)
-    and odd ones, aligned and misaligned inputs."""
-    rounds = ("nearest",) if fmt.startswith("fp8") else ("nearest", "stochastic")  # fp8 rounds to nearest only
+    only) x rotation x feedback combination, blocks 8..4096 spread over them, 1 and 3 rows, word-aligned
+    rows (vector loads) and odd ones, aligned and misaligned inputs."""
+    rounds = ("nearest",) if fmt.startswith("fp8") else ("nearest", "stochastic")
     combos = list(itertools.product(rounds, ("none", "hadamard"), (False, True)))
     cases = []
     for k, block in enumerate(BLOCKS):
         rnd, rot, fb = combos[k % len(combos)]
         if rot == "hadamard" and (block & (block - 1) or block > 1024):
             rot = "none"
-        spec = QUANT[fmt].format(b=block) + (f",round={rnd},seed={1000 + k}" if len(rounds) > 1 else "") + (",rotate=hadamard,rotate_seed=7" if rot != "none" else "")
-        row_numel = 2 * block + (block // 2 if block <= 256 else 0) + (3 if k % 2 else 8)
-        cases.append((spec, 1 + 2 * (k % 2 == 0), row_numel, fb, k % 3 == 1))
+        row_numel = 2 * block + (block // 2 if block <= 256 else 0) + (3 if k // 2 % 2 else 8)
+        cases.append((_quant_spec(fmt, block, rnd, rot, 1000 + k), 1 + 2 * (k % 2 == 0), row_numel, fb, k % 3 == 1))
     for rnd, rot, fb in combos:  # every combination once more at the MX/default block sizes
         block = 32 if fmt.startswith("fp8") else 256
-        spec = QUANT[fmt].format(b=block) + (f",round={rnd},seed=99" if len(rounds) > 1 else "") + (",rotate=hadamard,rotate_seed=3" if rot != "none" else "")
-        cases.append((spec, 3, 3 * block + 5, fb, rot == "none"))
+        cases.append((_quant_spec(fmt, block, rnd, rot, 99), 3, 3 * block + 5, fb, rot == "none"))
     return cases
 
 
@@ -144,7 +149,8 @@ def test_quant_kernels_match_emulated_and_torch(fmt, dname):
     record: list = []
     for i, (spec, rows, row_numel, fb, misalign) in enumerate(_quant_cases(fmt)):
         _check_codec(spec, DTYPES[dname], rows, row_numel, fb, int(misalign), salt=i * 7919, seed=i, record=record)
-    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}_{dname}" for op in ("encode_rows", "decode_rows", "decode_sum")}
+    ops = ("encode_rows", "decode_rows", "decode_sum")
+    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}_{dname}" for op in ops}
     CALLS[f"quant {fmt} {dname}"] = len(record)
 
 
@@ -335,7 +341,8 @@ def test_get_codec_backend_simt(spec):
     x = _values(3 * 1000 + 17, torch.float32, 4).nan_to_num(0.0, 0.0, 0.0)
     p = sm.encode(x)
     assert torch.equal(p, em.encode(x))
-    assert torch.equal(sm.decode(p, x.numel(), x.dtype).view(torch.int32), em.decode(p, x.numel(), x.dtype).view(torch.int32))
+    y, y_ref = sm.decode(p, x.numel(), x.dtype), em.decode(p, x.numel(), x.dtype)
+    assert torch.equal(y.view(torch.int32), y_ref.view(torch.int32))
     rows = torch.zeros(3, sm.encoded_nbytes(1006, x.dtype), dtype=torch.uint8)
     sm.encode_rows(x, rows, 1006)
     assert torch.equal(rows, em.encode_rows(x, torch.zeros_like(rows), 1006))
