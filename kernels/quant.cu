@@ -401,7 +401,7 @@ template <class Tr, int G>
 CQ_HD void cq_load_word(const typename Tr::storage* x, cq_i64 i0, int count, bool vec, float* v) {
     typedef typename Tr::storage S;
     constexpr int NBYTES = G * (int)sizeof(S);
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
     if (vec && count == G) {
         cq_u32 words[NBYTES / 4];
         if (NBYTES % 16 == 0) {
@@ -437,7 +437,7 @@ template <class Tr, int G>
 CQ_HD void cq_store_word(typename Tr::storage* y, cq_i64 i0, int count, bool vec, const float* v) {
     typedef typename Tr::storage S;
     constexpr int NBYTES = G * (int)sizeof(S);
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
     if (vec && count == G) {
         cq_u32 words[NBYTES / 4];
 #pragma unroll
@@ -552,7 +552,7 @@ struct CqTeam {
     int lane, size;
     // max over the team's lanes (every lane of the warp must call it)
     CQ_HD cq_u32 max(cq_u32 v) const {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
         for (int off = size >> 1; off > 0; off >>= 1) {
             const cq_u32 o = __shfl_xor_sync(0xffffffffu, v, off);
             v = o > v ? o : v;
@@ -563,7 +563,7 @@ struct CqTeam {
     // Hadamard butterfly with the lane `off` away (off < size; every lane of the warp must call it): the
     // lower lane gets a + b, the upper a - b; unchanged when `on` is false (the shuffle still happens)
     CQ_HD float butterfly(float v, int off, bool on) const {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
         const float other = __shfl_xor_sync(0xffffffffu, v, off);
         if (on) v = (lane & off) ? cq_sub(other, v) : cq_add(v, other);
 #else
@@ -584,7 +584,7 @@ struct CqTeam {
 // team of one is simply bit 0, 1, 2, ...: the same fp32 operations in the same order on every backend.
 // A partial last block of a row (row_numel % B != 0) is quantized without rotation.
 #define CQ_ROT_MAX_BLOCK 1024
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
 #define CQ_ROT_MAXV 32  // values per lane: B <= 1024 with teams of 32 (B / G words >= 32 for B >= 256)
 #else
 #define CQ_ROT_MAXV CQ_ROT_MAX_BLOCK  // the host's team of one holds a whole block

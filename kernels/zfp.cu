@@ -408,7 +408,7 @@ template <class Scalar, int D> CCOLL_HD void pad_block(Scalar* v, int m) {
   }
 }
 
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
 // own 16-byte vector types (alignas, no CUDA headers needed under NVRTC); ptxas emits v4/v2 accesses
 struct alignas(16) ccoll_v4f { float x, y, z, w; };
 struct alignas(16) ccoll_v2d { double x, y; };
@@ -458,7 +458,7 @@ struct Span {
 template <class St, int D> CCOLL_HD void load_block(const typename St::Stor* src, const Span& sp, typename St::Code* v) {
   typedef typename St::Stor Stor;
   const int S = Dims<D>::S;
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
   if (sp.valid == S && vec_ok(src + sp.g0)) {  // a block is 16..128 contiguous bytes: 16-byte loads
     const int PER = 16 / (int)sizeof(Stor);
     Stor raw[S];
@@ -477,7 +477,7 @@ template <class St, int D> CCOLL_HD void load_block(const typename St::Stor* src
 template <class St, int D> CCOLL_HD void store_block(const typename St::Code* v, const Span& sp, typename St::Stor* dst) {
   typedef typename St::Stor Stor;
   const int S = Dims<D>::S;
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
   if (sp.valid == S && vec_ok(dst + sp.g0)) {
     const int PER = 16 / (int)sizeof(Stor);
     Stor raw[S];

@@ -23,7 +23,30 @@ from .. import stats as _stats
 from ..errors import CodecError, PolicyError
 from ..registry import Registry
 
-BACKENDS = ("torch", "emulated", "cupy")
+BACKENDS = ("torch", "emulated", "cupy", "simt")
+
+
+class _OnSimt:
+    """``_<op>_simt``: the codec's own ``_<op>_cupy`` (its launch geometry and arguments, unchanged) with
+    ccoll.kernels.launch routed to ccoll.simt, which runs the ``__global__`` kernels on CPU threads (the
+    "simt" backend, for CI without a GPU). Absent (AttributeError) where the codec has no cupy path."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.cupy = name[: -len("simt")] + "cupy"
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        fn = getattr(obj, self.cupy)
+
+        def on_simt(*args):
+            from .. import simt
+
+            with simt.as_cupy():
+                return fn(*args)
+
+        return on_simt
+
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -80,12 +103,15 @@ class Codec:
     ``encoded_nbytes`` plus ``_encode_<backend>`` / ``_decode_<backend>`` for the backends they have.
 
     Backends: "torch" (CPU tensors; libzfp via zfpy, vectorised torch ops), "cupy" (CUDA tensors,
-    kernels/*.cu through CuPy), "emulated" (CPU tensors, the same kernels/*.cu built for the host).
+    kernels/*.cu through CuPy), "emulated" (CPU tensors, the same kernels/*.cu built for the host), "simt"
+    (CPU tensors, the cupy path's own launches of the ``__global__`` kernels run by ccoll.simt; a test backend).
     "auto" picks "cupy" for CUDA tensors and "torch" otherwise.
     """
 
     name: ClassVar[str] = ""
     PARAMS: ClassVar[dict[str, Param]] = {}
+    _encode_simt, _decode_simt = _OnSimt(), _OnSimt()
+    _encode_rows_simt, _decode_rows_simt, _decode_sum_simt = _OnSimt(), _OnSimt(), _OnSimt()
     #: decoded values may differ from the input (False only for exact codecs like "none")
     lossy: ClassVar[bool] = True
     #: payloads use a per-row number of bytes up to ``encoded_nbytes`` (a capacity), read back with

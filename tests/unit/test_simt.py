@@ -1,0 +1,357 @@
+"""The simt backend (ccoll/simt.py, kernels/simt/): the real ``__global__`` kernels of kernels/*.cu, launched
+with each codec's own cupy launch geometry (grid, block, arguments) on CPU fibers, give the same bytes as the
+host build ("emulated") and the torch backend -- in forward and in reverse CTA / warp / lane order, with
+buffers that end at a guard page and misaligned inputs. Negative controls (tests/unit/simt_faults.cu) show
+the runtime catches what it claims to: bad shuffle masks, a lane exiting before a team shuffle, divergent
+shuffles, a shuffle against a barrier, a misaligned 16-byte vector access, out-of-bounds writes."""
+import itertools
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ccoll
+import ccoll.errors
+from ccoll import simt
+from ccoll.errors import KernelError
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simt backend needs g++")
+
+FAULTS = Path(__file__).with_name("simt_faults.cu")
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+QUANT = {"int8": "int8:block={b}", "int4": "int4:block={b}", "fp8e4m3": "fp8:format=e4m3,block={b}",
+         "fp8e5m2": "fp8:format=e5m2,block={b}"}
+BLOCKS = (8, 16, 24, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+ORDERS = ("forward", "reverse")
+#: simt kernel launches per test, summed in the session summary line (tests/unit/test_simt.py::test_zz_counts)
+CALLS: dict[str, int] = {}
+
+
+def _values(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Gradient-like values with all-zero, subnormal, huge and a few non-finite blocks."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp(2 * torch.randn(n, generator=g))
+    kind = torch.randint(0, 16, (n // 8 + 1,), generator=g).repeat_interleave(8)[:n]
+    x = torch.where(kind == 0, torch.zeros(()), x)
+    x = torch.where(kind == 1, x * 1e-41, x)
+    x = torch.where(kind == 2, x.clamp(-1, 1) * 3e38, x)
+    special = torch.rand(n, generator=g)
+    x = torch.where(special < 0.001, torch.tensor(math.nan), x)
+    x = torch.where(special > 0.999, torch.tensor(math.inf) * x.sign(), x)
+    return x.to(dtype)
+
+
+def _guarded_copy(t: torch.Tensor, misalign_elems: int = 0) -> torch.Tensor:
+    """``t`` copied into a guarded buffer (its end against a PROT_NONE page), starting ``misalign_elems``
+    elements past a 64-byte boundary."""
+    g = simt.guarded_empty(t.numel() + misalign_elems, t.dtype)[misalign_elems:] if misalign_elems else \
+        simt.guarded_empty(t.numel(), t.dtype)
+    g.copy_(t.reshape(-1))
+    return g.view(t.shape)
+
+
+def _guarded_like(t: torch.Tensor, fill: int | float | None = None) -> torch.Tensor:
+    g = simt.guarded_empty(t.numel(), t.dtype).view(t.shape)
+    if fill is not None:
+        g.fill_(fill)
+    return g
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN (which NaN bits a decode produces is not part of the torch backend's
+    contract; simt vs emulated is compared bit for bit)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+def _simt_rows(codec, op: str, *args, order: str, record: list) -> None:
+    with simt.as_cupy(order=order, record=record):
+        getattr(codec, f"_{op}_cupy")(*args)
+
+
+def _check_codec(codec_spec: str, dtype: torch.dtype, rows: int, row_numel: int, feedback: bool, misalign: int,
+                 salt: int, seed: int, record: list) -> None:
+    """encode_rows, decode_rows and decode_sum: simt (both orders, the codec's cupy launch geometry) ==
+    emulated == torch, payloads, residuals and outputs byte for byte."""
+    em = ccoll.get_codec(codec_spec, backend="emulated")
+    tc = ccoll.get_codec(codec_spec, backend="torch")
+    numel = rows * row_numel - (row_numel // 3 if rows > 1 else 0)  # the last row partly padding
+    x = _values(numel, dtype, seed)
+    nbytes = em.encoded_nbytes(row_numel, dtype)
+    fb0 = (torch.randn(rows * row_numel, generator=torch.Generator().manual_seed(seed + 1)) * 0.1) if feedback else None
+
+    refs = {}
+    for name, codec in (("emulated", em), ("torch", tc)):
+        out = torch.full((rows, nbytes), 0x5A, dtype=torch.uint8)
+        fb = None if fb0 is None else fb0.clone()
+        codec.encode_rows(x, out, row_numel, feedback=fb, salt=salt)
+        refs[name] = (out, fb)
+    assert torch.equal(refs["emulated"][0], refs["torch"][0]), f"{codec_spec} {dtype}: emulated != torch payload"
+    payloads, fb_ref = refs["emulated"]
+    for order in ORDERS:
+        src = _guarded_copy(x, misalign)
+        out = _guarded_like(payloads, 0x5A)
+        fb = None if fb0 is None else _guarded_copy(fb0)
+        _simt_rows(em, "encode_rows", src, out, row_numel, fb, salt, order=order, record=record)
+        assert torch.equal(out, payloads), f"{codec_spec} {dtype} {order}: simt payload differs"
+        if fb is not None:
+            assert torch.equal(fb.view(torch.int32), fb_ref.view(torch.int32)), f"{codec_spec} {order}: residuals"
+
+    y_ref = torch.empty(numel, dtype=dtype)
+    em.decode_rows(payloads, y_ref, row_numel)
+    y_torch = torch.empty(numel, dtype=dtype)
+    tc.decode_rows(payloads, y_torch, row_numel)
+    assert _same_values(y_ref, y_torch)
+    s_ref = em.decode_sum(payloads, row_numel, dtype)
+    assert _same_values(s_ref, tc.decode_sum(payloads, row_numel, dtype))
+    for order in ORDERS:
+        y = _guarded_like(y_ref, 0)
+        if misalign:  # a misaligned output pointer: the scalar store path
+            y = simt.guarded_empty(numel + 1, dtype)[1:]
+        _simt_rows(em, "decode_rows", _guarded_copy(payloads), y, row_numel, order=order, record=record)
+        assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8)), f"{codec_spec} {dtype} {order}: decode_rows"
+        s = _guarded_like(s_ref, 0.0)
+        _simt_rows(em, "decode_sum", _guarded_copy(payloads), row_numel, dtype, s, order=order, record=record)
+        assert torch.equal(s.view(torch.int32), s_ref.view(torch.int32)), f"{codec_spec} {dtype} {order}: decode_sum"
+
+
+def _quant_spec(fmt: str, block: int, rnd: str, rot: str, seed: int) -> str:
+    spec = QUANT[fmt].format(b=block)
+    if not fmt.startswith("fp8"):  # fp8 rounds to nearest only
+        spec += f",round={rnd},seed={seed}"
+    return spec + (f",rotate=hadamard,rotate_seed={seed % 5}" if rot != "none" else "")
+
+
+def _quant_cases(fmt: str):
+    """(spec, rows, row_numel, feedback, misalign elements) for one format: every rounding (fp8: nearest
+    only) x rotation x feedback combination, blocks 8..4096 spread over them, 1 and 3 rows, word-aligned
+    rows (vector loads) and odd ones, aligned and misaligned inputs."""
+    rounds = ("nearest",) if fmt.startswith("fp8") else ("nearest", "stochastic")
+    combos = list(itertools.product(rounds, ("none", "hadamard"), (False, True)))
+    cases = []
+    for k, block in enumerate(BLOCKS):
+        rnd, rot, fb = combos[k % len(combos)]
+        if rot == "hadamard" and (block & (block - 1) or block > 1024):
+            rot = "none"
+        row_numel = 2 * block + (block // 2 if block <= 256 else 0) + (3 if k // 2 % 2 else 8)
+        cases.append((_quant_spec(fmt, block, rnd, rot, 1000 + k), 1 + 2 * (k % 2 == 0), row_numel, fb, k % 3 == 1))
+    for rnd, rot, fb in combos:  # every combination once more at the MX/default block sizes
+        block = 32 if fmt.startswith("fp8") else 256
+        cases.append((_quant_spec(fmt, block, rnd, rot, 99), 3, 3 * block + 5, fb, rot == "none"))
+    return cases
+
+
+@pytest.mark.parametrize("fmt", sorted(QUANT))
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+def test_quant_kernels_match_emulated_and_torch(fmt, dname):
+    record: list = []
+    for i, (spec, rows, row_numel, fb, misalign) in enumerate(_quant_cases(fmt)):
+        _check_codec(spec, DTYPES[dname], rows, row_numel, fb, int(misalign), salt=i * 7919, seed=i, record=record)
+    ops = ("encode_rows", "decode_rows", "decode_sum")
+    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}_{dname}" for op in ops}
+    CALLS[f"quant {fmt} {dname}"] = len(record)
+
+
+ZFP = [("zfp:rate={r},dims={d}", r, d) for r, d in ((4, 1), (8, 1), (16, 1), (2.5, 1), (2, 2), (8, 2), (12, 2), (1, 2))]
+
+
+@pytest.mark.parametrize("dname", ["f32", "bf16", "f16", "f64"])
+def test_zfp_kernels_match_emulated_and_torch(dname):
+    dtype = DTYPES.get(dname, torch.float64)
+    record: list = []
+    for i, (tmpl, rate, dims) in enumerate(ZFP):
+        spec = tmpl.format(r=rate, d=dims)
+        try:
+            ccoll.get_codec(spec).encoded_nbytes(64, dtype)
+        except ccoll.errors.CcollError:
+            continue  # a rate below the dtype's minimum
+        rows, row_numel = (3, 4 * 37 + (i % 4)) if i % 2 else (1, 256 + 16 * i + 3)
+        em = ccoll.get_codec(spec, backend="emulated")
+        if dtype == torch.float64:  # no feedback pass for fp64 (its residuals are fp64) in this matrix
+            _check_codec_zfp64(em, rows, row_numel, i, record)
+            continue
+        _check_codec(spec, dtype, rows, row_numel, bool(i % 3 == 0), int(i % 2 == 1), salt=0, seed=100 + i,
+                     record=record)
+    CALLS[f"zfp {dname}"] = len(record)
+    assert record
+
+
+def _check_codec_zfp64(em, rows, row_numel, seed, record):
+    numel = rows * row_numel - 1
+    x = torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    nbytes = em.encoded_nbytes(row_numel, x.dtype)
+    ref = em.encode_rows(x, torch.zeros(rows, nbytes, dtype=torch.uint8), row_numel)
+    y_ref = em.decode_rows(ref, torch.empty(numel, dtype=x.dtype), row_numel)
+    for order in ORDERS:
+        out = _guarded_like(ref, 0)
+        _simt_rows(em, "encode_rows", _guarded_copy(x), out, row_numel, None, 0, order=order, record=record)
+        assert torch.equal(out, ref)
+        y = _guarded_like(y_ref, 0)
+        _simt_rows(em, "decode_rows", _guarded_copy(ref), y, row_numel, order=order, record=record)
+        assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+def test_lossless_kernels_match_emulated_and_torch(dname):
+    record: list = []
+    for i, block in enumerate((32, 256, 1024)):
+        _check_codec(f"lossless:block={block}", DTYPES[dname], 1 + 2 * (i % 2), 3 * block + 7 * i + 1, i == 1,
+                     int(i == 2), salt=0, seed=200 + i, record=record)
+    CALLS[f"lossless {dname}"] = len(record)
+    assert record
+
+
+def test_huge_grid_top_ctas_past_2_pow_32():
+    """int8 stochastic encode and decode of 2^32 + 8192 f32 values (16 GiB virtual each way, MAP_NORESERVE):
+    only the CTAs whose grid-stride loop reaches the top blocks run; the top 32 blocks' scales and q bytes
+    equal the torch backend's encode of that slice at stochastic index 2^32, and their decode the decode of
+    that payload (64-bit index and offset arithmetic)."""
+    top, tail = 1 << 32, 8192
+    numel = top + tail
+    codec = ccoll.get_codec("int8:block=256,round=stochastic,seed=5", backend="emulated")
+    nbytes = codec.encoded_nbytes(numel, torch.float32)
+    try:
+        src = simt.guarded_empty(numel, torch.float32, noreserve=True)
+        out = simt.guarded_empty(nbytes, torch.uint8, noreserve=True).view(1, nbytes)
+    except KernelError as e:
+        pytest.skip(f"no 20 GiB of address space: {e}")
+    x = _values(tail, torch.float32, 9)
+    src[top:].copy_(x)
+    record: list = []
+    # grid = 2^20 CTAs of 256 (the codec's cap); 2^24 + 32 units, one warp (team of 32) each, 2^23 warps per
+    # stride: units >= 2^24 belong to warps 0..31 = CTAs 0..3 on their third iteration
+    with simt.as_cupy(ctas=(0, 4), record=record):
+        codec._encode_rows_cupy(src, out, numel, None, 0)
+    assert record[0][2] == 1 << 20
+    ref = codec._encode_row_at(x, top)
+    nb = tail // 256
+    sbytes = codec.encoded_nbytes(numel, torch.float32) - numel  # scale section (numel % 16 == 0)
+    assert torch.equal(out[0, 4 * (top // 256): 4 * (top // 256 + nb)], ref[: 4 * nb])
+    ref_sbytes = ref.numel() - tail
+    assert torch.equal(out[0, sbytes + top: sbytes + top + tail], ref[ref_sbytes:])
+    # decode_rows: one thread per q word, 2^28 threads per grid stride: words >= 2^30 are threads 0..2047
+    # (CTAs 0..7) on their fifth iteration
+    y = simt.guarded_empty(numel, torch.float32, noreserve=True)
+    with simt.as_cupy(ctas=(0, 8), record=record):
+        codec._decode_rows_cupy(out, y, numel)
+    assert torch.equal(y[top:].view(torch.int32), codec.decode(ref, tail, torch.float32).view(torch.int32))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
+
+def _faults(kernel, grid, block, *args):
+    simt.launch(FAULTS, kernel, grid, block, args)
+
+
+def test_shuffle_team_sum_positive_control():
+    inp = torch.arange(96, dtype=torch.int32)
+    for order in ORDERS:
+        out = torch.zeros(96, dtype=torch.int32)
+        simt.launch(FAULTS, "simt_team_sum", 1, 96, (inp, out, np.uint32(0xFFFFFFFF), np.int32(8), np.int32(96)),
+                    order=order)
+        assert torch.equal(out, inp.view(-1, 8).sum(1, dtype=torch.int32).repeat_interleave(8))
+
+
+def test_warp_ops_semantics():
+    out = torch.zeros(5 * 64, dtype=torch.int32)
+    _faults("simt_warp_ops", 1, 64, out, np.int32(8))
+    lane = torch.arange(64) % 32
+    seg = lane // 8 * 8
+    o = out.view(64, 5)
+    assert torch.equal(o[:, 0], 100 + seg + 3)
+    assert torch.equal(o[:, 1], torch.where(lane - seg >= 2, 100 + lane - 2, 100 + lane))
+    assert torch.equal(o[:, 2], torch.where(lane - seg + 2 < 8, 100 + lane + 2, 100 + lane))
+    assert (o[:, 3] == sum(1 << i for i in range(0, 32, 3))).all() and (o[:, 4] == 3).all()
+
+
+def test_syncthreads_and_shared_memory_positive_control():
+    a = torch.arange(512, dtype=torch.int32)
+    for order in ORDERS:
+        out = torch.zeros(512, dtype=torch.int32)
+        simt.launch(FAULTS, "simt_block_reverse", 2, 256, (a, out, np.int32(-1)), order=order)
+        assert torch.equal(out, a.view(2, 256).flip(1).reshape(-1))
+
+
+def test_catches_a_partial_warp_shuffle_mask():
+    inp, out = torch.arange(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(KernelError, match="mask 0x0000ffff, which does not contain the calling lane 16"):
+        _faults("simt_team_sum", 1, 64, inp, out, np.uint32(0xFFFF), np.int32(8), np.int32(64))
+
+
+def test_catches_a_mask_naming_lanes_of_a_partial_warp_that_do_not_exist():
+    inp, out = torch.arange(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(KernelError, match="names lane 16, which does not exist"):
+        _faults("simt_team_sum", 1, 48, inp, out, np.uint32(0xFFFFFFFF), np.int32(8), np.int32(64))
+
+
+def test_catches_a_lane_exiting_before_a_team_shuffle():
+    with pytest.raises(KernelError, match="lane 5 of the mask has exited"):
+        _faults("simt_exit_before_shuffle", 1, 32, torch.zeros(32, dtype=torch.int32), np.int32(5))
+
+
+def test_catches_lanes_in_different_shuffles():
+    with pytest.raises(KernelError, match=r"lane 16 of the mask is in __shfl_xor_sync.*simt_faults.cu:25"):
+        _faults("simt_divergent_shuffle", 1, 32, torch.zeros(32, dtype=torch.int32))
+
+
+def test_catches_a_shuffle_against_a_barrier():
+    a = torch.arange(256, dtype=torch.int32)
+    with pytest.raises(KernelError, match="waits in __syncthreads"):
+        _faults("simt_block_reverse", 1, 256, a, torch.zeros(256, dtype=torch.int32), np.int32(37))
+
+
+def test_catches_a_misaligned_16_byte_vector_load():
+    src, out = simt.guarded_empty(1024, torch.float32), torch.zeros(1024)
+    _faults("simt_vector_copy", 1, 32, src, out, np.int32(0))  # aligned: fine
+    with pytest.raises(KernelError, match="misaligned access"):
+        _faults("simt_vector_copy", 1, 32, src, out, np.int32(1))
+
+
+def test_catches_an_out_of_bounds_write_at_the_guard_page():
+    out = simt.guarded_empty(1024, torch.float32)  # 4096 bytes: the end is the guard page itself
+    _faults("simt_fill", 4, 256, out, np.int64(1024), np.int32(0))
+    assert torch.equal(out, torch.arange(1024, dtype=torch.float32))
+    with pytest.raises(KernelError, match=r"CTA \(4,0,0\) thread \(0,0,0\).*SIGSEGV: invalid access"):
+        _faults("simt_fill", 5, 256, out, np.int64(1024), np.int32(1))  # thread 1024 writes out[1024]
+
+
+def test_catches_an_out_of_bounds_write_into_the_canary_gap():
+    out = simt.guarded_empty(999, torch.float32, misalign=4)  # 3996 bytes: canary bytes before the guard page
+    with pytest.raises(KernelError, match="out-of-bounds write at byte 0 past the end of the 3996-byte buffer"):
+        _faults("simt_fill", 4, 256, out, np.int64(999), np.int32(1))
+
+
+def test_checks_argument_types_against_the_kernel_signature():
+    out = simt.guarded_empty(1024, torch.float32)
+    with pytest.raises(KernelError, match="argument 1: a int32 given for a 8-byte 'i' parameter"):
+        _faults("simt_fill", 1, 32, out, np.int32(1024), np.int32(0))
+    with pytest.raises(KernelError, match="takes 3 arguments, got 2"):
+        _faults("simt_fill", 1, 32, out, np.int64(1024))
+
+
+@pytest.mark.parametrize("spec", ["int8:block=64,round=stochastic,seed=3", "int4:block=32,rotate=hadamard",
+                                  "fp8:format=e5m2,block=32", "zfp:rate=8,dims=2", "lossless:block=256"])
+def test_get_codec_backend_simt(spec):
+    """ccoll.get_codec(spec, backend="simt"): the public API (encode, decode, the batched calls) runs the
+    codec's cupy launches on the CPU and gives the emulated backend's bytes."""
+    em, sm = ccoll.get_codec(spec, backend="emulated"), ccoll.get_codec(spec, backend="simt")
+    x = _values(3 * 1000 + 17, torch.float32, 4).nan_to_num(0.0, 0.0, 0.0)
+    p = sm.encode(x)
+    assert torch.equal(p, em.encode(x))
+    y, y_ref = sm.decode(p, x.numel(), x.dtype), em.decode(p, x.numel(), x.dtype)
+    assert torch.equal(y.view(torch.int32), y_ref.view(torch.int32))
+    rows = torch.zeros(3, sm.encoded_nbytes(1006, x.dtype), dtype=torch.uint8)
+    sm.encode_rows(x, rows, 1006)
+    assert torch.equal(rows, em.encode_rows(x, torch.zeros_like(rows), 1006))
+    assert torch.equal(sm.decode_sum(rows, 1006, x.dtype).view(torch.int32),
+                       em.decode_sum(rows, 1006, x.dtype).view(torch.int32))
+
+
+def test_zz_counts(capsys):
+    """Prints how many kernel launches the matrix compared (run with -s to see it)."""
+    with capsys.disabled():
+        total = sum(CALLS.values())
+        print(f"\nsimt kernel launches compared: {total} " + ", ".join(f"{k}: {v}" for k, v in sorted(CALLS.items())))
