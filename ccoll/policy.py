@@ -67,6 +67,10 @@ sides know. The MPI communicator of a torch group is created once per group, at 
 ``transport: mpi`` call, which every member makes at the same point of its program order
 (``MPI_Comm_create_group``: collective over the group's members only).
 
+Top-level ``attach: {ddp: true|false, fsdp: true|false}`` (both true when absent): whether DDP and FSDP2
+models built while the patch is installed get ccoll's hooks (``ccoll.auto``); any other value is a
+PolicyError. It enters the fingerprint only when something is off.
+
 Never compressed whatever the policy says: non-floating tensors, dtypes the codec does not take,
 single-element tensors (losses, norms, overflow flags) and tensors below ``min_bytes``. Reduce ops other
 than SUM/AVG are kept native by the patch.
