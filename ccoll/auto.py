@@ -43,6 +43,7 @@ class Attached:
     def __init__(self, kind: str, index: int, status: str, detail: str = "", state: Any = None):
         self.kind, self.index, self.status, self.detail, self.state = kind, index, status, detail, state
         self.user_hook: tuple[Any, Callable] | None = None  # (state, hook) a user registered after ccoll's
+        self._pre_hook: Any = None  # DDP: the forward pre-hook that attaches ccoll's comm hook
 
     def __repr__(self) -> str:
         return f"<ccoll.auto {self.kind}#{self.index} {self.status} {self.detail}>"
@@ -93,10 +94,7 @@ def _ddp_dispatch(entry: Attached, bucket):
 
 def _ddp_attach(ddp: Any, entry: Attached, register: Callable) -> None:
     """At the first forward: register ccoll's dispatcher unless someone registered a hook already."""
-    handle = getattr(entry, "_pre_hook", None)
-    if handle is not None:
-        handle.remove()
-        entry._pre_hook = None
+    _ddp_attach_cancel(entry)
     if entry.status != "pending":
         return
     if getattr(ddp, "_comm_hooks", None):  # registered without our wrapper seeing it (DDP's mixed precision)
@@ -162,7 +160,7 @@ def _wrap_ddp() -> None:
 
 
 def _ddp_attach_cancel(entry: Attached) -> None:
-    handle = getattr(entry, "_pre_hook", None)
+    handle = entry._pre_hook
     if handle is not None:
         handle.remove()
         entry._pre_hook = None

@@ -12,6 +12,7 @@ was compressed; the file's ``"summary"`` says whether anything was and, if not, 
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any
@@ -51,6 +52,7 @@ def on_install(st: Any) -> None:
         _current[:] = [weakref.ref(st)]
 
 
+@functools.lru_cache(maxsize=8)
 def _max_warmup(policy: Any) -> int:
     from .policy import DIMENSIONS, OPS
 

@@ -36,11 +36,13 @@ def _model(stack: str, world: int):
 def _train(rank: int, world: int, stack: str, steps: range, ckpt_in=None, ckpt_out=None, load_ccoll=True):
     import torch
 
+    import ccoll
     import ccoll.auto
     import ccoll.patch as patch
     from ccoll import Policy
 
     ccoll.auto.reset()  # each training stands for a fresh process: models are numbered from 0
+    ccoll.reset_stats()
     patch.install(Policy.from_dict(POLICY))
     try:
         model = _model(stack, world)
@@ -60,6 +62,8 @@ def _train(rank: int, world: int, stack: str, steps: range, ckpt_in=None, ckpt_o
         if ckpt_out is not None:
             torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "ccoll": patch.state_dict()}, ckpt_out)
         status = [m.status for m in ccoll.auto.attached()]
+        ops = sorted({r["op"] for r in ccoll.stats() if r["dim"] == "dp" and r["codec"] != "native"})
+        assert ops == (["all_reduce"] if stack == "ddp" else ["all_gather", "reduce_scatter"]), ops  # dp's rules
     finally:
         patch.uninstall()
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
