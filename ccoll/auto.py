@@ -24,6 +24,7 @@ each model its own, now or when the model with that index is attached.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -116,10 +117,12 @@ def _wrap_ddp() -> None:
 
     init, register, builtin = DDP.__init__, DDP.register_comm_hook, DDP._register_builtin_comm_hook
 
+    @functools.wraps(init)  # frameworks read DDP's signature (inspect follows __wrapped__)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _on_ddp(self, register)
 
+    @functools.wraps(register)
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         entry = _by_ddp.get(self)
         if entry is None or entry.status not in ("pending", "compressing"):
@@ -133,6 +136,7 @@ def _wrap_ddp() -> None:
             entry.user_hook = (state, hook)
         _user_hook(entry, name)
 
+    @functools.wraps(builtin)
     def _register_builtin_comm_hook(self, comm_hook_type):
         entry = _by_ddp.get(self)
         if entry is None or entry.status not in ("pending", "compressing"):
@@ -152,7 +156,6 @@ def _wrap_ddp() -> None:
             entry.user_hook = (self.process_group, python[comm_hook_type])
         _user_hook(entry, str(comm_hook_type))
 
-    __init__.__wrapped__ = init
     for name, fn, orig in (("__init__", __init__, init), ("register_comm_hook", register_comm_hook, register),
                            ("_register_builtin_comm_hook", _register_builtin_comm_hook, builtin)):
         _originals.append((DDP, name, orig))
