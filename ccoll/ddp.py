@@ -174,6 +174,12 @@ def compress_hook(state: CompressionState, bucket: "dist.GradBucket") -> "torch.
             state.iter += 1
 
 
+# ``from __future__ import annotations`` leaves annotations as strings, and DDP's register_comm_hook
+# compares them with the objects themselves (``_check_comm_hook``): give it the objects.
+compress_hook.__annotations__.update(state=CompressionState, bucket=dist.GradBucket,
+                                     **{"return": torch.futures.Future[torch.Tensor]})
+
+
 def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, world: int, c: Codec):
     grads = bucket.gradients()
     names = [state.name_of(p) for p in bucket.parameters()]

@@ -56,15 +56,18 @@ class FSDPCompression:
         self.warmup_steps = int(warmup_steps)
         self.feedback = ErrorFeedback()  # keyed by module name (the collective derives one key per chunk)
         self.calls: dict[str, int] = {}  # module name -> reduce-scatters done
+        self.ag_calls: dict[str, int] = {}  # module name -> parameter all-gathers done (their salts)
         self.modules: list[str] = []
 
     def state_dict(self) -> dict:
-        return {"version": 1, "calls": dict(self.calls), "feedback": self.feedback.state_dict()}
+        return {"version": 1, "calls": dict(self.calls), "ag_calls": dict(self.ag_calls),
+                "feedback": self.feedback.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != 1:
             raise PolicyError(f"FSDPCompression.load_state_dict: unknown state version {state.get('version')!r}")
         self.calls = {str(k): int(v) for k, v in state["calls"].items()}
+        self.ag_calls = {str(k): int(v) for k, v in state.get("ag_calls", {}).items()}
         self.feedback.load_state_dict(state["feedback"])
 
     def __repr__(self) -> str:
@@ -111,11 +114,11 @@ class CompressedAllGather(_Alloc, AllGather):
 
     def __init__(self, owner: FSDPCompression, name: str):
         self.owner, self.name = owner, name
-        self.calls = 0
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> None:
-        n, self.calls = self.calls, self.calls + 1
+        n = self.owner.ag_calls.get(self.name, 0)
+        self.owner.ag_calls[self.name] = n + 1
         fn = collectives.all_gather_into_tensor
         with internal(), dimension(DIM):
             fn(output_tensor, input_tensor, group=group, codec=self.owner.all_gather_codec,

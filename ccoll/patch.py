@@ -73,10 +73,10 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from . import capture as _capture
+from . import auto as _auto, capture as _capture, report as _report  # zero code: DDP/FSDP2 hooks, user lines
 from .errors import PolicyError
 from .log import logger, warn_once
-from .policy import OPS, Policy, load as _load_policy
+from .policy import Policy, load as _load_policy
 from .stats import add_flusher, dimension, record
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "current_policy", "set_resolver", "step",
@@ -867,6 +867,8 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             _hook_handle = register_optimizer_step_post_hook(lambda *_: _advance())
+        _auto.install(pol)  # zero code: attach to DDP / FSDP2 models built from now on
+        _report.on_install(st)
     logger.info("ccoll patch installed: %s\n%s", pol, pol.describe())
     if dist.is_available() and dist.is_initialized():
         _check_fingerprint(st)
@@ -878,6 +880,7 @@ def uninstall() -> None:
     global _STATE, _hook_handle
     with _install_lock:
         _STATE = None
+        _auto.uninstall()  # zero code: models built from now on are left alone
         if _hook_handle is not None:
             _hook_handle.remove()
             _hook_handle = None
@@ -934,33 +937,11 @@ def set_resolver(resolver: Callable | None) -> None:
     st.resolver = resolver
 
 
-#: optimizer steps after which an automatic resolver that placed nothing is reported (once)
-UNRESOLVED_WARNING_STEPS = 2
-
-
 def _advance() -> None:
     st = _STATE
     if st is not None:
         st.advance()
-        if st.steps == UNRESOLVED_WARNING_STEPS:
-            _warn_if_unresolved(st)
-
-
-def _warn_if_unresolved(st: _State) -> None:
-    """A compressing policy with an automatic resolver that found no framework groups compresses at
-    most the "default" dimension: say so once, with what was looked for, instead of a silent 1.00x."""
-    found = getattr(st.resolver, "found", None)
-    if found is None or found:
-        return
-    compressing = sorted({dim for dim in ("dp", "tp", "pp", "ep") for op in OPS
-                          if st.policy.rule(dim, op).compresses})
-    if compressing:
-        warn_once("ccoll-unresolved",
-                  "ccoll: policy %s compresses %s, but after %d optimizer steps no process group was placed on a "
-                  "parallel dimension, so only its 'default' rules applied. Looked for: %s. Pass "
-                  "ccoll.patch.install(policy, resolver=...) (ccoll.resolvers.TopologyResolver / RankSetResolver) "
-                  "for groups built another way.", st.policy.source, "/".join(compressing), st.steps,
-                  st.resolver.tried())
+        _report.on_step(st)  # per-dimension line once compressing; the "nothing compressed" warning
 
 
 def step() -> None:
@@ -973,6 +954,7 @@ def step() -> None:
         raise PolicyError("ccoll.patch.step: steps are counted by the optimizer hook; "
                           "install(..., step_counter='manual') to count them yourself")
     st.advance()
+    _report.on_step(st)
 
 
 def steps() -> int:
@@ -989,7 +971,9 @@ def state_dict() -> dict:
     st = _STATE
     if st is None:
         raise PolicyError("ccoll.patch.state_dict: the patch is not installed")
-    return st.state_dict()
+    state = st.state_dict()
+    state["auto"] = _auto.state_dict()  # error feedback of the DDP / FSDP2 models ccoll attached to
+    return state
 
 
 def load_state_dict(state: dict) -> None:
@@ -998,3 +982,4 @@ def load_state_dict(state: dict) -> None:
     if st is None:
         raise PolicyError("ccoll.patch.load_state_dict: the patch is not installed; install it first")
     st.load_state_dict(state)
+    _auto.load_state_dict(state.get("auto") or {})

@@ -67,6 +67,10 @@ sides know. The MPI communicator of a torch group is created once per group, at 
 ``transport: mpi`` call, which every member makes at the same point of its program order
 (``MPI_Comm_create_group``: collective over the group's members only).
 
+Top-level ``attach: {ddp: true|false, fsdp: true|false}`` (both true when absent): whether DDP and FSDP2
+models built while the patch is installed get ccoll's hooks (``ccoll.auto``); any other value is a
+PolicyError. It enters the fingerprint only when something is off.
+
 Never compressed whatever the policy says: non-floating tensors, dtypes the codec does not take,
 single-element tensors (losses, norms, overflow flags) and tensors below ``min_bytes``. Reduce ops other
 than SUM/AVG are kept native by the patch.
@@ -103,6 +107,8 @@ TRANSPORTS = ("torch", "mpi")
 TRANSPORT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 HIERARCHIES = ("node",)
 HIERARCHY_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+#: top-level ``attach:`` keys: which models built while ccoll is installed get its hooks (ccoll.auto)
+ATTACH_KEYS = ("ddp", "fsdp")
 
 
 DTYPES: dict[str, torch.dtype] = {
@@ -204,9 +210,11 @@ _BUILTIN: dict[str, Any] = {"codec": NATIVE, "min_bytes": DEFAULT_MIN_BYTES, "er
 class Policy:
     """Frozen per-(dimension, op) rules. Build with :meth:`from_yaml` or :meth:`from_dict`."""
 
-    def __init__(self, rules: Mapping[tuple[str, str], Rule], source: str):
+    def __init__(self, rules: Mapping[tuple[str, str], Rule], source: str, attach: Mapping[str, bool] | None = None):
         self._rules = dict(rules)
         self.source = source
+        #: ``attach:`` -- {"ddp": bool, "fsdp": bool}: attach ccoll to DDP / FSDP2 models built while installed
+        self.attach = {k: True for k in ATTACH_KEYS} | dict(attach or {})
         self._fingerprint = hashlib.sha256(
             json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
@@ -228,7 +236,7 @@ class Policy:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>") -> "Policy":
-        return cls(_validate(data, source), source)
+        return cls(_validate(data, source), source, attach=_parse_attach(source, data))
 
     # --- queries ----------------------------------------------------------------------------------
     def rule(self, dim: str, op: str) -> Rule:
@@ -292,6 +300,8 @@ class Policy:
         out: dict = {"version": 2 if any(r.v2 for r in self._rules.values()) else VERSION}
         for (dim, op), rule in sorted(self._rules.items()):
             out.setdefault(dim, {})[op] = rule.to_dict()
+        if not all(self.attach.values()):  # only when changed: other policies' fingerprints stay what they were
+            out["attach"] = dict(self.attach)
         return out
 
     def describe(self) -> str:
@@ -497,7 +507,7 @@ def _parse_level(source: str, where: str, raw: dict, op: str | None, version: in
 def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
     if data is None:
         raise _err(source, "top level", "empty policy; at least 'version: 1' is required")
-    _check_keys(source, "top level", data, ("version",) + DIMENSIONS)
+    _check_keys(source, "top level", data, ("version", "attach") + DIMENSIONS)
     version = data.get("version")
     if isinstance(version, bool) or version not in VERSIONS:
         raise _err(source, "version", f"expected 'version: 1' or 'version: 2', got {version!r}")
@@ -538,6 +548,18 @@ def _validate(data: Any, source: str) -> dict[tuple[str, str], Rule]:
                 hierarchy=eff["hierarchy"] if op in HIERARCHY_OPS else None,
             )
     return rules
+
+
+def _parse_attach(source: str, data: Any) -> dict[str, bool]:
+    """``attach: {ddp: true|false, fsdp: true|false}`` (both true when absent)."""
+    raw = data.get("attach") if isinstance(data, dict) else None
+    if raw is None:
+        return {k: True for k in ATTACH_KEYS}
+    _check_keys(source, "attach", raw, ATTACH_KEYS)
+    for key, value in raw.items():
+        if not isinstance(value, bool):
+            raise _err(source, f"attach.{key}", f"expected true or false, got {value!r}")
+    return {k: raw.get(k, True) for k in ATTACH_KEYS}
 
 
 def load(policy: "Policy | str | os.PathLike[str] | Mapping") -> Policy:

@@ -183,24 +183,37 @@ def stats_path(path: str) -> str:
     return path
 
 
-def dump(path: str) -> str:
+def dump(path: str, extra: dict | None = None) -> str:
     out = stats_path(path)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"rank": _rank_and_world()[0], "stats": stats()}, f, indent=1)
+        json.dump({"rank": _rank_and_world()[0], "stats": stats(), **(extra or {})}, f, indent=1)
     return out
+
+
+_exit_notes: list = []
+
+
+def add_exit_note(fn) -> None:
+    """Register ``fn() -> dict | None``: keys added to the CCOLL_STATS file at exit; a dict also makes a
+    process that recorded nothing write its file (ccoll.report: a rank that compressed nothing says why)."""
+    _exit_notes.append(fn)
 
 
 def _dump_at_exit() -> None:
     """A launcher process (torchrun, deepspeed) imports torch too, so ccoll-run activates ccoll there;
     it never joins the world and records nothing. Writing its empty table would put a stray rank-0 file
-    beside (or over) the real rank 0's, so a process that recorded nothing writes nothing."""
+    beside (or over) the real rank 0's, so a process that recorded nothing writes nothing -- unless an exit
+    note (ccoll.report: a rank that joined a process group) asks for the file."""
     path = os.environ.get("CCOLL_STATS")
     if not path:
         return
     _flush()  # the patch's pass-through counts are handed over here
-    if _table:
-        dump(path)
+    extra: dict = {}
+    for fn in _exit_notes:
+        extra.update(fn() or {})
+    if _table or extra:
+        dump(path, extra)
 
 
 atexit.register(_dump_at_exit)

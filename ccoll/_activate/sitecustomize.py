@@ -28,9 +28,32 @@ def _chain() -> None:
     sys.modules["_ccoll_chained_sitecustomize"] = module
 
 
+def _show_ccoll_lines() -> None:
+    """The user launched ccoll-run, so show them what ccoll did: ccoll's lines for the user (what it
+    compresses, whose hook it left alone) and its warnings, on stderr. Only the "ccoll" logger is touched,
+    and only while the root logger has no handler (an application that configures logging gets the
+    records through propagation instead, not twice). ``CCOLL_LOG=off`` silences it, ``CCOLL_LOG=debug``
+    shows everything."""
+    import logging
+
+    level = os.environ.get("CCOLL_LOG", "info").lower()
+    if level == "off":
+        return
+    log = logging.getLogger("ccoll")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    everything = level == "debug"
+    handler.addFilter(lambda r: not logging.getLogger().handlers and (
+        everything or r.levelno >= logging.WARNING or getattr(r, "ccoll_user", False)))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.DEBUG if everything else logging.INFO)
+
+
 def _install() -> None:
     import ccoll.patch
 
+    _show_ccoll_lines()
     ccoll.patch.install(os.environ["CCOLL_POLICY"])
 
 
