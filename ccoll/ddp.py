@@ -39,7 +39,7 @@ from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
 from .feedback import ErrorFeedback
-from .patch import internal, stable_salt
+from .callctx import internal, stable_salt
 from .stats import dimension
 
 __all__ = ["CompressionState", "compress_hook"]

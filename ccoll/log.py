@@ -2,26 +2,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 logger = logging.getLogger("ccoll")
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
-
-
-def rank() -> int:
-    """Best-effort global rank without importing anything heavy (for log filtering only)."""
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
 
 
 def warn_once(key: str, msg: str, *args) -> None:
@@ -32,7 +18,3 @@ def warn_once(key: str, msg: str, *args) -> None:
         _warned.add(key)
     logger.warning(msg, *args)
 
-
-def info_rank0(msg: str, *args) -> None:
-    if rank() == 0:
-        logger.info(msg, *args)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ccoll import capture
+from ccoll import callctx, capture
 from ccoll.bench import rd
 
 
@@ -19,12 +19,12 @@ def cap(tmp_path):
     capture.configure(None)
 
 
-def _decide_like(dim, op, t, step):  # stands in for ccoll.patch._decide: the frame between wrapper and sample
-    capture.sample(dim, op, t, step)
-
-
-def _p2p(sending: bool, t, step):  # stands in for ccoll.patch's p2p wrapper (its `sending` local)
-    _decide_like("pp", "send_recv", t, step)
+def _p2p(sending: bool, t, step):  # stands in for ccoll.patch's p2p wrapper: names the call, then decides
+    callctx.set_current(callctx.Call("pp", "send_recv", step, sending))
+    try:
+        capture.sample("pp", "send_recv", t, step)
+    finally:
+        callctx.set_current(None)
 
 
 def test_given_capture_on_when_calls_arrive_expect_only_listed_steps_power_of_two_calls_and_metadata(cap):
