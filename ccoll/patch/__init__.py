@@ -17,8 +17,8 @@ backend built or a module imported while the patch is installed picks the wrappe
 
 Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched; by default the
 automatic resolver, :class:`ccoll.resolvers.AutoResolver`, which never answers None); the policy
-gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG, uneven
-all_to_all splits and any-source recv stay native. Native calls on a resolved dimension are
+gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG and uneven
+all_to_all splits stay native; an any-source recv decides like its sender and decodes what arrives. Native calls on a resolved dimension are
 recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to
 ``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
 torch.distributed call made while ccoll handles a call goes straight to the original.

@@ -10,9 +10,9 @@ Every wrapped function runs the same shape (:func:`shape`):
 
 A :class:`Row` says what differs per function: its torch 2.13 signature (so keyword callers keep
 working) and which of its parameters are the tensor, group, reduce op and async flag; what may be
-compressed at all (any reduce op but SUM/AVG, uneven all_to_all splits, mixed dtypes and any-source
-recv stay native); the MPI transport's native call; and the collective. ``batch_isend_irecv`` has its
-own shape (:mod:`ccoll.patch.batch`).
+compressed at all (any reduce op but SUM/AVG, uneven all_to_all splits and mixed dtypes stay native;
+an any-source recv decides like its sender: :mod:`ccoll.patch.anysource`); the MPI transport's native
+call; and the collective. ``batch_isend_irecv`` has its own shape (:mod:`ccoll.patch.batch`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .. import capture as _capture
 from ..callctx import Call as _CallCtx, local as _local, set_current, reduce_name
 from ..stats import dimension
-from . import fingerprint, native
+from . import anysource, fingerprint, native
 from .handles import async_result
 from .state import SLOT, State
 
@@ -283,18 +283,21 @@ def _p2p_row(name: str) -> Row:
     peer, group_peer = ("dst", "group_dst") if sending else ("src", "group_src")  # torch's parameter names
 
     def collective(c: Call, tensor, peer, group, tag, group_peer):
+        if not sending and peer is None and group_peer is None:  # any source: the payload, then decode
+            h, sender = anysource.irecv(tensor, group, c.codec, c.dim, tag)
+            return h if is_async else (h.wait(), sender())[1]
         global_peer = _global_rank(group, peer, group_peer)
         extra = {"salt": c.salt} if sending else {}  # decoding needs none: receivers take no salt
         h = getattr(_collectives(), name)(tensor, global_peer, group=group, codec=c.codec, tag=tag, min_bytes=0,
                                           **extra)
         return h if is_async else (None if sending else global_peer)
 
-    def known_peer(tensor, peer, group, tag, group_peer):
-        # an any-source recv cannot be decoded: the sender's decision is known, its rank is not
+    def known_peer(tensor, peer, group, tag, group_peer):  # torch refuses a send without one
         return peer is not None or group_peer is not None
 
+    # a receiver decides as its sender did, whether or not it names the sender (see anysource)
     return Row("send_recv", f"tensor, {peer}=None, group=None, tag=0, {group_peer}=None", collective,
-               async_op=str(is_async), compressible=known_peer, stat_op="send" if sending else "recv",
+               async_op=str(is_async), compressible=known_peer if sending else None, stat_op="send" if sending else "recv",
                reenters=not is_async, returns=True)
 
 
