@@ -18,10 +18,11 @@ backend built or a module imported while the patch is installed picks the wrappe
 Per call: resolver(group, op) -> dimension (None: not ours -> the original, untouched; by default the
 automatic resolver, :class:`ccoll.resolvers.AutoResolver`, which never answers None); the policy
 gives a codec or None from (dim, op, shape, dtype, step); reduce ops other than SUM/AVG and uneven
-all_to_all splits stay native; an any-source recv decides like its sender and decodes what arrives. Native calls on a resolved dimension are
-recorded in ``ccoll.stats()`` as codec "native" so users see all traffic; compressed calls go to
-``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a thread-local guard so any
-torch.distributed call made while ccoll handles a call goes straight to the original.
+all_to_all splits stay native; an any-source recv decides like its sender and decodes what arrives.
+Native calls on a resolved dimension are recorded in ``ccoll.stats()`` as codec "native" so users see
+all traffic; compressed calls go to ``ccoll.collectives`` under ``ccoll.stats.dimension(dim)``, with a
+thread-local guard (:mod:`ccoll.callctx`) so any torch.distributed call made while ccoll handles a call
+goes straight to the original.
 
 Policy v2 rule keys: ``transport: mpi`` sends the (dim, op)'s calls, compressed or not, through an MPI
 communicator over the group's ranks (``ccoll.transports.mpi_comm_for``, built at the group's first such
@@ -43,8 +44,9 @@ buckets in the same order every step); error-feedback residuals are keyed by it 
 salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run
 bit-identically. A rule with ``weight_delta:`` sends the all_gather's encoded change against a
 reconstruction ccoll keeps per call key (:mod:`ccoll.wdelta`); ``state_dict()`` carries those
-reconstructions too (a state without them makes the next gather of each call key an exact refresh). DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook``
-(keys by parameter) rather than the patch under torch's own hooks.
+reconstructions too (a state without them makes the next gather of each call key an exact refresh).
+DDP reorders its buckets after step 0, so for DDP use ``ccoll.ddp.compress_hook`` (keys by parameter)
+rather than the patch under torch's own hooks.
 
 Batched point-to-point: ``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both
 ``torch.distributed`` and ``torch.distributed.distributed_c10d`` (torch's ``P2POp`` checks its op
@@ -52,7 +54,9 @@ against the latter by identity), so ``P2POp(dist.isend, ...)`` works (Megatron, 
 pipelining); a ``dist.isend`` captured before ``install`` is rejected by ``P2POp`` as torch rejects any
 other function (P2POps built before ``install`` still batch). Compressed async calls return handles
 shaped like torch's ``Work`` (``wait(timeout=)``, ``is_completed()``, ``get_future()`` valued with the
-output tensors), so torch's DDP ``default_hooks`` run unchanged while the patch compresses.
+output tensors; ``result()`` returns the output tensors as torch's does), so torch's DDP
+``default_hooks`` run unchanged while the patch compresses; under torch's profiler a compressed call
+records torch's event for the operation (``c10d::allreduce_``, ...).
 
 Modules, one job each:
 
@@ -61,6 +65,7 @@ Modules, one job each:
     batch.py        batch_isend_irecv, which carries many tensors per call
     native.py       running and counting the calls that stay native
     handles.py      async handles of compressed calls
+    anysource.py    recv / irecv without src= under a compressing policy
     fingerprint.py  the cross-rank policy check
     install.py      install / uninstall / installed, binding into torch and frameworks' cached copies
     ccoll.callctx   (below the patch) the thread's call context: internal(), stable_salt, reduce names

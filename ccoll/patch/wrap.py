@@ -16,6 +16,7 @@ call; and the collective. ``batch_isend_irecv`` has its own shape (:mod:`ccoll.p
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -64,6 +65,8 @@ class Row:
     stat_op: str | None = None  # the op native calls and call keys are named by (default: op)
     reenters: bool = False  # torch's function calls another wrapped one (send -> isend): run it busy
     returns: bool = False  # a sync compressed call returns what ``collective`` returned (recv: the peer)
+    outputs: Callable | None = None  # (*torch args) -> what an async handle's result() returns; None: [args[0]]
+    event: str = ""  # the profiler event torch records for this call (a compressed call records it too)
 
 
 def decide(st: State, dim: str, op: str, tensor: torch.Tensor):
@@ -99,6 +102,8 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
     bound here once: the per-call path reads closure variables, not attributes.)"""
     op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
     same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
+    outputs = row.outputs or (lambda first, *_: [first])
+    event = row.event
     sending = stat_op == "send" if row.stat_op is not None else None
     run_native = native.run
 
@@ -137,7 +142,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         # compress: the row's collective, under the call's dimension, with torch calls passing through
         enter(st)
         try:
-            with dimension(dim):
+            with dimension(dim), _profiled(event):
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
                 call = Call(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
@@ -146,7 +151,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
             _local.busy = False
         # epilogue
         if async_op:
-            return async_result(h, dim)
+            return async_result(h, dim, outputs(*args))
         return h if returns else None
 
     return handle
@@ -155,6 +160,14 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
 @functools.lru_cache(maxsize=None)
 def _names(params: str) -> list[str]:
     return [p.split("=")[0].strip() for p in params.split(",")]
+
+
+def _profiled(event: str):
+    """torch's profiler event for the call, so a profile of a compressed run shows the same operation
+    (the payload traffic inside it shows torch's own events too); nothing when no profiler runs."""
+    if torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(event)
+    return contextlib.nullcontext()
 
 
 def _busy(fn: Callable) -> Callable:
@@ -230,6 +243,11 @@ def _all_gather(c: Call, output_tensor, input_tensor, group, async_op):
                                                  async_op=async_op, min_bytes=0, salt=c.salt, **_hier(c.rule))
 
 
+def _all_gather_outputs(output_tensor, input_tensor, group, async_op):
+    """torch 2.13's gloo ``Work.result()`` of an all_gather_into_tensor: the output, one view per rank."""
+    return list(output_tensor.reshape(-1, *input_tensor.shape).unbind(0))
+
+
 def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
     return _transport(comm).native_all_gather, (output_tensor, input_tensor, async_op)
 
@@ -297,26 +315,29 @@ def _p2p_row(name: str) -> Row:
 
     # a receiver decides as its sender did, whether or not it names the sender (see anysource)
     return Row("send_recv", f"tensor, {peer}=None, group=None, tag=0, {group_peer}=None", collective,
-               async_op=str(is_async), compressible=known_peer if sending else None, stat_op="send" if sending else "recv",
-               reenters=not is_async, returns=True)
+               async_op=str(is_async), compressible=known_peer if sending else None,
+               stat_op="send" if sending else "recv", reenters=not is_async, returns=True,
+               event="c10d::send" if sending else "c10d::recv_")
 
 
 _ALL_GATHER = Row("all_gather", "output_tensor, input_tensor, group=None, async_op=False", _all_gather,
-                  tensor="input_tensor", same_dtype=True, mpi=_all_gather_mpi)
+                  tensor="input_tensor", same_dtype=True, mpi=_all_gather_mpi, outputs=_all_gather_outputs,
+                  event="c10d::_allgather_base_")
 _REDUCE_SCATTER = Row("reduce_scatter", "output, input, op=_SUM, group=None, async_op=False", _reduce_scatter,
-                      tensor="input", reduce="op", same_dtype=True, mpi=_reduce_scatter_mpi)
+                      tensor="input", reduce="op", same_dtype=True, mpi=_reduce_scatter_mpi,
+                      event="c10d::_reduce_scatter_base_")
 
 #: torch.distributed attribute -> its row (torch 2.13's old and new names)
 ROWS: dict[str, Row] = {
     "all_reduce": Row("all_reduce", "tensor, op=_SUM, group=None, async_op=False", _all_reduce, reduce="op",
-                      mpi=_all_reduce_mpi),
+                      mpi=_all_reduce_mpi, event="c10d::allreduce_"),
     "all_gather_into_tensor": _ALL_GATHER, "all_gather_single": _ALL_GATHER, "_all_gather_base": _ALL_GATHER,
     "reduce_scatter_tensor": _REDUCE_SCATTER, "reduce_scatter_single": _REDUCE_SCATTER,
     "_reduce_scatter_base": _REDUCE_SCATTER,
     "broadcast": Row("broadcast", "tensor, src=None, group=None, async_op=False, group_src=None", _broadcast,
-                     mpi=_broadcast_mpi),
+                     mpi=_broadcast_mpi, event="c10d::broadcast_"),
     "all_to_all_single": Row("all_to_all", "output, input, output_split_sizes=None, input_split_sizes=None, "
                              "group=None, async_op=False", _all_to_all, tensor="input",
-                             compressible=_all_to_all_even, mpi=_all_to_all_mpi),
+                             compressible=_all_to_all_even, mpi=_all_to_all_mpi, event="c10d::alltoall_base_"),
     **{name: _p2p_row(name) for name in ("send", "recv", "isend", "irecv")},
 }
