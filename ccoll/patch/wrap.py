@@ -34,7 +34,7 @@ from .state import SLOT, State
 _SUM = dist.ReduceOp.SUM
 
 
-class Call(NamedTuple):
+class Compressed(NamedTuple):
     """What the prologue worked out for a call the patch compresses; a row's ``collective`` reads it."""
 
     st: State
@@ -54,7 +54,7 @@ class Row:
 
     op: str  # the policy op
     params: str  # torch 2.13's parameter list
-    collective: Callable  # (Call, *torch args) -> the async handle, or the sync call's return value
+    collective: Callable  # (Compressed, *torch args) -> the async handle, or the sync call's return value
     tensor: str = "tensor"  # the parameter the decision and the byte count read
     group: str = "group"
     async_op: str = "async_op"  # a parameter name, or "True" / "False" for functions without one
@@ -145,7 +145,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
             with dimension(dim), _profiled(event):
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
-                call = Call(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
+                call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
                 h = collective(call, *args)
         finally:
             _local.busy = False
@@ -224,7 +224,7 @@ def _mpi_op(op: Any) -> str | None:
         return None
 
 
-def _all_reduce(c: Call, tensor, op, group, async_op):
+def _all_reduce(c: Compressed, tensor, op, group, async_op):
     return _collectives().all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
                                      error_feedback=c.ef, key=c.key, min_bytes=0, salt=c.salt, **_hier(c.rule))
 
@@ -234,7 +234,7 @@ def _all_reduce_mpi(comm, tensor, op, group, async_op):
     return None if mop is None else (_transport(comm).native_all_reduce, (tensor, mop, async_op))
 
 
-def _all_gather(c: Call, output_tensor, input_tensor, group, async_op):
+def _all_gather(c: Compressed, output_tensor, input_tensor, group, async_op):
     if c.rule.weight_delta:  # weight_delta: send encoded changes against ccoll's reconstruction
         return c.st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
                                                   async_op=async_op, key=c.key, step=c.st.steps,
@@ -252,7 +252,7 @@ def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
     return _transport(comm).native_all_gather, (output_tensor, input_tensor, async_op)
 
 
-def _reduce_scatter(c: Call, output, input, op, group, async_op):
+def _reduce_scatter(c: Compressed, output, input, op, group, async_op):
     return _collectives().reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
                                                 async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=0,
                                                 salt=c.salt, **_hier(c.rule))
@@ -270,7 +270,7 @@ def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
     return dist.get_global_rank(group if group is not None else dist.group.WORLD, group_rank)
 
 
-def _broadcast(c: Call, tensor, src, group, async_op, group_src):
+def _broadcast(c: Compressed, tensor, src, group, async_op, group_src):
     return _collectives().broadcast(tensor, _global_rank(group, src, group_src), group=c.group, codec=c.codec,
                                     async_op=async_op, min_bytes=0, salt=c.salt)
 
@@ -281,7 +281,7 @@ def _broadcast_mpi(comm, tensor, src, group, async_op, group_src):
     return t.native_broadcast, (tensor, root, async_op)
 
 
-def _all_to_all(c: Call, output, input, output_split_sizes, input_split_sizes, group, async_op):
+def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_sizes, group, async_op):
     return _collectives().all_to_all_single(output, input, group=c.group, codec=c.codec, async_op=async_op,
                                             min_bytes=0, salt=c.salt)
 
@@ -300,7 +300,7 @@ def _p2p_row(name: str) -> Row:
     is_async = name in ("isend", "irecv")
     peer, group_peer = ("dst", "group_dst") if sending else ("src", "group_src")  # torch's parameter names
 
-    def collective(c: Call, tensor, peer, group, tag, group_peer):
+    def collective(c: Compressed, tensor, peer, group, tag, group_peer):
         if not sending and peer is None and group_peer is None:  # any source: the payload, then decode
             h, sender = anysource.irecv(tensor, group, c.codec, c.dim, tag)
             return h if is_async else (h.wait(), sender())[1]
