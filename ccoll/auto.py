@@ -31,6 +31,7 @@ import weakref
 from typing import Any, Callable
 
 from .errors import PolicyError
+from .log import tell
 
 __all__ = ["install", "uninstall", "state_dict", "load_state_dict", "attached", "Attached"]
 
@@ -63,12 +64,6 @@ def attached() -> list[Attached]:
     """Every DDP / FSDP2 model seen while installed, in order."""
     with _lock:
         return list(_models)
-
-
-def _tell(msg: str, *args) -> None:
-    from .report import tell
-
-    tell(msg, *args)
 
 
 def _add(kind: str, status: str, detail: str = "", state: Any = None) -> Attached:
@@ -108,7 +103,7 @@ def _ddp_attach(ddp: Any, entry: Attached, register: Callable) -> None:
 
 def _user_hook(entry: Attached, name: str) -> None:
     entry.status, entry.detail = "user hook", name
-    _tell("ccoll: DDP model #%d has your comm hook %s; ccoll leaves it alone (its gradients are not compressed "
+    tell("ccoll: DDP model #%d has your comm hook %s; ccoll leaves it alone (its gradients are not compressed "
           "by ccoll)", entry.index, name)
 
 
@@ -249,7 +244,7 @@ def _on_fsdp_root(root: Any) -> None:
     entry = _add("fsdp", "compressing" if state.modules else "user hook", repr(state) if state.modules else
                  "; ".join(theirs), state if state.modules else None)
     if theirs:
-        _tell("ccoll: FSDP2 model #%d: custom reduce-scatter left alone on %s", entry.index, ", ".join(theirs))
+        tell("ccoll: FSDP2 model #%d: custom reduce-scatter left alone on %s", entry.index, ", ".join(theirs))
 
 
 # --- installation and state -----------------------------------------------------------------------------

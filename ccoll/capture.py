@@ -2,7 +2,7 @@
 
 Why: codec choices made on Gaussian or Student-t data do not tell which codec wins on real gradients and
 activations. With capture on, ``ccoll.patch`` hands every call it sees on a resolved dimension to
-:func:`sample` (one line in ``ccoll.patch._decide``, before any policy decision, so the baseline policy
+:func:`sample` (one line in ``ccoll.patch.wrap.decide``, before any policy decision, so the baseline policy
 captures everything while training stays exact), and this module writes a bounded sample to disk:
 
     DIR/rank<R>/<dim>_<op>_step<S>_<n>.pt     torch.save({"tensor": fp32 CPU copy, "meta": {...}})
@@ -24,24 +24,20 @@ window from its middle, so a gradient bucket is not represented by its first lay
 ``CCOLL_CAPTURE_MIN_NUMEL`` skip tensors shorter than this (default 1024: scalars, flags, metadata).
 
 Receive buffers are not captured: before a recv they hold stale data. The patch's ``send_recv`` op covers
-both directions, so for it the sending side is recognised from the patch wrapper's ``sending`` flag in the
-caller's frame (only while capturing).
+both directions, so for it the sending side is recognised from the call context the patch's point-to-point
+wrappers set (:func:`ccoll.callctx.current`, only while capturing).
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 import threading
+from typing import Iterator
 
-_DIR = os.environ.get("CCOLL_CAPTURE") or None
-#: read by ccoll.patch on every call: a module attribute test is all capture costs when it is off
-active = _DIR is not None
+from . import callctx
+
 #: extra metadata stored with every sample (e.g. {"pp_stage": 0, "pp_size": 2}); set by the program
 context: dict = {}
-
-_lock = threading.Lock()
-_counts: dict[tuple, int] = {}
-_written_bytes = 0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -54,28 +50,47 @@ def _env_steps() -> frozenset[int]:
     return frozenset(int(s) for s in raw.split(",") if s.strip())
 
 
-_STEPS = _env_steps()
-_PER_KEY = _env_int("CCOLL_CAPTURE_PER_KEY", 6)
-_MAX_NUMEL = _env_int("CCOLL_CAPTURE_MAX_NUMEL", 1 << 20)
-_MAX_BYTES = _env_int("CCOLL_CAPTURE_MAX_BYTES", 256 << 20)
-_MIN_NUMEL = _env_int("CCOLL_CAPTURE_MIN_NUMEL", 1024)
+class _Capture:
+    """Where samples go, the bounds, and what was written so far in this process."""
+
+    def __init__(self, directory: str | None):
+        self.lock = threading.Lock()
+        self.set(directory)
+
+    def set(self, directory: str | None, steps=None, per_key=None, max_numel=None, max_bytes=None,
+            min_numel=None) -> None:
+        self.directory = directory
+        #: read by ccoll.patch on every call: an attribute test is all capture costs when it is off
+        self.active = directory is not None
+        self.steps = _env_steps() if steps is None else frozenset(int(s) for s in steps)
+        self.per_key = _env_int("CCOLL_CAPTURE_PER_KEY", 6) if per_key is None else per_key
+        self.max_numel = _env_int("CCOLL_CAPTURE_MAX_NUMEL", 1 << 20) if max_numel is None else max_numel
+        self.max_bytes = _env_int("CCOLL_CAPTURE_MAX_BYTES", 256 << 20) if max_bytes is None else max_bytes
+        self.min_numel = _env_int("CCOLL_CAPTURE_MIN_NUMEL", 1024) if min_numel is None else min_numel
+        self.counts: dict[tuple, int] = {}  # (dim, op, step) -> calls seen
+        self.written_bytes = 0
+
+
+#: this process's capture settings and counters (reset by :func:`configure`)
+state = _Capture(os.environ.get("CCOLL_CAPTURE") or None)
 
 
 def configure(directory: str | None, *, steps=None, per_key: int | None = None, max_numel: int | None = None,
               max_bytes: int | None = None, min_numel: int | None = None) -> None:
     """Turn capture on (``directory``) or off (None) in this process; bounds not given come from the
     environment (or the defaults). Resets the counters."""
-    global _DIR, active, _STEPS, _PER_KEY, _MAX_NUMEL, _MAX_BYTES, _MIN_NUMEL, _written_bytes
-    with _lock:
-        _DIR = directory
-        _STEPS = _env_steps() if steps is None else frozenset(int(s) for s in steps)
-        _PER_KEY = _env_int("CCOLL_CAPTURE_PER_KEY", 6) if per_key is None else per_key
-        _MAX_NUMEL = _env_int("CCOLL_CAPTURE_MAX_NUMEL", 1 << 20) if max_numel is None else max_numel
-        _MAX_BYTES = _env_int("CCOLL_CAPTURE_MAX_BYTES", 256 << 20) if max_bytes is None else max_bytes
-        _MIN_NUMEL = _env_int("CCOLL_CAPTURE_MIN_NUMEL", 1024) if min_numel is None else min_numel
-        _counts.clear()
-        _written_bytes = 0
-        active = directory is not None
+    with state.lock:
+        state.set(directory, steps, per_key, max_numel, max_bytes, min_numel)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Capture nothing inside the block (e.g. evaluation traffic)."""
+    was, state.active = state.active, False
+    try:
+        yield
+    finally:
+        state.active = was
 
 
 def _rank() -> int:
@@ -89,15 +104,14 @@ def _rank() -> int:
 def _is_receive(op: str) -> bool:
     if op != "send_recv":
         return False
-    frame = sys._getframe(3)  # sample <- ccoll.patch._decide <- the p2p wrapper
-    sending = frame.f_locals.get("sending")
-    return sending is not True
+    call = callctx.current()  # set by the patch's point-to-point wrappers while capture is on
+    return call is None or call.sending is not True
 
 
 def sample(dim: str, op: str, tensor, step: int) -> None:
     """Write ``tensor`` (or a window of it) if (dim, op, step) still has room; never raises into training."""
-    global _written_bytes
-    if step not in _STEPS or not tensor.is_floating_point() or tensor.numel() < _MIN_NUMEL:
+    cap = state
+    if step not in cap.steps or not tensor.is_floating_point() or tensor.numel() < cap.min_numel:
         return
     if _is_receive(op):
         return
@@ -105,15 +119,16 @@ def sample(dim: str, op: str, tensor, step: int) -> None:
 
     key = (dim, op, step)
     numel = tensor.numel()
-    take = min(numel, _MAX_NUMEL)
-    with _lock:
-        call = _counts.get(key, 0)  # calls of (dim, op) seen in this step
-        _counts[key] = call + 1
+    take = min(numel, cap.max_numel)
+    with cap.lock:
+        call = cap.counts.get(key, 0)  # calls of (dim, op) seen in this step
+        cap.counts[key] = call + 1
         n = call.bit_length()  # sample number: calls 0, 1, 2, 4, 8, ... are samples 0, 1, 2, 3, 4, ...
-        if call & (call - 1) or n >= _PER_KEY or _written_bytes + 4 * take > _MAX_BYTES or _DIR is None:
+        if (call & (call - 1) or n >= cap.per_key or cap.written_bytes + 4 * take > cap.max_bytes
+                or cap.directory is None):
             return
-        _written_bytes += 4 * take
-        directory = _DIR
+        cap.written_bytes += 4 * take
+        directory = cap.directory
     offset = (numel - take) // 2
     flat = tensor.detach().reshape(-1)[offset:offset + take].to("cpu", torch.float32, copy=True)
     rank = _rank()

@@ -40,7 +40,7 @@ from .codecs import Codec, get_codec
 from .errors import PolicyError
 from .collectives.segments import segments
 from .feedback import ErrorFeedback, parse_residual_key
-from .patch import internal, stable_salt
+from .callctx import internal, stable_salt
 from .stats import dimension
 
 __all__ = ["CompressionState", "compress_hook"]

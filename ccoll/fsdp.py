@@ -33,7 +33,7 @@ from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
 from .feedback import ErrorFeedback
-from .patch import _reduce_name, internal, stable_salt
+from .callctx import internal, reduce_name as _reduce_name, stable_salt
 from .stats import dimension
 
 __all__ = ["FSDPCompression", "compress"]

@@ -33,6 +33,8 @@ def warn_once(key: str, msg: str, *args) -> None:
     logger.warning(msg, *args)
 
 
-def info_rank0(msg: str, *args) -> None:
+def tell(msg: str, *args) -> None:
+    """A line for the user, from rank 0, at INFO, marked so ccoll-run's handler shows it (the zero-code
+    path's only channel: the user never called ccoll, so a silent success would look like no effect)."""
     if rank() == 0:
-        logger.info(msg, *args)
+        logger.info(msg, *args, extra={"ccoll_user": True})

@@ -18,7 +18,7 @@ import weakref
 from typing import Any
 
 from . import stats as _stats
-from .log import logger, rank, warn_once
+from .log import logger, tell, warn_once
 
 __all__ = ["tell", "on_install", "on_step", "diagnose", "summary", "REPORT_STEPS", "NOTHING_WARNING_STEPS"]
 
@@ -34,12 +34,6 @@ _announced: set[str] = set()
 _baseline: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _current: list = []  # [the latest _State] (weakly: a replaced installation is forgotten)
 _joined = False
-
-
-def tell(msg: str, *args) -> None:
-    """A line for the user, from rank 0, at INFO, marked so ccoll-run's handler shows it."""
-    if rank() == 0:
-        logger.info(msg, *args, extra={"ccoll_user": True})
 
 
 def _compressed_calls(rows: list[dict]) -> int:

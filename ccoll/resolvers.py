@@ -198,34 +198,39 @@ AUTO_SOURCES = (
 
 UNPLACED = "default"
 
-# DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is forgotten;
-# ordered: every rank reads them in the same order). Needed for one case only: a mesh dim spanning all
-# ranks reuses the default group, whose group_desc does not name the dim.
-_meshes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
-_mesh_version = 0
-_mesh_init_original: Callable | None = None
+class _MeshTracker:
+    """DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is
+    forgotten; ordered: every rank reads them in the same order). Needed for one case only: a mesh dim
+    spanning all ranks reuses the default group, whose group_desc does not name the dim."""
+
+    def __init__(self) -> None:
+        self.meshes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self.version = 0  # meshes built so far: part of AutoResolver's cache signature
+        self.init_original: Callable | None = None  # DeviceMesh.__init__ while tracking, else None
+
+
+_MESHES = _MeshTracker()
 
 
 def track_device_meshes(on: bool) -> None:
     """Record every torch DeviceMesh built from now on (``ccoll.patch.install`` turns this on)."""
-    global _mesh_init_original
     from torch.distributed import device_mesh
 
     cls = device_mesh.DeviceMesh
-    if on and _mesh_init_original is None:
-        original = _mesh_init_original = cls.__init__
+    tracker = _MESHES
+    if on and tracker.init_original is None:
+        original = tracker.init_original = cls.__init__
 
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
-            global _mesh_version
             original(self, *args, **kwargs)
-            _mesh_version += 1
-            _meshes[_mesh_version] = self
+            tracker.version += 1
+            tracker.meshes[tracker.version] = self
 
         cls.__init__ = __init__
-    elif not on and _mesh_init_original is not None:
-        cls.__init__ = _mesh_init_original
-        _mesh_init_original = None
+    elif not on and tracker.init_original is not None:
+        cls.__init__ = tracker.init_original
+        tracker.init_original = None
 
 
 def _c10d_state() -> tuple[Any, int]:
@@ -293,7 +298,7 @@ class AutoResolver:
         if default_pg is None:
             return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
         ds = sys.modules.get("deepspeed.utils.groups")
-        sig = (group_count, id(default_pg), _mesh_version,
+        sig = (group_count, id(default_pg), _MESHES.version,
                0 if ds is None else id(ds.mpu), 0 if ds is None else id(getattr(ds, "_WORLD_GROUP", None)))
         if sig != self._signature:
             self._refresh(sig, default_pg)
@@ -360,7 +365,7 @@ class AutoResolver:
             return topo.get_dim("pipe") if "pipe" in axes else 1
 
         # DeviceMesh dims (all of them; group_desc already names the ones that are not the default group)
-        for _, mesh in sorted(_meshes.items()):
+        for _, mesh in sorted(_MESHES.meshes.items()):
             names = getattr(mesh, "mesh_dim_names", None) or ()
             for name in names:
                 dim = MESH_DIMS.get(name)

@@ -107,15 +107,20 @@ def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: s
 
 #: host-clock codec seconds: (dim, codec name, phase) -> {"calls", "nbytes", "seconds"}
 _codec_table: dict[tuple[str, str, str], dict] = {}
-#: whether batched codec calls are timed (off by default: every compressed call runs through the codec,
-#: and the clock costs ~5 us per codec call -- a quarter of a 4 KiB encode)
-codec_clock = False
+class _CodecClock:
+    """Whether batched codec calls are timed (off by default: every compressed call runs through the
+    codec, and the clock costs ~5 us per codec call -- a quarter of a 4 KiB encode)."""
+
+    on = False
+
+
+#: read by the codecs on every batched call (``codec_clock.on``)
+codec_clock = _CodecClock()
 
 
 def time_codecs(on: bool = True) -> None:
     """Start (or stop) timing batched codec calls on host tensors into :func:`codec_stats`."""
-    global codec_clock
-    codec_clock = bool(on)
+    codec_clock.on = bool(on)
 
 
 def record_codec(codec: str, phase: str, nbytes: int, seconds: float) -> None:

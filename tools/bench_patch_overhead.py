@@ -119,7 +119,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, queue
         x = torch.ones(NUMEL)
         stub = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
         patch.install(policy, resolver)
-        wrapped = patch._make_all_reduce(stub)
+        wrapped = patch.wrap.make("all_reduce", stub)
         n = args.calls * 20
         stub_ns = min(_thread_ns(lambda: stub(x), n) for _ in range(5))
         wrapped_ns = min(_thread_ns(lambda: wrapped(x), n) for _ in range(5))

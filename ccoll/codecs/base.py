@@ -437,7 +437,7 @@ def _host_clock(name: str, phase: str, nbytes: int, t: torch.Tensor):
     """A clock for one batched codec call when ``ccoll.stats.time_codecs()`` is on, the tensor is on the
     host (a GPU call returns before its kernels have run) and no batched call of this thread is already
     timed (a generic decode_sum or an error-feedback encode may call decode_rows inside); else a no-op."""
-    if not _stats.codec_clock or t.device.type != "cpu" or getattr(_HostClock.busy, "on", False):
+    if not _stats.codec_clock.on or t.device.type != "cpu" or getattr(_HostClock.busy, "on", False):
         return _NO_CLOCK
     return _HostClock(name, phase, nbytes)
 

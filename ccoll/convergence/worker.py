@@ -153,11 +153,8 @@ def run(spec: dict) -> dict:
     def evaluate() -> float:
         before, codec_before = ccoll.stats(), codec_totals()
         val = iter([val_sampler.micro_batch_at(0, dp_rank, i) for i in range(n_val)])
-        capturing, capture.active = capture.active, False  # capture training traffic only
-        try:
+        with capture.paused():  # capture training traffic only
             loss = float(engine.eval_batch(data_iter=val, num_micro_batches=n_val))
-        finally:
-            capture.active = capturing
         engine.module.train()
         eval_traffic.append(subtract_stats(ccoll.stats(), before))
         untimed_codec.append(minus(codec_totals(), codec_before))

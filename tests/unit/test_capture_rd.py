@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ccoll import capture
+from ccoll import callctx, capture
 from ccoll.bench import rd
 
 
@@ -19,12 +19,12 @@ def cap(tmp_path):
     capture.configure(None)
 
 
-def _decide_like(dim, op, t, step):  # stands in for ccoll.patch._decide: the frame between wrapper and sample
-    capture.sample(dim, op, t, step)
-
-
-def _p2p(sending: bool, t, step):  # stands in for ccoll.patch's p2p wrapper (its `sending` local)
-    _decide_like("pp", "send_recv", t, step)
+def _p2p(sending: bool, t, step):  # stands in for ccoll.patch's p2p wrapper: names the call, then decides
+    callctx.set_current(callctx.Call("pp", "send_recv", step, sending))
+    try:
+        capture.sample("pp", "send_recv", t, step)
+    finally:
+        callctx.set_current(None)
 
 
 def test_given_capture_on_when_calls_arrive_expect_only_listed_steps_power_of_two_calls_and_metadata(cap):
@@ -137,3 +137,24 @@ def test_given_variable_size_codec_when_measured_expect_used_bytes_not_capacity(
     m = rd.measure(x, codec)
     assert m["rel_l2"] == 0.0
     assert m["bits"] < 0.9 * codec.encode(x).numel() * 8
+
+
+def test_given_patched_send_and_recv_when_capturing_expect_the_patch_names_the_side_and_only_sends_kept(cap):
+    """The patch's p2p wrappers tell capture which side a call is through ccoll.callctx (no process
+    group: the wrappers wrap no-op stand-ins for torch's send/recv)."""
+    from ccoll import patch
+    from ccoll.policy import Policy
+
+    stub = lambda tensor, peer=None, group=None, tag=0, group_peer=None: None  # noqa: E731
+    patch.install(Policy.from_dict({"version": 1, "pp": {"codec": "bf16", "min_bytes": 1 << 30}}),
+                  resolver=lambda group, op: "pp", step_counter="manual")
+    try:
+        for _ in range(2):
+            patch.step()
+        patch.wrap.make("send", stub)(torch.ones(128), 1)
+        patch.wrap.make("recv", stub)(torch.zeros(128), 1)
+        patch.wrap.make("irecv", stub)(torch.zeros(128))  # any source: a receive too
+    finally:
+        patch.uninstall()
+    got = capture.load(str(cap))
+    assert [(x["meta"]["op"], float(x["tensor"][0])) for x in got] == [("send_recv", 1.0)]

@@ -155,7 +155,7 @@ def test_given_threads_passing_calls_through_while_stats_read_when_done_expect_e
 
     patch.install(Policy.from_dict({"version": 1, "dp": {"codec": "bf16", "min_bytes": 4096}}),
                   resolver=lambda group, op: "dp")
-    wrapped = patch._make_all_reduce(lambda tensor, op=None, group=None, async_op=False: None)
+    wrapped = patch.wrap.make("all_reduce", lambda tensor, op=None, group=None, async_op=False: None)
     ccoll.reset_stats()
     small, scalar = torch.ones(16), torch.ones(1)
     stop = threading.Event()

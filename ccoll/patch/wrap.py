@@ -1,0 +1,344 @@
+"""The one wrapper shape, and the table of torch.distributed functions it wraps.
+
+Every wrapped function runs the same shape (:func:`shape`):
+
+    prologue   not installed / inside ccoll -> torch; resolver(group, op) -> dim (None: torch, untouched)
+    decide     :func:`decide`: the policy's codec for (dim, op, tensor, step), or None
+    native     no codec -> torch's function (or the MPI transport for ``transport: mpi``), counted
+    compress   the row's ``collective``: the one place that calls ``ccoll.collectives``
+    epilogue   busy flag cleared; async handles answer under the call's dimension
+
+A :class:`Row` says what differs per function: its torch 2.13 signature (so keyword callers keep
+working) and which of its parameters are the tensor, group, reduce op and async flag; what may be
+compressed at all (any reduce op but SUM/AVG, uneven all_to_all splits and mixed dtypes stay native;
+an any-source recv decides like its sender: :mod:`ccoll.patch.anysource`); the MPI transport's native
+call; and the collective. ``batch_isend_irecv`` has its own shape (:mod:`ccoll.patch.batch`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from .. import capture as _capture
+from ..callctx import Call as _CallCtx, local as _local, set_current, reduce_name
+from ..stats import dimension
+from . import anysource, fingerprint, native
+from .handles import async_result
+from .state import SLOT, State
+
+_SUM = dist.ReduceOp.SUM
+
+
+class Compressed(NamedTuple):
+    """What the prologue worked out for a call the patch compresses; a row's ``collective`` reads it."""
+
+    st: State
+    dim: str
+    rule: Any  # the policy rule of (dim, op)
+    codec: Any
+    group: Any  # what the collectives get as group: the torch group, or the MPI communicator
+    key: tuple  # the call key (State.call_key)
+    salt: int  # the stochastic-rounding salt of the call key
+    ef: Any  # the ErrorFeedback for reducing rules with error feedback and a lossy codec, else None
+    red: str | None  # "sum" / "avg" for reducing ops
+
+
+@dataclass(frozen=True)
+class Row:
+    """One wrapped torch.distributed function (see the module docstring)."""
+
+    op: str  # the policy op
+    params: str  # torch 2.13's parameter list
+    collective: Callable  # (Compressed, *torch args) -> the async handle, or the sync call's return value
+    tensor: str = "tensor"  # the parameter the decision and the byte count read
+    group: str = "group"
+    async_op: str = "async_op"  # a parameter name, or "True" / "False" for functions without one
+    reduce: str | None = None  # the reduce-op parameter: only SUM / AVG compress
+    compressible: Callable | None = None  # (*torch args) -> may compress at all (before deciding)
+    same_dtype: bool = False  # the first two parameters (output, input) must agree in dtype to compress
+    mpi: Callable | None = None  # (comm, *torch args) -> (transport method, args) or None; None: no MPI path
+    stat_op: str | None = None  # the op native calls and call keys are named by (default: op)
+    reenters: bool = False  # torch's function calls another wrapped one (send -> isend): run it busy
+    returns: bool = False  # a sync compressed call returns what ``collective`` returned (recv: the peer)
+    outputs: Callable | None = None  # (*torch args) -> what an async handle's result() returns; None: [args[0]]
+    event: str = ""  # the profiler event torch records for this call (a compressed call records it too)
+
+
+def decide(st: State, dim: str, op: str, tensor: torch.Tensor):
+    """The codec for this call, or None: the policy's choice (``Policy.resolve``, whose passthrough
+    rules are the collectives' one ``decide``). A native rule returns at once: most calls the patch
+    sees are on native dimensions. The collectives get the rule's ``min_bytes`` with the codec, so
+    they reach the same answer rather than being told to skip the check."""
+    if _capture.state.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
+    if not st.policy.rule(dim, op).compresses:
+        return None
+    return st.policy.resolve(dim, op, tensor, step=st.steps)
+
+
+def mpi_comm(rule: Any, group: Any) -> Any:
+    """The MPI communicator standing for ``group`` when the rule says ``transport: mpi``, else None.
+    A function of the rule alone, so every member of the group picks the same transport (see
+    ccoll.policy: why two transports in one job cannot deadlock)."""
+    if rule.transport != "mpi":
+        return None
+    from ..transports import mpi_comm_for
+
+    return mpi_comm_for(group)
+
+
+def enter(st: State) -> None:
+    if not st.checked:
+        fingerprint.check(st)
+    _local.busy = True
+
+
+def shape(row: Row, torch_fn: Callable) -> Callable:
+    """The one wrapper shape, for one row: ``handle(tensor, group, async_op, reduce_op, args)`` with
+    ``args`` torch's arguments and the others read from them as the row says. (The row's fields are
+    bound here once: the per-call path reads closure variables, not attributes.)"""
+    op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
+    same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
+    outputs = row.outputs or (lambda first, *_: [first])
+    event = row.event
+    sending = stat_op == "send" if row.stat_op is not None else None
+    run_native = native.run
+
+    def handle(tensor: torch.Tensor, group: Any, async_op: bool, reduce_op: Any, args: tuple) -> Any:
+        # prologue: not ours -> torch, untouched
+        st = SLOT.current
+        if st is None or _local.busy:
+            return torch_fn(*args)
+        r = st.resolver
+        dim = "default" if r is None else r(group, op)
+        if dim is None:
+            return torch_fn(*args)
+        # decide
+        red = None
+        if reduces:
+            red = reduce_name(reduce_op)
+            codec = decide(st, dim, op, tensor) if red else None
+        elif compressible is None or compressible(*args):
+            if sending is not None and _capture.state.active:  # capture samples only what this rank sends
+                set_current(_CallCtx(dim, op, st.steps, sending))
+            codec = decide(st, dim, op, tensor)
+        else:
+            codec = None
+        if same_dtype and codec is not None and args[0].dtype != args[1].dtype:
+            codec = None
+        rule = st.policy.rule(dim, op) if mpi is not None or codec is not None else None
+        comm = mpi_comm(rule, group) if mpi is not None else None
+        # native: torch's function, or the MPI transport's uncompressed call; counted
+        if codec is None:
+            nbytes = tensor.numel() * tensor.element_size()
+            if comm is not None:
+                via = mpi(comm, *args)
+                if via is not None:
+                    return run_native(dim, stat_op, nbytes, via[0], via[1])
+            return run_native(dim, stat_op, nbytes, torch_fn, args)
+        # compress: the row's collective, under the call's dimension, with torch calls passing through
+        enter(st)
+        try:
+            with dimension(dim), _profiled(event):
+                ef = st.feedback if red and rule.error_feedback and codec.lossy else None
+                key = st.call_key(dim, stat_op, group)
+                call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
+                h = collective(call, *args)
+        finally:
+            _local.busy = False
+        # epilogue
+        if async_op:
+            return async_result(h, dim, outputs(*args))
+        return h if returns else None
+
+    return handle
+
+
+@functools.lru_cache(maxsize=None)
+def _names(params: str) -> list[str]:
+    return [p.split("=")[0].strip() for p in params.split(",")]
+
+
+def _profiled(event: str):
+    """torch's profiler event for the call, so a profile of a compressed run shows the same operation
+    (the payload traffic inside it shows torch's own events too); nothing when no profiler runs."""
+    if torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(event)
+    return contextlib.nullcontext()
+
+
+def _busy(fn: Callable) -> Callable:
+    """``fn`` run as inside a call ccoll handles: torch's send/recv call its isend/irecv, which are
+    ccoll's too, and must not decide (and count) the same call a second time."""
+    def run(*args):
+        was = _local.busy
+        _local.busy = True
+        try:
+            return fn(*args)
+        finally:
+            _local.busy = was
+
+    return run
+
+
+def make(name: str, orig: Callable) -> Callable:
+    """The wrapper of ``orig`` (torch.distributed.<name>) by its row in :data:`ROWS`, with torch's signature."""
+    row = ROWS[name]
+    names = ", ".join(_names(row.params))
+    code = (f"def {name}({row.params}):\n"
+            f"    return _handle({row.tensor}, {row.group}, {row.async_op}, {row.reduce}, ({names},))\n")
+    ns: dict = {"_handle": shape(row, _busy(orig) if row.reenters else orig), "_SUM": _SUM}
+    exec(code, ns)  # noqa: S102 - fixed template over the rows below, no user input
+    return functools.wraps(orig)(ns[name])
+
+
+# --- the rows: what each wrapped function reads, and the collective it maps to ------------------------------
+def _collectives():
+    from .. import collectives
+
+    return collectives
+
+
+def _hier(rule: Any) -> dict:
+    """``hierarchy=`` for the three collectives that have a hierarchical form, only when the rule sets it."""
+    return {} if rule.hierarchy is None else {"hierarchy": rule.hierarchy}
+
+
+def _transport(comm: Any) -> Any:
+    from ..transports import for_group
+
+    return for_group(comm)
+
+
+def _mpi_op(op: Any) -> str | None:
+    """The MPI transport's name for a torch reduce op, or None (e.g. bitwise ops: kept on torch, which
+    every rank decides alike since they all pass the same op)."""
+    from ..transports import op_name
+
+    try:
+        return op_name(op)
+    except Exception:  # TransportError: an op the transports do not reduce
+        return None
+
+
+def _all_reduce(c: Compressed, tensor, op, group, async_op):
+    return _collectives().all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
+                                     error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+
+
+def _all_reduce_mpi(comm, tensor, op, group, async_op):
+    mop = _mpi_op(op)
+    return None if mop is None else (_transport(comm).native_all_reduce, (tensor, mop, async_op))
+
+
+def _all_gather(c: Compressed, output_tensor, input_tensor, group, async_op):
+    if c.rule.weight_delta:  # weight_delta: send encoded changes against ccoll's reconstruction
+        return c.st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
+                                                  async_op=async_op, key=c.key, step=c.st.steps,
+                                                  refresh_steps=c.rule.weight_delta, min_bytes=c.rule.min_bytes, salt=c.salt)
+    return _collectives().all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
+                                                 async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+
+
+def _all_gather_outputs(output_tensor, input_tensor, group, async_op):
+    """torch 2.13's gloo ``Work.result()`` of an all_gather_into_tensor: the output, one view per rank."""
+    return list(output_tensor.reshape(-1, *input_tensor.shape).unbind(0))
+
+
+def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
+    return _transport(comm).native_all_gather, (output_tensor, input_tensor, async_op)
+
+
+def _reduce_scatter(c: Compressed, output, input, op, group, async_op):
+    return _collectives().reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
+                                                async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes,
+                                                salt=c.salt, **_hier(c.rule))
+
+
+def _reduce_scatter_mpi(comm, output, input, op, group, async_op):
+    mop = _mpi_op(op)
+    return None if mop is None else (_transport(comm).native_reduce_scatter, (output, input, mop, async_op))
+
+
+def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
+    """A global rank from torch's pair of (global, group) rank parameters."""
+    if rank is not None:
+        return rank
+    return dist.get_global_rank(group if group is not None else dist.group.WORLD, group_rank)
+
+
+def _broadcast(c: Compressed, tensor, src, group, async_op, group_src):
+    return _collectives().broadcast(tensor, _global_rank(group, src, group_src), group=c.group, codec=c.codec,
+                                    async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt)
+
+
+def _broadcast_mpi(comm, tensor, src, group, async_op, group_src):
+    t = _transport(comm)
+    root = t.group_rank(_global_rank(group, src, group_src))  # transports take group ranks
+    return t.native_broadcast, (tensor, root, async_op)
+
+
+def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_sizes, group, async_op):
+    return _collectives().all_to_all_single(output, input, group=c.group, codec=c.codec, async_op=async_op,
+                                            min_bytes=c.rule.min_bytes, salt=c.salt)
+
+
+def _all_to_all_even(output, input, output_split_sizes, input_split_sizes, group, async_op):
+    return output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
+
+
+def _all_to_all_mpi(comm, output, input, output_split_sizes, input_split_sizes, group, async_op):
+    return _transport(comm).native_all_to_all, (output, input, output_split_sizes, input_split_sizes, async_op)
+
+
+def _p2p_row(name: str) -> Row:
+    """send / recv / isend / irecv: both sides decide from (dim, shape, dtype, step) only."""
+    sending = name in ("send", "isend")
+    is_async = name in ("isend", "irecv")
+    peer, group_peer = ("dst", "group_dst") if sending else ("src", "group_src")  # torch's parameter names
+
+    def collective(c: Compressed, tensor, peer, group, tag, group_peer):
+        if not sending and peer is None and group_peer is None:  # any source: the payload, then decode
+            h, sender = anysource.irecv(tensor, group, c.codec, c.dim, tag)
+            return h if is_async else (h.wait(), sender())[1]
+        global_peer = _global_rank(group, peer, group_peer)
+        extra = {"salt": c.salt} if sending else {}  # decoding needs none: receivers take no salt
+        h = getattr(_collectives(), name)(tensor, global_peer, group=group, codec=c.codec, tag=tag, min_bytes=c.rule.min_bytes,
+                                          **extra)
+        return h if is_async else (None if sending else global_peer)
+
+    def known_peer(tensor, peer, group, tag, group_peer):  # torch refuses a send without one
+        return peer is not None or group_peer is not None
+
+    # a receiver decides as its sender did, whether or not it names the sender (see anysource)
+    return Row("send_recv", f"tensor, {peer}=None, group=None, tag=0, {group_peer}=None", collective,
+               async_op=str(is_async), compressible=known_peer if sending else None,
+               stat_op="send" if sending else "recv", reenters=not is_async, returns=True,
+               event="c10d::send" if sending else "c10d::recv_")
+
+
+_ALL_GATHER = Row("all_gather", "output_tensor, input_tensor, group=None, async_op=False", _all_gather,
+                  tensor="input_tensor", same_dtype=True, mpi=_all_gather_mpi, outputs=_all_gather_outputs,
+                  event="c10d::_allgather_base_")
+_REDUCE_SCATTER = Row("reduce_scatter", "output, input, op=_SUM, group=None, async_op=False", _reduce_scatter,
+                      tensor="input", reduce="op", same_dtype=True, mpi=_reduce_scatter_mpi,
+                      event="c10d::_reduce_scatter_base_")
+
+#: torch.distributed attribute -> its row (torch 2.13's old and new names)
+ROWS: dict[str, Row] = {
+    "all_reduce": Row("all_reduce", "tensor, op=_SUM, group=None, async_op=False", _all_reduce, reduce="op",
+                      mpi=_all_reduce_mpi, event="c10d::allreduce_"),
+    "all_gather_into_tensor": _ALL_GATHER, "all_gather_single": _ALL_GATHER, "_all_gather_base": _ALL_GATHER,
+    "reduce_scatter_tensor": _REDUCE_SCATTER, "reduce_scatter_single": _REDUCE_SCATTER,
+    "_reduce_scatter_base": _REDUCE_SCATTER,
+    "broadcast": Row("broadcast", "tensor, src=None, group=None, async_op=False, group_src=None", _broadcast,
+                     mpi=_broadcast_mpi, event="c10d::broadcast_"),
+    "all_to_all_single": Row("all_to_all", "output, input, output_split_sizes=None, input_split_sizes=None, "
+                             "group=None, async_op=False", _all_to_all, tensor="input",
+                             compressible=_all_to_all_even, mpi=_all_to_all_mpi, event="c10d::alltoall_base_"),
+    **{name: _p2p_row(name) for name in ("send", "recv", "isend", "irecv")},
+}
