@@ -60,6 +60,8 @@ from typing import Any
 
 import torch
 
+from . import launch
+from .units import format_nbytes
 from .bench import harness
 from .bench.harness import COLLECTIVES, BenchError, parse_size, size_sweep, split_codecs
 
@@ -199,11 +201,7 @@ def choose(times: dict, native_time: dict, errors: dict, budget: float, sizes: l
     return best
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << k and n % (1 << k) == 0:
-            return f"{n >> k}{unit}"
-    return str(n)
+_fmt_bytes = format_nbytes
 
 
 def _short(spec: str) -> str:
@@ -597,7 +595,7 @@ def _torch_env_from_mpi() -> None:
     os.environ.setdefault("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(comm.bcast(harness._free_port() if comm.Get_rank() == 0 else None, root=0))
+        os.environ["MASTER_PORT"] = str(comm.bcast(launch.free_port() if comm.Get_rank() == 0 else None, root=0))
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -677,8 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         _resolve(args.codecs)  # fail here, not in N ranks
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
-        if harness._under_mpi(env) or ("RANK" in env and "WORLD_SIZE" in env):
-            if "mpi" in args.transports and not harness._under_mpi(env):
+        if launch.under_mpi(env) or ("RANK" in env and "WORLD_SIZE" in env):
+            if "mpi" in args.transports and not launch.under_mpi(env):
                 raise BenchError("--transports mpi: start under mpirun (or give --np N)")
             return run_rank(args)
         if args.np is None:
@@ -690,22 +688,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args, argv: list[str]) -> int:
-    import subprocess
-
-    n = args.np
-    env = dict(os.environ, LOCAL_WORLD_SIZE=str(n))
-    me = [sys.executable, "-m", "ccoll.tune", *argv]
-    if "mpi" in args.transports:
-        cmd = [harness._mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        procs = [subprocess.Popen(cmd + me, env=env, start_new_session=True)]
-    else:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(harness._free_port()), WORLD_SIZE=str(n))
-        procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), start_new_session=True)
-                 for r in range(n)]
-    return harness._supervise(procs, args.timeout)
+    try:
+        procs = launch.start_ranks([sys.executable, "-m", "ccoll.tune", *argv], args.np, mpi="mpi" in args.transports)
+    except launch.LaunchError as e:
+        raise BenchError(f"--transports mpi needs mpiexec: {e}") from None
+    return launch.supervise(procs, args.timeout)
 
 
 if __name__ == "__main__":
-    harness.exit_process(main())
+    launch.exit_process(main())

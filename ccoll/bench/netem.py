@@ -45,27 +45,24 @@ import threading
 import time
 from typing import Sequence
 
+from ..errors import NetemError, UnitsError
+from ..launch import rank_env, stop_process_groups
+from ..units import parse_rate_bits
+
 PREFIX = "ccoll"
 IFNAME = "ccoll0"
 SUBNET = "10.200.0"
 MAX_RANKS = 250
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)[a-z]?-(?:\d+|br)$")  # ccoll-<pid>[tag letter]-<rank|br>
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.I)
-_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
-
-
-class NetemError(Exception):
-    """Bad arguments, missing privileges or tools, or a failed ip/tc command."""
 
 
 def rate_bits_per_s(rate: str) -> float:
-    """tc's rate syntax ('1gbit', '100mbit', '125mbps' = bytes) -> bits per second."""
-    m = _RATE_RE.match(rate.strip())
-    if not m or float(m.group(1)) <= 0:
-        raise NetemError(f"bad --rate {rate!r}: use tc units, e.g. 100mbit, 1gbit, 10gbit")
-    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    """tc's rate syntax ('1gbit', '100mbit', '125mbps' = bytes) -> bits per second (:func:`ccoll.units.parse_rate_bits`)."""
+    try:
+        return parse_rate_bits(rate)
+    except UnitsError as e:
+        raise NetemError(f"bad --rate: {e}") from None
 
 
 def check_delay(delay: str) -> str:
@@ -194,11 +191,8 @@ class ShapedLinks:
         self.teardown()
 
     def env(self, rank: int, port: int, base: dict | None = None) -> dict:
-        env = dict(os.environ if base is None else base)
-        env.update(RANK=str(rank), WORLD_SIZE=str(self.ranks), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(self.ranks), MASTER_ADDR=self.address(0), MASTER_PORT=str(port),
-                   GLOO_SOCKET_IFNAME=IFNAME, CCOLL_NETEM=self.describe())
-        return env
+        return rank_env(rank, self.ranks, port, addr=self.address(0), base=base,
+                        extra={"GLOO_SOCKET_IFNAME": IFNAME, "CCOLL_NETEM": self.describe()})
 
 
 class _Interrupted(Exception):
@@ -260,27 +254,6 @@ def run_ranks(links: ShapedLinks, command: Sequence[str], port: int, timeout_s: 
         stop_process_groups(procs, term_wait_s=3.0)
         for t in pumps:
             t.join(timeout=2.0)
-
-
-# Each rank runs in its own process group (start_new_session=True), so signalling the group also stops
-# whatever the rank started. TERM first so ranks can clean up, KILL for those that do not exit in time.
-# Shared with the bench and convergence launchers; this module stays stdlib-only so it runs as a script.
-def stop_process_groups(procs: list[subprocess.Popen], term_wait_s: float = 5.0, kill_wait_s: float = 5.0) -> None:
-    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
-        alive = [p for p in procs if p.poll() is None]
-        if not alive:
-            return
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + wait_s
-        for p in alive:
-            try:
-                p.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def split_command(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:

@@ -34,20 +34,21 @@ import sys
 import time
 from typing import Sequence
 
-from .netem import NetemError, ShapedLinks, _check_environment, _Interrupted, run_ranks, split_command
+from ..errors import NetemError, UnitsError
+from ..launch import exit_process
+from ..units import parse_nbytes
+from .netem import ShapedLinks, _check_environment, _Interrupted, run_ranks, split_command
 
 DEFAULT_SIZES = "1M,4M,16M,64M"
 DEFAULT_CODECS = ("int8:block=256", "int4:block=64")
 
 
 def parse_size(text: str) -> int:
-    """'64K' / '1M' / '64MiB' / '4096' -> bytes."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    """'64K' / '1M' / '64MiB' / '4096' -> bytes (:func:`ccoll.units.parse_nbytes`)."""
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise NetemError(f"bad size {text!r}: use e.g. 64K, 1M, 64M") from None
+        return parse_nbytes(text)
+    except UnitsError as e:
+        raise NetemError(f"bad --sizes: {e}") from None
 
 
 class _Ranks:
@@ -242,4 +243,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # the --worker ranks too: no interpreter teardown after gloo (see ccoll.launch)

@@ -217,4 +217,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..launch import exit_process
+
+    exit_process(main())  # no interpreter teardown after gloo (see ccoll.launch)

@@ -28,11 +28,9 @@ def _namespaces(prefix: str) -> list[str]:
 
 
 def _netem(*args: str) -> subprocess.Popen:
-    """netem.py uses the standard library only: run as a script it starts without importing torch
-    (``python -m ccoll.bench.netem`` runs the same ``__main__`` block after importing the package)."""
+    """As users start it (netem shares ccoll.launch's rank supervision, so it runs inside the package)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    script = os.path.join(REPO, "ccoll", "bench", "netem.py")
-    return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ccoll.bench.netem", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
