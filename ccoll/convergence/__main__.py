@@ -24,7 +24,7 @@ import sys
 import time
 
 from ..errors import CcollError
-from .model import GPTConfig
+from .gpt import GPTConfig
 from .report import write_all
 from .runner import load_finished, run_policy
 

@@ -1,9 +1,9 @@
 """Measurements of the "lossless" codec and the variable-size collectives (issue 12's figures).
 
-    python -m ccoll.bench.lossless ratio results/capture [--blocks 64,256,1024] [--json PATH]
-    python -m ccoll.bench.lossless speed [--numel 4194304] [--iters 5]
-    python -m ccoll.bench.lossless collectives [--np 3] [--sizes 1M,16M] [--iters 5]
-    python -m ccoll.bench.lossless hunk
+    python -m ccoll.bench.lossless_bench ratio results/capture [--blocks 64,256,1024] [--json PATH]
+    python -m ccoll.bench.lossless_bench speed [--numel 4194304] [--iters 5]
+    python -m ccoll.bench.lossless_bench collectives [--np 3] [--sizes 1M,16M] [--iters 5]
+    python -m ccoll.bench.lossless_bench hunk
 
 ``ratio``: raw / used bytes per captured tensor class (ccoll.bench.rd's classes), for the tensors as
 captured (fp32) and rounded to bf16 and fp16 (what mixed-precision training would send: the convergence
@@ -183,7 +183,7 @@ def hunk() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ccoll.bench.lossless", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ccoll.bench.lossless_bench", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("ratio")
     r.add_argument("directory")
