@@ -104,6 +104,12 @@ def start_ranks(command: Sequence[str], n: int, *, mpi: bool = False, env: dict 
             for r in range(n)]
 
 
+def run_local(command: Sequence[str], n: int, *, mpi: bool = False, timeout_s: float) -> int:
+    """:func:`start_ranks` then :func:`supervise`: the exit status of ``command`` run as ``n`` local ranks
+    (a :class:`LaunchError` if mpiexec is missing)."""
+    return supervise(start_ranks(command, n, mpi=mpi), timeout_s)
+
+
 def supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
     """Wait for every rank: 0 when all succeed; the first failing rank's status (the others are stopped
     at once); 124 after ``timeout_s``; 130 on SIGTERM/Ctrl-C. The ranks are always stopped on return."""

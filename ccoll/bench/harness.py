@@ -54,28 +54,19 @@ from pathlib import Path
 import torch
 
 from .. import launch
-from ..errors import BenchError, UnitsError
-from ..units import DTYPES, dtype_name, parse_nbytes
+from ..errors import BenchError
+from ..units import DTYPES, dtype_name, nbytes_arg, parse_nbytes
 from .cases import COLLECTIVES, Collective
 from .measure import codec_error_rel, measure
 from .worlds import MPIWorld, TorchWorld, World
 
 __all__ = ["COLLECTIVES", "NATIVE", "BenchError", "MPIWorld", "TorchWorld", "codec_error_rel", "main", "measure",
-           "parse_size", "run_rank", "size_sweep", "split_codecs"]
+           "run_rank", "size_sweep", "split_codecs"]
 
 NATIVE = "native"
 
 
 # --- sizes ----------------------------------------------------------------------------------------
-
-def parse_size(text: str) -> int:
-    """'1K' -> 1024, '64M' -> 64 MiB, '3G', '512', '4KB', '2MiB' (binary multiples, as nccl-tests): see
-    :func:`ccoll.units.parse_nbytes`; a bad size is a :class:`BenchError` (one line, exit status 2)."""
-    try:
-        return parse_nbytes(text)
-    except UnitsError as e:
-        raise BenchError(f"bad size: {e}") from None
-
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     if min_bytes <= 0 or max_bytes < min_bytes:
@@ -277,16 +268,10 @@ def _finite(v):
     return v
 
 
-# --- launching ------------------------------------------------------------------------------------
-
 def _launch(args, argv: list[str]) -> int:
-    """Start ``--np`` local ranks running this same command line; they see RANK/WORLD_SIZE (gloo) or
-    mpiexec's environment (mpi) and run as ranks. Any rank failing stops the others."""
-    try:
-        procs = launch.start_ranks([sys.executable, "-m", "ccoll.bench", *argv], args.np, mpi=args.backend == "mpi")
-    except launch.LaunchError as e:
-        raise BenchError(f"--backend mpi needs mpiexec: {e}") from None
-    return launch.supervise(procs, args.timeout)
+    """``--np`` local ranks running this same command line (gloo: RANK/WORLD_SIZE; mpi: under mpiexec)."""
+    return launch.run_local([sys.executable, "-m", "ccoll.bench", *argv], args.np, mpi=args.backend == "mpi",
+                            timeout_s=args.timeout)
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -299,8 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
     )
     p.add_argument("collective", choices=[*COLLECTIVES, "all"])
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("1K"), help="smallest size (default 1K)")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="largest size (default 64M)")
+    p.add_argument("-b", "--minbytes", type=nbytes_arg, default=parse_nbytes("1K"),
+                   help="smallest size: 1K, 64KiB, 1.5M, 4096 (binary multiples, as nccl-tests; default 1K)")
+    p.add_argument("-e", "--maxbytes", type=nbytes_arg, default=parse_nbytes("64M"), help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplication factor (default 4)")
     p.add_argument("-n", "--iters", type=int, default=None,
                    help=f"timed iterations per size (default {ITERS_SMALL}, {ITERS_LARGE} above {LARGE_BYTES >> 20} MiB)")
@@ -351,6 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(launch.free_port()))
         return run_rank(args)
-    except BenchError as e:
+    except (BenchError, launch.LaunchError) as e:
         print(f"ccoll.bench: error: {e}", file=sys.stderr)
         return 2

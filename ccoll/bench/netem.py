@@ -57,14 +57,6 @@ _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)[a-z]?-(?:\d+|br)$")  # ccoll-<pid>[tag 
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.I)
 
 
-def rate_bits_per_s(rate: str) -> float:
-    """tc's rate syntax ('1gbit', '100mbit', '125mbps' = bytes) -> bits per second (:func:`ccoll.units.parse_rate_bits`)."""
-    try:
-        return parse_rate_bits(rate)
-    except UnitsError as e:
-        raise NetemError(f"bad --rate: {e}") from None
-
-
 def check_delay(delay: str) -> str:
     if not _DELAY_RE.match(delay.strip()):
         raise NetemError(f"bad --delay {delay!r}: use e.g. 500us, 1ms, 0.2s")
@@ -121,7 +113,7 @@ class ShapedLinks:
             raise NetemError(f"--ranks must be between 1 and {MAX_RANKS}, got {ranks}")
         self.ranks = ranks
         self.rate = rate.strip()
-        self.rate_bps = rate_bits_per_s(self.rate)
+        self.rate_bps = parse_rate_bits(self.rate)  # a UnitsError names the accepted forms
         self.delay = check_delay(delay) if delay else None
         self.tag = f"{PREFIX}-{tag or os.getpid()}"
         self.bridge_ns = f"{self.tag}-br"
@@ -290,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ranks is None or args.rate is None:
             raise NetemError("--ranks and --rate are required")
         links = ShapedLinks(args.ranks, args.rate, args.delay)
-    except NetemError as e:
+    except (NetemError, UnitsError) as e:
         print(f"ccoll.bench.netem: error: {e}", file=sys.stderr)
         return 2
 

@@ -7,7 +7,8 @@ import sys
 
 from .. import launch
 from ..bench import harness
-from ..bench.harness import BenchError, parse_size, size_sweep, split_codecs
+from ..bench.harness import BenchError, size_sweep, split_codecs
+from ..units import nbytes_arg, nbytes_list_arg, parse_nbytes
 from .options import DEFAULT_CODECS, DEFAULT_DIMS, DEFAULT_OPS, DIM_OPS, POLICY_OPS
 from .run import STATS, _resolve, run_rank
 
@@ -32,10 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dims", default=DEFAULT_DIMS, help=f"dimensions to write rules for (default {DEFAULT_DIMS})")
     p.add_argument("--codecs", default=DEFAULT_CODECS, help=f"candidates, native included (default {DEFAULT_CODECS})")
     p.add_argument("--transports", default="torch", help="torch, or torch,mpi (under mpirun; default torch)")
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("64K"))
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
+    p.add_argument("-b", "--minbytes", type=nbytes_arg, default=parse_nbytes("64K"))
+    p.add_argument("-e", "--maxbytes", type=nbytes_arg, default=parse_nbytes("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
-    p.add_argument("--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f (e.g. 64K,1M,8M,64M)")
+    p.add_argument("--sizes", default=None, type=nbytes_list_arg,
+                   help="explicit comma list of sizes instead of -b/-e/-f (e.g. 64K,1M,8M,64M)")
     p.add_argument("-n", "--iters", type=int, default=None, help="timed iterations (default: the harness's)")
     p.add_argument("-w", "--warmup", type=int, default=None)
     p.add_argument("--stat", choices=list(STATS), default="best",
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         args.budget = dict(args.budget)
         if args.rounds < 1:
             raise BenchError(f"--rounds {args.rounds}: at least 1")
-        args.sizes = sorted({parse_size(x) for x in args.sizes.split(",") if x.strip()}) if args.sizes else None
+        args.sizes = sorted(set(args.sizes)) if args.sizes else None
         for o in args.ops:
             if o not in POLICY_OPS:
                 raise BenchError(f"--ops {o!r}: one of {', '.join(POLICY_OPS)}")
@@ -94,14 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.np is None:
             raise BenchError("give --np N, or start under torchrun / mpirun / ccoll.bench.netem")
         return _launch(args, argv)
-    except BenchError as e:
+    except (BenchError, launch.LaunchError) as e:
         print(f"ccoll.tune: error: {e}", file=sys.stderr)
         return 2
 
 
 def _launch(args, argv: list[str]) -> int:
-    try:
-        procs = launch.start_ranks([sys.executable, "-m", "ccoll.tune", *argv], args.np, mpi="mpi" in args.transports)
-    except launch.LaunchError as e:
-        raise BenchError(f"--transports mpi needs mpiexec: {e}") from None
-    return launch.supervise(procs, args.timeout)
+    """``--np`` local ranks running this same command line (under mpiexec when ``--transports`` has mpi)."""
+    return launch.run_local([sys.executable, "-m", "ccoll.tune", *argv], args.np, mpi="mpi" in args.transports,
+                            timeout_s=args.timeout)

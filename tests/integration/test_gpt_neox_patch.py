@@ -7,7 +7,6 @@ module with NeoX's accessor names. 4 ranks: tensor 2 x data 2, policy configs/hy
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import runpy
 import subprocess
