@@ -73,7 +73,6 @@ def _order0_bound(tensors: list) -> float:
     return 16.0 / float(-(prob * prob.log2()).sum())
 
 
-
 def speed(numel: int, iters: int) -> list[dict]:
     import torch
 
