@@ -93,27 +93,25 @@ def format_rate_bits(bits_per_s: float) -> str:
 
 # --- argparse adapters: the parser's message, not argparse's "invalid value" -------------------------
 
-def nbytes_arg(text: str) -> int:
-    try:
-        return parse_nbytes(text)
-    except UnitsError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _argparse_type(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except UnitsError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = convert.__qualname__ = f"{parse.__name__}_arg"
+    return convert
 
 
-def nbytes_list_arg(text: str) -> list[int]:
-    try:
-        return parse_nbytes_list(text)
-    except UnitsError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _checked_rate(text: str) -> str:
+    parse_rate_bits(text)
+    return text.strip()  # handed to tc as written
 
 
-def rate_arg(text: str) -> str:
-    """Validates a tc rate and keeps the string (it is handed to tc as written)."""
-    try:
-        parse_rate_bits(text)
-    except UnitsError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text.strip()
+nbytes_arg = _argparse_type(parse_nbytes)
+nbytes_list_arg = _argparse_type(parse_nbytes_list)
+rate_arg = _argparse_type(_checked_rate)
 
 
 # --- dtype names (command lines, policy excludes, model tables) --------------------------------------

@@ -286,26 +286,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ccoll.bench.netem: error: {e}", file=sys.stderr)
         return 2
 
+    def ready() -> None:
+        print(f"[netem] {links.describe()}; namespaces {links.tag}-*; master {links.address(0)}:{args.port}",
+              flush=True)
+
+    return run_on_links(links, links, command, args.port, args.timeout, prog="netem", on_ready=ready)
+
+
+def run_on_links(links: ShapedLinks, ranks, command: Sequence[str], port: int, timeout_s: float | None, *,
+                 prog: str, out=None, on_ready=None) -> int:
+    """Build ``links``, run ``command`` on ``ranks`` (:func:`run_ranks`), and always remove the namespaces.
+    The first SIGINT/SIGTERM/SIGHUP stops the ranks (status 128 + signal); later ones (an impatient Ctrl-C)
+    are ignored until the namespaces are gone. A failed ip/tc command prints one line and gives 1."""
     interrupted: list[int] = []
 
     def on_signal(signum, _frame):
-        # the first signal unwinds to the cleanup; later ones (impatient Ctrl-C) must not interrupt it
         if not interrupted:
             interrupted.append(signum)
             raise _Interrupted(signum)
 
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, on_signal) for s in handled}
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         links.setup()
-        print(f"[netem] {links.describe()}; namespaces {links.tag}-*; master {links.address(0)}:{args.port}",
-              flush=True)
-        return run_ranks(links, command, args.port, args.timeout)
+        if on_ready is not None:
+            on_ready()
+        return run_ranks(ranks, command, port, timeout_s, out=out)
     except _Interrupted as e:
-        print(f"[netem] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
+        print(f"[{prog}] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
         return 128 + e.signum
     except NetemError as e:
-        print(f"ccoll.bench.netem: error: {e}", file=sys.stderr)
+        print(f"ccoll.bench.{prog}: error: {e}", file=sys.stderr)
         return 1
     finally:
         interrupted.append(0)  # from here on, signals are ignored until the namespaces are gone

@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from typing import Sequence
 from ..errors import NetemError, UnitsError
 from ..launch import exit_process
 from ..units import nbytes_list_arg
-from .netem import ShapedLinks, _check_environment, _Interrupted, run_ranks, split_command
+from .netem import ShapedLinks, _check_environment, run_on_links, split_command
 
 DEFAULT_SIZES = "1M,4M,16M,64M"
 DEFAULT_CODECS = ("int8:block=256", "int4:block=64")
@@ -203,27 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "--reps", str(args.reps), *[a for c in args.codec for a in ("--codec", c)]]
     collect = _Collect()
 
-    def on_signal(signum, _frame):
-        raise _Interrupted(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    status = 1
-    try:
-        links.setup()
-        status = run_ranks(_Ranks(links, args.per_node), command, args.port, args.timeout, out=collect)
-    except _Interrupted as e:
-        print(f"[nodes] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
-        status = 128 + e.signum
-    except NetemError as e:
-        print(f"ccoll.bench.nodes: error: {e}", file=sys.stderr)
-    finally:
-        for s in old:
-            signal.signal(s, signal.SIG_IGN)
-        try:
-            links.teardown()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+    status = run_on_links(links, _Ranks(links, args.per_node), command, args.port, args.timeout, prog="nodes",
+                          out=collect)
     if collect.rows:
         print(table(collect.header, collect.rows), flush=True)
         if args.json:
