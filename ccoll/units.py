@@ -119,7 +119,7 @@ rate_arg = _argparse_type(_checked_rate)
 def _torch_dtypes() -> dict:
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 #: canonical name -> torch dtype (the float dtypes ccoll's codecs and tools take)
