@@ -19,3 +19,19 @@ class KernelError(CcollError, RuntimeError):
 
 class TransportError(CcollError, RuntimeError):
     """A transport cannot move these buffers (unsupported group, mismatched sizes, peer failure)."""
+
+
+class LaunchError(CcollError, RuntimeError):
+    """Rank processes could not be started or did not finish (no mpiexec, a rank failed, a timeout)."""
+
+
+class BenchError(CcollError, ValueError):
+    """A benchmark or tuning tool got a bad command line or environment: printed as one line, exit 2."""
+
+
+class NetemError(CcollError, RuntimeError):
+    """Shaped links cannot be built: bad rate/delay, missing privileges or tools, a failed ip/tc command."""
+
+
+class UnitsError(CcollError, ValueError):
+    """A byte size or link rate is not written in a form ccoll accepts; the message shows the forms."""

@@ -51,10 +51,12 @@ from dataclasses import dataclass
 
 import torch
 
+from . import units
 from .errors import CcollError
+from .policy import DENSE_DIMS
 
-DIMS = ("dp", "tp", "pp")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DIMS = DENSE_DIMS
+DTYPES = {k: units.DTYPES[k] for k in ("float32", "float16", "bfloat16")}
 #: step at which the policy is asked (past any warm-up)
 _LATE_STEP = 10**9
 
@@ -428,19 +430,11 @@ def _rate_gbps(rate: str | None) -> float | None:
     """netem rate string ("1gbit", "100mbit") -> Gbit/s."""
     if not rate:
         return None
-    r = rate.lower()
-    for unit, scale in (("gbit", 1.0), ("mbit", 1e-3), ("kbit", 1e-6)):
-        if r.endswith(unit):
-            return float(r[: -len(unit)]) * scale
-    raise CcollError(f"netem rate {rate!r}: expected <n>gbit/mbit/kbit")
+    return units.parse_rate_bits(rate) / 1e9
 
 
 # --- printing ----------------------------------------------------------------------------------------
-def _fmt(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
+_fmt = units.human_nbytes
 
 
 def print_traffic(lay: Layout, policy, file=None) -> None:

@@ -81,18 +81,22 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 from typing import Any, Mapping
 
 import torch
 
 from .codecs import Codec, get_codec
 from .defaults import DEFAULT_MIN_BYTES
-from .errors import PolicyError
+from . import units
+from .errors import PolicyError, UnitsError
 
 VERSION = 1  # what a policy without v2 keys normalises to (so v1 fingerprints do not change)
 VERSIONS = (1, 2)
-DIMENSIONS = ("dp", "tp", "pp", "ep", "default")
+#: the parallel dimensions a rule can name; "default" covers every other group
+PARALLEL_DIMS = ("dp", "tp", "pp", "ep")
+DIMENSIONS = PARALLEL_DIMS + ("default",)
+#: a dense model's dimensions (no expert parallelism): the traffic model's and the convergence runs' tables
+DENSE_DIMS = PARALLEL_DIMS[:3]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 REDUCING_OPS = ("all_reduce", "reduce_scatter")
 NATIVE = "native"
@@ -111,13 +115,8 @@ HIERARCHY_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 ATTACH_KEYS = ("ddp", "fsdp")
 
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-}
-_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
-_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+DTYPES: dict[str, torch.dtype] = units.DTYPES
+_DTYPE_NAMES = units.DTYPE_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,13 +345,10 @@ def _check_keys(source: str, where: str, mapping: Any, allowed: tuple[str, ...])
 def _parse_size(source: str, where: str, raw: Any, name: str = "min_bytes") -> int:
     if isinstance(raw, bool):
         raise _err(source, where, f"{name} must be a byte count, got {raw!r}")
-    if isinstance(raw, int):
-        value = raw
-    else:
-        m = _SIZE.match(str(raw))
-        if not m:
-            raise _err(source, where, f"{name}={raw!r} is not a size; write an integer or <n>B/KiB/MiB/GiB")
-        value = int(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        value = units.parse_nbytes(raw, strict=True)
+    except UnitsError as e:
+        raise _err(source, where, f"{name}={e}") from None
     if value < 0:
         raise _err(source, where, f"{name} must be >= 0, got {raw!r}")
     return value

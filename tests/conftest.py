@@ -1,6 +1,10 @@
-"""Markers and skip logic in one place. Only GPU tests are skipped (CI has no GPU); MPI, DeepSpeed and
-network-namespace tests run everywhere `make test` does, because `make` installs what they need."""
+"""Markers and skip logic in one place. GPU tests are skipped without a CUDA device (CI has none) and
+network-namespace (``netem``) tests without root and iproute2; MPI and DeepSpeed tests run everywhere
+`make test` does, because `make` installs what they need."""
 from __future__ import annotations
+
+import os
+import shutil
 
 import pytest
 
@@ -14,10 +18,17 @@ def _has_cuda() -> bool:
         return False
 
 
+def _can_make_namespaces() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and bool(shutil.which("ip") and shutil.which("tc"))
+
+
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skips = {}
+    if not _has_cuda():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
+    if not _can_make_namespaces():
+        skips["netem"] = pytest.mark.skip(reason="needs root and iproute2 (network namespaces)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)

@@ -17,23 +17,18 @@ most the patch ever does for a call it does not compress.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from ccoll.launch import RankError, run_gloo  # noqa: E402
+
 NUMEL = 16  # 64 B of fp32: far below any min_bytes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ops(dist, torch, rank: int, world: int):
@@ -80,58 +75,48 @@ def _thread_ns(fn, calls: int) -> float:
     return (time.thread_time_ns() - t0) / calls
 
 
-def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
-    try:
-        sys.path.insert(0, REPO)
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        import torch
-        import torch.distributed as dist
+def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
+    """One gloo rank (started by :func:`ccoll.launch.run_gloo`, which also reports its exceptions)."""
+    import torch
+    import torch.distributed as dist
 
-        import ccoll.patch as patch
-        from ccoll.policy import Policy
-        from ccoll.resolvers import RankSetResolver
+    import ccoll.patch as patch
+    from ccoll.policy import Policy
+    from ccoll.resolvers import RankSetResolver
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
-        policy = Policy.from_yaml(args.policy)
-        resolver = RankSetResolver({"dp": [list(range(world))]}, p2p_on_world="pp")
-        ops = _ops(dist, torch, rank, world)
-        rows = []
-        for name, fn in ops.items():
-            for _ in range(args.calls // 5):  # warm-up (connections, allocator)
-                fn()
-            unpatched, patched = [], []
-            for _ in range(args.rounds):
-                dist.barrier()
-                unpatched.append(_per_call_us(fn, args.calls))
-                patch.install(policy, resolver)
-                dist.barrier()
-                patched.append(_per_call_us(fn, args.calls))
-                patch.uninstall()
-            u, p = (statistics.median(w for w, _ in unpatched), statistics.median(w for w, _ in patched))
-            uc, pc = (statistics.median(c for _, c in unpatched), statistics.median(c for _, c in patched))
-            rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "patched_us": p,
-                         "overhead_pct": (p - u) / u * 100.0, "unpatched_cpu_us": uc, "patched_cpu_us": pc,
-                         "cpu_overhead_pct": (pc - uc) / uc * 100.0})
+    policy = Policy.from_yaml(args.policy)
+    resolver = RankSetResolver({"dp": [list(range(world))]}, p2p_on_world="pp")
+    ops = _ops(dist, torch, rank, world)
+    rows = []
+    for name, fn in ops.items():
+        for _ in range(args.calls // 5):  # warm-up (connections, allocator)
+            fn()
+        unpatched, patched = [], []
+        for _ in range(args.rounds):
+            dist.barrier()
+            unpatched.append(_per_call_us(fn, args.calls))
+            patch.install(policy, resolver)
+            dist.barrier()
+            patched.append(_per_call_us(fn, args.calls))
+            patch.uninstall()
+        u, p = (statistics.median(w for w, _ in unpatched), statistics.median(w for w, _ in patched))
+        uc, pc = (statistics.median(c for _, c in unpatched), statistics.median(c for _, c in patched))
+        rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "patched_us": p,
+                     "overhead_pct": (p - u) / u * 100.0, "unpatched_cpu_us": uc, "patched_cpu_us": pc,
+                     "cpu_overhead_pct": (pc - uc) / uc * 100.0})
 
-        # the wrapper alone: around a no-op stand-in, no communication at all
-        x = torch.ones(NUMEL)
-        stub = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
-        patch.install(policy, resolver)
-        wrapped = patch.wrap.make("all_reduce", stub)
-        n = args.calls * 20
-        stub_ns = min(_thread_ns(lambda: stub(x), n) for _ in range(5))
-        wrapped_ns = min(_thread_ns(lambda: wrapped(x), n) for _ in range(5))
-        patch.uninstall()
-        decision = {"stub_ns": stub_ns, "wrapped_ns": wrapped_ns, "added_ns": wrapped_ns - stub_ns}
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put((rank, {"rows": rows, "decision": decision}))
-    except BaseException as e:  # report, never hang the parent
-        import traceback
-
-        queue.put((rank, {"error": f"{e!r}\n{traceback.format_exc()}"}))
+    # the wrapper alone: around a no-op stand-in, no communication at all
+    x = torch.ones(NUMEL)
+    stub = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
+    patch.install(policy, resolver)
+    wrapped = patch.wrap.make("all_reduce", stub)
+    n = args.calls * 20
+    stub_ns = min(_thread_ns(lambda: stub(x), n) for _ in range(5))
+    wrapped_ns = min(_thread_ns(lambda: wrapped(x), n) for _ in range(5))
+    patch.uninstall()
+    decision = {"stub_ns": stub_ns, "wrapped_ns": wrapped_ns, "added_ns": wrapped_ns - stub_ns}
+    dist.barrier()
+    return {"rows": rows, "decision": decision}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,26 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args(argv)
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, args.ranks, port, args, queue), daemon=True) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    results = {}
     try:
-        deadline = time.monotonic() + args.timeout
-        while len(results) < args.ranks:
-            rank, res = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            if "error" in res:
-                print(f"rank {rank} failed:\n{res['error']}", file=sys.stderr)
-                return 1
-            results[rank] = res
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+        results = dict(enumerate(run_gloo(args.ranks, _rank_main, args, timeout_s=args.timeout)))
+    except RankError as e:
+        print(e, file=sys.stderr)
+        return 1
 
     r0 = results[0]
     print(f"# ccoll.patch pass-through overhead: {args.ranks} gloo ranks, policy {os.path.relpath(args.policy, REPO)}, "

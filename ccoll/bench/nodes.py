@@ -28,26 +28,18 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import statistics
 import sys
 import time
 from typing import Sequence
 
-from .netem import NetemError, ShapedLinks, _check_environment, _Interrupted, run_ranks, split_command
+from ..errors import NetemError, UnitsError
+from ..launch import exit_process
+from ..units import nbytes_list_arg
+from .netem import ShapedLinks, _check_environment, run_on_links, split_command
 
 DEFAULT_SIZES = "1M,4M,16M,64M"
 DEFAULT_CODECS = ("int8:block=256", "int4:block=64")
-
-
-def parse_size(text: str) -> int:
-    """'64K' / '1M' / '64MiB' / '4096' -> bytes."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise NetemError(f"bad size {text!r}: use e.g. 64K, 1M, 64M") from None
 
 
 class _Ranks:
@@ -110,7 +102,7 @@ def _measure(args: argparse.Namespace) -> int:
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         return float(mine)
 
-    for size in [parse_size(s) for s in args.sizes.split(",")]:
+    for size in args.sizes:
         n = size // 4
         g = torch.Generator().manual_seed(1234 + rank)
         x = torch.randn(n, generator=g) * (1.0 + 0.5 * rank)
@@ -185,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--per-node", type=int, default=2, help="ranks per node (default 2)")
     ap.add_argument("--rate", default="1gbit", help="each node's link rate in each direction, tc units")
     ap.add_argument("--delay", default=None, help="one-way latency added per node link (e.g. 1ms)")
-    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"all_reduce sizes in bytes (default {DEFAULT_SIZES})")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, type=nbytes_list_arg,
+                    help=f"all_reduce sizes in bytes (default {DEFAULT_SIZES})")
     ap.add_argument("--codec", action="append", default=None, help="codec spec (repeatable)")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per row after one warm-up (default 3)")
     ap.add_argument("--port", type=int, default=29500)
@@ -198,40 +191,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _measure(args)
     try:
         _check_environment()
-        for s in args.sizes.split(","):
-            parse_size(s)
         if args.nodes < 1 or args.per_node < 1:
             raise NetemError("--nodes and --per-node must be >= 1")
         links = ShapedLinks(args.nodes, args.rate, args.delay, tag=f"{os.getpid()}n")
-    except NetemError as e:
+    except (NetemError, UnitsError) as e:
         print(f"ccoll.bench.nodes: error: {e}", file=sys.stderr)
         return 2
     if not command:
-        command = [sys.executable, "-m", "ccoll.bench.nodes", "--worker", "--sizes", args.sizes,
+        command = [sys.executable, "-m", "ccoll.bench.nodes", "--worker", "--sizes", ",".join(map(str, args.sizes)),
                    "--reps", str(args.reps), *[a for c in args.codec for a in ("--codec", c)]]
     collect = _Collect()
 
-    def on_signal(signum, _frame):
-        raise _Interrupted(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    status = 1
-    try:
-        links.setup()
-        status = run_ranks(_Ranks(links, args.per_node), command, args.port, args.timeout, out=collect)
-    except _Interrupted as e:
-        print(f"[nodes] {e}: ranks stopped, removing namespaces", file=sys.stderr, flush=True)
-        status = 128 + e.signum
-    except NetemError as e:
-        print(f"ccoll.bench.nodes: error: {e}", file=sys.stderr)
-    finally:
-        for s in old:
-            signal.signal(s, signal.SIG_IGN)
-        try:
-            links.teardown()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+    status = run_on_links(links, _Ranks(links, args.per_node), command, args.port, args.timeout, prog="nodes",
+                          out=collect)
     if collect.rows:
         print(table(collect.header, collect.rows), flush=True)
         if args.json:
@@ -242,4 +214,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # the --worker ranks too: no interpreter teardown after gloo (see ccoll.launch)

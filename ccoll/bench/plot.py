@@ -14,12 +14,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ..units import format_nbytes
+
 
 def _label_size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
+    return format_nbytes(nbytes, short=True)
 
 
 def plot(doc: dict, out: Path, title: str | None = None) -> list[Path]:

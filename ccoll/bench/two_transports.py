@@ -32,10 +32,11 @@ import hashlib
 import json
 import os
 import random
-import socket
 import sys
 import threading
 import time
+
+from ..launch import exit_process, free_port
 
 
 def _inputs(seed: int, rank: int, n: int):
@@ -58,12 +59,7 @@ def run(calls: int, depth: int, seed: int, wait_order: str = "program", gloo_tim
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     if "MASTER_PORT" not in os.environ:  # a free port of rank 0's, so concurrent runs never collide
-        port = None
-        if rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        os.environ["MASTER_PORT"] = str(comm.bcast(port))
+        os.environ["MASTER_PORT"] = str(comm.bcast(free_port() if rank == 0 else None))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", rank=rank, world_size=p, timeout=datetime.timedelta(seconds=gloo_timeout_s))
@@ -168,4 +164,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # gloo and MPI both up: no interpreter teardown (see ccoll.launch)

@@ -24,7 +24,8 @@ import sys
 import time
 
 from ..errors import CcollError
-from .model import GPTConfig
+from ..units import rate_arg
+from .gpt import GPTConfig
 from .report import write_all
 from .runner import load_finished, run_policy
 
@@ -60,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the first seed's runs, for python -m ccoll.bench.rd DIR")
     p.add_argument("--out", default="results/convergence", help="output directory")
     p.add_argument("--data", default=None, help="training text file (default: the Python stdlib's own sources)")
-    p.add_argument("--netem-rate", default=None, metavar="RATE",
+    p.add_argument("--netem-rate", default=None, metavar="RATE", type=rate_arg,
                    help="run ranks on shaped links via ccoll.bench.netem, e.g. 1gbit (needs root)")
     m = p.add_argument_group(f"model and batch (defaults: {DEFAULT['layers']} layers x {DEFAULT['hidden']} hidden, "
                              f"{DEFAULT['heads']} heads, {DEFAULT['seq_len']}-byte context, micro-batch "

@@ -6,10 +6,12 @@ import json
 import math
 import os
 
+from ..policy import DENSE_DIMS
+from ..units import human_nbytes
 from .compare import mean_std, paired_delta_pct, verdict
 from .runner import RunResult
 
-DIMS = ("dp", "tp", "pp")
+DIMS = DENSE_DIMS
 #: DP ops that carry gradients (the rest of DP traffic is ZeRO's parameter all-gather and broadcasts)
 GRADIENT_OPS = ("all_reduce", "reduce_scatter")
 
@@ -127,11 +129,7 @@ def _ratio(b: dict) -> float | None:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return human_nbytes(n, digits=1)
 
 
 def _fmt_mean_sd(m: float | None, sd: float | None) -> str:

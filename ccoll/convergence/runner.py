@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 from ..errors import CcollError
-from ..bench.netem import stop_process_groups
+from ..policy import DENSE_DIMS
+from ..launch import free_port, rank_env, stop_process_groups
 
 
 #: ops whose bytes the sender already counted
 RECEIVE_OPS = ("recv", "irecv")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -68,8 +62,9 @@ def _launch(spec_path: str, run_dir: str, world: int, netem_rate: str | None) ->
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(base_env, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        env = rank_env(rank, world, port, local_rank=0, base=base_env)
+        if "LOCAL_WORLD_SIZE" not in base_env:  # as these runs always had it: no node layout from the env
+            del env["LOCAL_WORLD_SIZE"]
         log = open(os.path.join(run_dir, f"rank{rank}.log"), "w")
         procs.append(subprocess.Popen(worker, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return procs
@@ -170,7 +165,7 @@ def _merge(name: str, run_dir: str, world: int, wall_s: float, seed: int = 0) ->
     timed = max(sum(r["step_seconds"][1:]) if len(r["step_seconds"]) > 1 else sum(r["step_seconds"]) for r in ranks)
     nsteps = max(1, len(losses) - 1) if len(losses) > 1 else 1
     samples_per_s = ranks[0]["samples_per_step"] * nsteps / timed if timed > 0 else float("nan")
-    totals = {d: {"raw": 0, "wire": 0} for d in ("dp", "tp", "pp")}
+    totals = {d: {"raw": 0, "wire": 0} for d in DENSE_DIMS}
     all_stats = []
     for r in ranks:
         for row in r["stats"]:

@@ -34,12 +34,13 @@ import time
 
 from ..errors import CcollError
 from .. import model as cmodel
+from ..units import rate_arg
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ccoll.convergence.shaped", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], help="netem link rates, one comparison each")
+    p.add_argument("--rates", nargs="+", type=rate_arg, default=["1gbit", "100mbit"], help="netem link rates, one comparison each")
     p.add_argument("--policy", default="configs/hybrid.yaml", help="the policy compared with configs/baseline.yaml")
     p.add_argument("--baseline", default="configs/baseline.yaml")
     p.add_argument("--dp", type=int, default=4)

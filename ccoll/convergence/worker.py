@@ -65,7 +65,7 @@ def minus(a: dict, b: dict) -> dict:
 def _tp_state(topology, rank: int):
     import torch.distributed as dist
 
-    from .model import TPState
+    from .gpt import TPState
 
     lists = topology.get_axis_comm_lists("model")
     if topology.get_dim("model") == 1:
@@ -101,7 +101,7 @@ def run(spec: dict) -> dict:
     import ccoll
 
     from .data import BatchSampler, load_corpus, split_corpus
-    from .model import GPTConfig, build_pipeline
+    from .gpt import GPTConfig, build_pipeline
 
     ds_logger.setLevel(logging.WARNING)
     t_start = time.perf_counter()
@@ -214,4 +214,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..launch import exit_process
+
+    exit_process(main())  # no interpreter teardown after gloo (see ccoll.launch)

@@ -65,3 +65,6 @@ if __name__ == "__main__":
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)
+    from ccoll.launch import exit_process
+
+    exit_process(0)

@@ -65,4 +65,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ccoll.launch import exit_process
+
+    exit_process(main())

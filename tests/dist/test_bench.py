@@ -120,7 +120,8 @@ def _corrupted_check(rank: int, world_size: int) -> tuple[float, int]:
     """In a real 2-rank group: all_reduce's exact result, then rank 0 puts 5 elements far outside any
     bound and rank 1 flips the last mantissa bit of 7 others (inside the bound, but the ranks now
     disagree). Expected #wrong: 5 (bound, rank 0) + 5 + 7 (rank 1 differs from rank 0 bit-wise)."""
-    from ccoll.bench.harness import COLLECTIVES, TorchWorld, _check
+    from ccoll.bench.harness import COLLECTIVES, TorchWorld
+    from ccoll.bench.measure import _check
 
     w = TorchWorld(60)
     coll = COLLECTIVES["all_reduce"]

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-pytestmark = [
-    pytest.mark.netem,
-    pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")),
-                       reason="needs root and iproute2 (network namespaces)"),
-]
+pytestmark = pytest.mark.netem  # skipped without root and iproute2 (tests/conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = "int8:block=256"

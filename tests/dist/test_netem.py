@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,11 +12,7 @@ import time
 
 import pytest
 
-pytestmark = [
-    pytest.mark.netem,
-    pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")),
-                       reason="needs root and iproute2 (network namespaces)"),
-]
+pytestmark = pytest.mark.netem  # skipped without root and iproute2 (tests/conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,11 +23,9 @@ def _namespaces(prefix: str) -> list[str]:
 
 
 def _netem(*args: str) -> subprocess.Popen:
-    """netem.py uses the standard library only: run as a script it starts without importing torch
-    (``python -m ccoll.bench.netem`` runs the same ``__main__`` block after importing the package)."""
+    """As users start it (netem shares ccoll.launch's rank supervision, so it runs inside the package)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    script = os.path.join(REPO, "ccoll", "bench", "netem.py")
-    return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ccoll.bench.netem", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

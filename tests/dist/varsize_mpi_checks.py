@@ -44,4 +44,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from ccoll.launch import exit_process
+
     main()
+    exit_process(0)

@@ -7,15 +7,15 @@ module with NeoX's accessor names. 4 ranks: tensor 2 x data 2, policy configs/hy
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import runpy
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from ccoll.launch import free_port, rank_env
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +102,9 @@ def main():
 
 if __name__ == "__main__":
     main()
+    from ccoll.launch import exit_process  # as every rank ends: no interpreter teardown after gloo
+
+    exit_process(0)
 '''
 
 
@@ -114,24 +117,17 @@ def _standin(root: pathlib.Path) -> pathlib.Path:
     return neox
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_given_standin_neox_when_launched_through_wrapper_expect_patch_before_init_and_mpu_groups_compressed(tmp_path):
     neox = _standin(tmp_path)
     results = tmp_path / "results"
     results.mkdir()
-    port, world = _free_port(), 4
+    port, world = free_port(), 4
     argv = ["--deepspeed_config", "e30=", "--megatron_config", "e30="]  # what deepy.py passes (opaque here)
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), CCOLL_POLICY=str(REPO / "configs" / "hybrid.yaml"), GPT_NEOX_DIR=str(neox),
-                   DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", RESULT_DIR=str(results),
-                   CCOLL_STATS=str(results / "stats.json"), PYTHONPATH=str(REPO))
+        env = rank_env(rank, world, port, extra=dict(
+            CCOLL_POLICY=REPO / "configs" / "hybrid.yaml", GPT_NEOX_DIR=neox, DS_ACCELERATOR="cpu",
+            OMP_NUM_THREADS="1", RESULT_DIR=results, CCOLL_STATS=results / "stats.json", PYTHONPATH=REPO))
         procs.append(subprocess.Popen([sys.executable, str(WRAPPER), *argv], env=env, cwd=str(tmp_path),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = []

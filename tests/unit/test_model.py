@@ -24,7 +24,7 @@ def _tiny(**kw) -> Layout:
 
 
 def test_given_runner_layout_when_counting_params_expect_the_convergence_models_parameters():
-    from ccoll.convergence.model import GPTConfig, LMHead, TransformerBlock, Embedding, TPState
+    from ccoll.convergence.gpt import GPTConfig, LMHead, TransformerBlock, Embedding, TPState
 
     cfg = GPTConfig(vocab_size=256, seq_len=32, hidden=32, layers=2, heads=2)
     tp1 = TPState(None, 0, 1)

@@ -1,9 +1,9 @@
 """Measurements of the "lossless" codec and the variable-size collectives (issue 12's figures).
 
-    python -m ccoll.bench.lossless ratio results/capture [--blocks 64,256,1024] [--json PATH]
-    python -m ccoll.bench.lossless speed [--numel 4194304] [--iters 5]
-    python -m ccoll.bench.lossless collectives [--np 3] [--sizes 1M,16M] [--iters 5]
-    python -m ccoll.bench.lossless hunk
+    python -m ccoll.bench.lossless_bench ratio results/capture [--blocks 64,256,1024] [--json PATH]
+    python -m ccoll.bench.lossless_bench speed [--numel 4194304] [--iters 5]
+    python -m ccoll.bench.lossless_bench collectives [--np 3] [--sizes 1M,16M] [--iters 5]
+    python -m ccoll.bench.lossless_bench hunk
 
 ``ratio``: raw / used bytes per captured tensor class (ccoll.bench.rd's classes), for the tensors as
 captured (fp32) and rounded to bf16 and fp16 (what mixed-precision training would send: the convergence
@@ -21,6 +21,9 @@ import json
 import os
 import sys
 import time
+
+from ..launch import run_gloo
+from ..units import nbytes_list_arg
 
 
 def _load_classes(directory: str) -> dict[str, list]:
@@ -70,7 +73,6 @@ def _order0_bound(tensors: list) -> float:
     return 16.0 / float(-(prob * prob.log2()).sum())
 
 
-
 def speed(numel: int, iters: int) -> list[dict]:
     import torch
 
@@ -115,17 +117,13 @@ def _incompressible(n: int, seed: int):
     return torch.randint(-(1 << 15), 1 << 15, (n,), generator=g).to(torch.int16).view(torch.bfloat16)
 
 
-def _rank_main(rank: int, world: int, port: int, sizes: list[int], iters: int, queue) -> None:
-    import datetime
-
+def _rank_main(rank: int, world: int, sizes: list[int], iters: int) -> list[dict]:
+    """One gloo rank of :func:`collectives` (started by :func:`ccoll.launch.run_gloo`)."""
     import torch
     import torch.distributed as dist
 
     import ccoll
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=600))
     codecs = {"none": ccoll.get_codec("none"), "lossless": ccoll.get_codec("lossless", backend="emulated")}
     results = []
     for nbytes in sizes:
@@ -163,28 +161,11 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], iters: int, q
                     wire = sum(r["wire_bytes"] for r in ccoll.stats()) / iters
                     results.append({"bytes": nbytes, "data": data_name, "op": op, "codec": name,
                                     "time_ms": dt * 1e3, "wire_bytes_per_rank": wire})
-    dist.destroy_process_group()
-    if rank == 0:
-        queue.put(results)
+    return results
 
 
 def collectives(world: int, sizes: list[int], iters: int) -> list[dict]:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, sizes, iters, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = queue.get(timeout=3600)
-    for p in procs:
-        p.join()
-    return results
+    return run_gloo(world, _rank_main, sizes, iters, timeout_s=3600)[0]
 
 
 def hunk() -> dict:
@@ -200,13 +181,8 @@ def hunk() -> dict:
     return {"dispatch_test_us": t * 1e6}
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ccoll.bench.lossless", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ccoll.bench.lossless_bench", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("ratio")
     r.add_argument("directory")
@@ -216,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--iters", type=int, default=3)
     c = sub.add_parser("collectives")
     c.add_argument("--np", type=int, default=3)
-    c.add_argument("--sizes", default="1M,16M")
+    c.add_argument("--sizes", default="1M,16M", type=nbytes_list_arg)
     c.add_argument("--iters", type=int, default=5)
     sub.add_parser("hunk")
     for p in (r, s, c):
@@ -228,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "speed":
         rows = speed(args.numel, args.iters)
     elif args.what == "collectives":
-        rows = collectives(args.np, [_size(x) for x in args.sizes.split(",")], args.iters)
+        rows = collectives(args.np, args.sizes, args.iters)
     else:
         rows = [hunk()]
     for row in rows:
