@@ -72,6 +72,14 @@ class CudaApi:
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
 
+    def future(self, device: torch.device) -> "torch.futures.Future":
+        # CUDA-aware: set_result records an event on the completing thread's current stream, and
+        # wait()/value()/then() order the waiting thread's current stream (or the callback's) after it
+        return torch.futures.Future(devices=[device])
+
+    def complete(self, fut: "torch.futures.Future", value: Any) -> None:
+        fut.set_result(value)
+
 
 class Call:
     """The ordering of one collective call on a device with streams (see the module docstring)."""
@@ -220,10 +228,45 @@ def _api_for(device: torch.device) -> Any:
     return _devices.cuda_api() if device.type == "cuda" else None
 
 
+class Caller:
+    """The stream current in the thread that called ``wait(timeout=)`` or ``get_future()``, captured
+    then, so a ccoll waiter thread can finish the call *on it*: inside :meth:`current` the waiter's
+    own current stream (thread-local; a new thread starts on the default stream) is the caller's, so
+    :meth:`Call.join`, a native request's ``wait()`` and :meth:`complete` all order the caller's
+    stream, not the waiter's. No device API (CPU): every method is plain."""
+
+    __slots__ = ("api", "device", "stream")
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.api = None if device is None else _api_for(device)
+        self.stream = None if self.api is None else self.api.current_stream(device)
+
+    def current(self):
+        return contextlib.nullcontext() if self.api is None else self.api.use(self.stream)
+
+    def future(self) -> "torch.futures.Future":
+        """A future that carries the device (CUDA: torch's CUDA-aware future)."""
+        return torch.futures.Future() if self.api is None else self.api.future(self.device)
+
+    def complete(self, fut: "torch.futures.Future", value: Any) -> None:
+        """Set ``fut``'s result from inside :meth:`current` (CUDA: its event is on the caller's stream,
+        after the call's done event, so any stream that waits for the future is ordered after decoding)."""
+        if self.api is None:
+            fut.set_result(value)
+        else:
+            self.api.complete(fut, value)
+
+
+def caller(device: torch.device | None) -> Caller:
+    """The calling thread's current stream on ``device`` (None: no device, nothing captured)."""
+    return Caller(device)
+
+
 def begin(device: torch.device) -> Call | _NullCall:
     """The ordering object of one collective call on ``device`` (records "inputs ready" now)."""
     api = _api_for(device)
     return NULL if api is None else Call(api, device)
 
 
-__all__ = ["Call", "CudaApi", "LazySeconds", "NULL", "begin"]
+__all__ = ["Call", "Caller", "CudaApi", "LazySeconds", "NULL", "begin", "caller"]

@@ -117,7 +117,7 @@ class WeightDelta:
         side = run.stream
         recon = entry.recon
         with side.on_side():
-            side.keep(inp, out)
+            side.keep(inp, out, recon)  # recon: made on the caller's stream, updated on the side stream
             flat = inp.reshape(-1)
             # the delta is a new tensor: ``input`` may alias ``output`` (DeepSpeed's own slot), which is
             # written only after every payload has arrived
