@@ -10,18 +10,34 @@ by host synchronisation:
 2. codec work and the communication calls are issued while the side stream is current: NCCL orders
    its own stream after the current stream at issue, and ``work.wait()`` makes the *current* stream wait
    for NCCL, so every wait on a request is done with the side stream current (:meth:`Call.on_side`);
-3. the end of decoding records a "done" event on the side stream; the caller's stream waits for it only
-   when the handle's ``wait()`` runs (:meth:`Call.join`), so compute issued between the call and
-   ``wait()`` runs concurrently;
-4. caller tensors used on the side stream are ``record_stream``-ed there (:meth:`Call.keep`), so the
-   caching allocator cannot hand their memory to someone else while codec work still reads/writes it.
+3. the end of decoding records a "done" event on the side stream; the caller's stream waits for it
+   only when the handle's ``wait()`` runs (:meth:`Call.join`), so compute issued between the call and
+   ``wait()`` runs concurrently. Like torch's ``Work.wait()``, *every* ``wait()`` orders the stream
+   current in its thread, also when another thread already finished the call;
+4. the current stream is thread-local (a new thread starts on the default stream), so a wait done on
+   a ccoll waiter thread (``Handle.wait(timeout=)``, ``Handle.get_future()``) would otherwise order
+   the waiter's default stream, not the caller's: a consumer on a non-default stream could read the
+   results before decoding finished. The caller's stream is captured when it calls
+   (:class:`Caller`) and made current on the waiter thread, so the join, a native request's
+   ``wait()`` and the future's completion all land on it; the future carries the device (torch's
+   CUDA-aware future, as ``Work.get_future()`` on NCCL): any thread that waits for it, on any stream,
+   is ordered after the results, and ``then`` callbacks run on streams ordered after them;
+5. tensors written or read on the side stream are ``record_stream``-ed there (:meth:`Call.keep`):
+   the caller's tensors and the error-feedback residuals (which may come from another stream: restored
+   from a checkpoint, packed by ``ccoll.ddp``) and weight-delta reconstructions, so the caching
+   allocator cannot hand their memory to someone else while codec work still reads/writes it, even
+   when Python drops them before the allocating stream is ordered after the side stream.
 
 Stats seconds on CUDA are the elapsed time between an event at the call (caller's stream) and the done
 event (native calls: :meth:`Call.mark_done` on the stream that waited for the native work), measured lazily when the stats are read (:class:`ccoll.stats` resolves them): no synchronisation
 on the hot path. On CPU every method is a no-op and seconds are ``time.perf_counter`` differences.
 
-The ordering logic (:class:`Call`) is written against a tiny device API (:class:`CudaApi`), so tests
-drive it with a recording fake on CPU; the real API needs a GPU (tools/gpu_check.py exercises it).
+The ordering logic (:class:`Call`, :class:`Caller`) is written against a tiny device API
+(:class:`CudaApi`), so tests drive it on CPU through :func:`_api_for`: a recording fake
+(tests/dist/test_collectives_streams.py: which calls, on which stream) and a happens-before model of
+streams, events and the caching allocator with per-thread current streams (tests/streamcheck.py,
+tests/dist/test_streams_hb.py: every read ordered after its producer, nothing freed while another
+stream may use it, on every async path). The real API needs a GPU (tools/gpu_check.py exercises it).
 """
 from __future__ import annotations
 

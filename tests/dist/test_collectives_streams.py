@@ -6,6 +6,13 @@ the test asserts what a GPU run relies on: inputs-ready event on the caller's st
 call and every wait on a communication request made with the side stream current, caller tensors kept
 alive on the side stream, a done event after the last codec call, and the caller's stream waiting for it
 only when the handle's wait() runs. tools/gpu_check.py (nvrtc helper) exercises the real CudaApi.
+
+This fake checks the *calls*; it does not model what they order (its current stream is per thread, but
+every thread starts on "caller", so a wait done on a ccoll waiter thread looks right here while on a GPU
+it would order that thread's default stream). Whether every read is ordered after its producer and
+nothing is freed while another stream uses it is checked by the happens-before model
+(tests/streamcheck.py, tests/dist/test_streams_hb.py), which caught exactly that for get_future() and
+wait(timeout=).
 """
 from __future__ import annotations
 
@@ -69,6 +76,13 @@ class FakeApi:
 
     def elapsed_s(self, start, end):
         return 0.25
+
+    def future(self, device):
+        return torch.futures.Future()
+
+    def complete(self, fut, value):
+        self.log("complete", self.current())
+        fut.set_result(value)
 
 
 @pytest.fixture
