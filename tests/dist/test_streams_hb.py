@@ -102,7 +102,7 @@ def test_given_a_finished_handle_waited_on_another_stream_expect_that_stream_ord
 def _every_collective(model, rank, group, c, async_op):
     p = group.size()
     kw = dict(min_bytes=0)
-    results = []
+    ef = None if c.variable_size else ccoll.ErrorFeedback()
 
     def done(h, *outs):
         if h is not None:
@@ -132,22 +132,13 @@ def _every_collective(model, rank, group, c, async_op):
         ccoll.recv(got, 0, group, c, **kw)
         model.read(got, "received tensor")
         done(ccoll.isend(msg, 0, group, c, **kw))
-    return results
-
-
-ef = None
 
 
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("spec", ["int8:block=256", "lossless"])
-def test_given_every_collective_expect_every_read_and_free_ordered(model, monkeypatch, spec, async_op):
-    global ef
-    ef = ccoll.ErrorFeedback() if spec != "lossless" else None
-    try:
-        simulated_world(2, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
-                        hook_codec(model, ccoll.get_codec(spec)), async_op)
-    finally:
-        ef = None
+def test_given_every_collective_expect_every_read_and_free_ordered(model, spec, async_op):
+    simulated_world(2, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
+                    hook_codec(model, ccoll.get_codec(spec)), async_op)
     _finish(model)
 
 
@@ -349,3 +340,35 @@ def test_given_a_tensor_freed_while_another_stream_uses_it_expect_the_model_to_f
         gc.collect()
         m.collect()
         assert bool(m.violations) != kept, m.violations
+
+
+# --- the model catches what it is for (the ordering code broken on purpose) --------------------------
+
+def _sync_all_reduce(model, rank, group, c):
+    t = _rand(model, 3000, rank, "gradient")
+    ccoll.all_reduce(t, "sum", group, c, min_bytes=0)
+    model.read(t, "the reduced tensor")
+
+
+@pytest.mark.parametrize("broken", ["no join", "no wait for the inputs"])
+def test_given_the_ordering_broken_on_purpose_expect_the_model_to_flag_it(model, monkeypatch, broken):
+    import ccoll.streams as streams
+
+    if broken == "no join":
+        monkeypatch.setattr(streams.Call, "join", lambda self: None)
+    else:
+        monkeypatch.setattr(streams.Call, "on_side", lambda self: model.use(self.side))
+    simulated_world(2, _on_compute(model, lambda r, g, c: _sync_all_reduce(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("bf16")))
+    assert any("unordered read" in v for v in model.violations), model.violations
+
+
+def test_given_get_future_finished_on_the_waiter_threads_own_stream_expect_the_model_to_flag_it(model, monkeypatch):
+    """The bug before the fix: the waiter thread joined its own (default) stream and completed a future
+    that carried no device."""
+    import ccoll.streams as streams
+
+    monkeypatch.setattr(streams, "caller", lambda device: streams.Caller(None))
+    simulated_world(2, _on_compute(model, lambda r, g, c: _future_consumed_elsewhere(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("bf16")))
+    assert any("unordered read: 'consume the future's value' on stream consumer0" in v for v in model.violations)
