@@ -149,7 +149,8 @@ class WeightDelta:
                 self._entries[key] = _Entry(signature, recon, int(step))
 
         if async_op:
-            return Handle([inner], seed, [output])
+            # every wait() orders its thread's stream after the gather (the inner handle's own wait() does)
+            return Handle([inner], seed, [output], join=inner.wait if inner is not None else None)
         seed()
         return None
 

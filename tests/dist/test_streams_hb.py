@@ -212,6 +212,12 @@ def _weight_delta(model, rank, group, c):
         h = wd.all_gather_into_tensor(out, inp, group, c, True, key="w", step=step, refresh_steps=2, min_bytes=0)
         model.consume(h.get_future())
         model.read(out, f"weight-delta all_gather result step {step}")
+        other = model.stream(f"again{rank}")
+        with model.use(other):  # waited for again on another stream (a refresh at steps 0 and 2)
+            h.wait()
+            model.read(out, f"weight-delta result step {step} waited again on another stream")
+            model.keep(out, other)
+        model.wait(model.current_stream(), model.record(other))  # the next step overwrites out
     # a delta call waited for on another stream, then the reconstruction dropped: its memory belongs to
     # the compute stream (made by the exact refresh there), which is not ordered after the side stream
     inp = _rand(model, 1000, rank + 40, "partition")
