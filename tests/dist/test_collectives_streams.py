@@ -38,6 +38,8 @@ class FakeApi:
 
     @staticmethod
     def log(*entry) -> None:
+        if not hasattr(_tls, "log"):  # a ccoll waiter thread
+            _tls.log = []
         _tls.log.append(entry)
 
     @staticmethod
@@ -198,3 +200,30 @@ def test_given_hierarchical_and_variable_size_calls_on_streams_expect_the_same_o
         joins = [e[2] for e in log if e[0] == "wait" and e[1] == "caller"]
         dones = [e[2] for e in log if e[0] == "record" and e[1] == "side"]
         assert joins == dones and len(dones) == 2, (joins, dones)
+
+
+def test_given_cpu_tensors_expect_the_caller_capture_to_be_plain():
+    who = streams.caller(torch.device("cpu"))
+    assert who.api is None and who.stream is None
+    fut = who.future()
+    with who.current():
+        who.complete(fut, [1])
+    assert fut.wait() == [1]
+
+
+def _future_completion(rank: int, group, c: ccoll.Codec) -> list:
+    _tls.log = []
+    t = torch.randn(3000)
+    with FakeApi().use("compute"):
+        fut = ccoll.all_reduce(t, "sum", group, c, async_op=True, min_bytes=0).get_future()
+    fut.wait()
+    return fut.value()
+
+
+def test_given_get_future_expect_completion_on_the_stream_current_when_it_was_asked_for(fake, monkeypatch):
+    """The waiter thread makes the caller's stream ("compute" here) current before it finishes the call."""
+    seen = []
+    real = FakeApi.complete
+    monkeypatch.setattr(FakeApi, "complete", lambda self, fut, value: (seen.append(self.current()), real(self, fut, value)))
+    simulated_world(2, _future_completion, _codec("bf16"))
+    assert seen == ["compute", "compute"]

@@ -99,16 +99,24 @@ def test_given_a_finished_handle_waited_on_another_stream_expect_that_stream_ord
 
 # --- every collective, sync and async ------------------------------------------------------------
 
-def _every_collective(model, rank, group, c, async_op):
+def _every_collective(model, rank, group, c, how):
     p = group.size()
     kw = dict(min_bytes=0)
     ef = None if c.variable_size else ccoll.ErrorFeedback()
+    async_op = how != "sync"
 
     def done(h, *outs):
         if h is not None:
-            h.wait()
+            if how == "future":
+                with model.use(model.stream(f"consumer{rank}")):
+                    model.consume(h.get_future())
+                h.wait()  # and again on the compute stream, where the outputs are read
+            elif how == "timeout":
+                h.wait(timeout=60)
+            else:
+                h.wait()
         for o in outs:
-            model.read(o, "a collective's output")
+            model.read(o, f"a collective's output ({how})")
 
     x = _rand(model, 2000, rank, "all_reduce input")
     done(ccoll.all_reduce(x, "avg", group, c, async_op, error_feedback=ef, key="g", **kw), x)
@@ -134,11 +142,11 @@ def _every_collective(model, rank, group, c, async_op):
         done(ccoll.isend(msg, 0, group, c, **kw))
 
 
-@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("how", ["sync", "wait", "future", "timeout"])
 @pytest.mark.parametrize("spec", ["int8:block=256", "lossless"])
-def test_given_every_collective_expect_every_read_and_free_ordered(model, spec, async_op):
+def test_given_every_collective_expect_every_read_and_free_ordered(model, spec, how):
     simulated_world(2, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
-                    hook_codec(model, ccoll.get_codec(spec)), async_op)
+                    hook_codec(model, ccoll.get_codec(spec)), how)
     _finish(model)
 
 
