@@ -10,18 +10,34 @@ by host synchronisation:
 2. codec work and the communication calls are issued while the side stream is current: NCCL orders
    its own stream after the current stream at issue, and ``work.wait()`` makes the *current* stream wait
    for NCCL, so every wait on a request is done with the side stream current (:meth:`Call.on_side`);
-3. the end of decoding records a "done" event on the side stream; the caller's stream waits for it only
-   when the handle's ``wait()`` runs (:meth:`Call.join`), so compute issued between the call and
-   ``wait()`` runs concurrently;
-4. caller tensors used on the side stream are ``record_stream``-ed there (:meth:`Call.keep`), so the
-   caching allocator cannot hand their memory to someone else while codec work still reads/writes it.
+3. the end of decoding records a "done" event on the side stream; the caller's stream waits for it
+   only when the handle's ``wait()`` runs (:meth:`Call.join`), so compute issued between the call and
+   ``wait()`` runs concurrently. Like torch's ``Work.wait()``, *every* ``wait()`` orders the stream
+   current in its thread, also when another thread already finished the call;
+4. the current stream is thread-local (a new thread starts on the default stream), so a wait done on
+   a ccoll waiter thread (``Handle.wait(timeout=)``, ``Handle.get_future()``) would otherwise order
+   the waiter's default stream, not the caller's: a consumer on a non-default stream could read the
+   results before decoding finished. The caller's stream is captured when it calls
+   (:class:`Caller`) and made current on the waiter thread, so the join, a native request's
+   ``wait()`` and the future's completion all land on it; the future carries the device (torch's
+   CUDA-aware future, as ``Work.get_future()`` on NCCL): any thread that waits for it, on any stream,
+   is ordered after the results, and ``then`` callbacks run on streams ordered after them;
+5. tensors written or read on the side stream are ``record_stream``-ed there (:meth:`Call.keep`):
+   the caller's tensors and the error-feedback residuals (which may come from another stream: restored
+   from a checkpoint, packed by ``ccoll.ddp``) and weight-delta reconstructions, so the caching
+   allocator cannot hand their memory to someone else while codec work still reads/writes it, even
+   when Python drops them before the allocating stream is ordered after the side stream.
 
 Stats seconds on CUDA are the elapsed time between an event at the call (caller's stream) and the done
 event (native calls: :meth:`Call.mark_done` on the stream that waited for the native work), measured lazily when the stats are read (:class:`ccoll.stats` resolves them): no synchronisation
 on the hot path. On CPU every method is a no-op and seconds are ``time.perf_counter`` differences.
 
-The ordering logic (:class:`Call`) is written against a tiny device API (:class:`CudaApi`), so tests
-drive it with a recording fake on CPU; the real API needs a GPU (tools/gpu_check.py exercises it).
+The ordering logic (:class:`Call`, :class:`Caller`) is written against a tiny device API
+(:class:`CudaApi`), so tests drive it on CPU through :func:`_api_for`: a recording fake
+(tests/dist/test_collectives_streams.py: which calls, on which stream) and a happens-before model of
+streams, events and the caching allocator with per-thread current streams (tests/streamcheck.py,
+tests/dist/test_streams_hb.py: every read ordered after its producer, nothing freed while another
+stream may use it, on every async path). The real API needs a GPU (tools/gpu_check.py exercises it).
 """
 from __future__ import annotations
 
@@ -71,6 +87,14 @@ class CudaApi:
     def elapsed_s(self, start: Any, end: Any) -> float:
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
+
+    def future(self, device: torch.device) -> "torch.futures.Future":
+        # CUDA-aware: set_result records an event on the completing thread's current stream, and
+        # wait()/value()/then() order the waiting thread's current stream (or the callback's) after it
+        return torch.futures.Future(devices=[device])
+
+    def complete(self, fut: "torch.futures.Future", value: Any) -> None:
+        fut.set_result(value)
 
 
 class Call:
@@ -220,10 +244,45 @@ def _api_for(device: torch.device) -> Any:
     return _devices.cuda_api() if device.type == "cuda" else None
 
 
+class Caller:
+    """The stream current in the thread that called ``wait(timeout=)`` or ``get_future()``, captured
+    then, so a ccoll waiter thread can finish the call *on it*: inside :meth:`current` the waiter's
+    own current stream (thread-local; a new thread starts on the default stream) is the caller's, so
+    :meth:`Call.join`, a native request's ``wait()`` and :meth:`complete` all order the caller's
+    stream, not the waiter's. No device API (CPU): every method is plain."""
+
+    __slots__ = ("api", "device", "stream")
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.api = None if device is None else _api_for(device)
+        self.stream = None if self.api is None else self.api.current_stream(device)
+
+    def current(self):
+        return contextlib.nullcontext() if self.api is None else self.api.use(self.stream)
+
+    def future(self) -> "torch.futures.Future":
+        """A future that carries the device (CUDA: torch's CUDA-aware future)."""
+        return torch.futures.Future() if self.api is None else self.api.future(self.device)
+
+    def complete(self, fut: "torch.futures.Future", value: Any) -> None:
+        """Set ``fut``'s result from inside :meth:`current` (CUDA: its event is on the caller's stream,
+        after the call's done event, so any stream that waits for the future is ordered after decoding)."""
+        if self.api is None:
+            fut.set_result(value)
+        else:
+            self.api.complete(fut, value)
+
+
+def caller(device: torch.device | None) -> Caller:
+    """The calling thread's current stream on ``device`` (None: no device, nothing captured)."""
+    return Caller(device)
+
+
 def begin(device: torch.device) -> Call | _NullCall:
     """The ordering object of one collective call on ``device`` (records "inputs ready" now)."""
     api = _api_for(device)
     return NULL if api is None else Call(api, device)
 
 
-__all__ = ["Call", "CudaApi", "LazySeconds", "NULL", "begin"]
+__all__ = ["Call", "Caller", "CudaApi", "LazySeconds", "NULL", "begin", "caller"]

@@ -117,7 +117,7 @@ class WeightDelta:
         side = run.stream
         recon = entry.recon
         with side.on_side():
-            side.keep(inp, out)
+            side.keep(inp, out, recon)  # recon: made on the caller's stream, updated on the side stream
             flat = inp.reshape(-1)
             # the delta is a new tensor: ``input`` may alias ``output`` (DeepSpeed's own slot), which is
             # written only after every payload has arrived
@@ -149,7 +149,8 @@ class WeightDelta:
                 self._entries[key] = _Entry(signature, recon, int(step))
 
         if async_op:
-            return Handle([inner], seed, [output])
+            # every wait() orders its thread's stream after the gather (the inner handle's own wait() does)
+            return Handle([inner], seed, [output], join=inner.wait if inner is not None else None)
         seed()
         return None
 

@@ -148,18 +148,27 @@ def rows(p: int, nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty(p, nbytes, dtype=torch.uint8, device=device)
 
 
-def feedback_buffer(ef: Any, rkey: Any, numel: int, dtype: torch.dtype, device: Any, c: Codec) -> torch.Tensor | None:
+def feedback_buffer(ef: Any, rkey: Any, numel: int, dtype: torch.dtype, device: Any, c: Codec,
+                    stream: Any = None) -> torch.Tensor | None:
     """The residual buffer for one lossy encode (``rkey`` from :func:`ccoll.feedback.residual_key`),
-    or None without error feedback."""
-    return None if ef is None else ef.buffer(rkey, numel, dtype, device, c)
+    or None without error feedback. ``stream`` (the call's :class:`ccoll.streams.Call`) keeps it alive
+    for the side stream that writes it: a residual may have been allocated on another stream (restored
+    from a checkpoint, or a packed view made by ``ccoll.ddp``) and may be dropped (reset, a new layout)
+    before that stream is ordered after the write."""
+    buf = None if ef is None else ef.buffer(rkey, numel, dtype, device, c)
+    if buf is not None and stream is not None:
+        stream.keep(buf)
+    return buf
 
 
-def finish(async_op: bool, works: list, then: Callable[[], Any], outputs: list) -> Handle | None:
+def finish(async_op: bool, works: list, then: Callable[[], Any], outputs: list,
+           join: Callable[[], None] | None = None) -> Handle | None:
     """Sync: wait for ``works``, run ``then`` now. Async: a handle that does both in ``wait()`` and
-    whose future's value is ``outputs`` (torch's convention: the result tensors)."""
+    whose future's value is ``outputs`` (torch's convention: the result tensors); ``join`` orders the
+    stream of every later ``wait()`` after the results (:meth:`ccoll.streams.Call.join`)."""
     works = [w for w in works if w is not None]
     if async_op:
-        return Handle(works, then, outputs)
+        return Handle(works, then, outputs, join=join)
     for w in works:
         w.wait()
     then()
@@ -207,7 +216,7 @@ class Run:
             self.stream.mark_done()
             self.record("native", raw, raw)
 
-        return finish(async_op, [work], then, outputs)
+        return finish(async_op, [work], then, outputs, self.stream.join)
 
     def compressed(self, async_op: bool, works: list, body: Callable[[], None], codec: Codec, raw: int,
                    wire: "int | Callable[[], int]", outputs: list, *, name: str | None = None) -> Handle | None:
@@ -222,7 +231,7 @@ class Run:
             self.stream.join()
             self.record(name or codec.spec, raw, wire() if callable(wire) else wire)
 
-        return finish(async_op, works, then, outputs)
+        return finish(async_op, works, then, outputs, self.stream.join)
 
 
 __all__ = ["REDUCING_OPS", "Run", "as_codec", "check_tensor", "contig", "copy_back", "decide", "feedback_buffer",

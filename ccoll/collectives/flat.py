@@ -49,7 +49,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         reducing = None  # the segment whose all-to-all is in flight
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
             send = rows(p, c.encoded_nbytes(chunk, dtype), t.device)
-            fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c)
+            fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c, side)
             c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()
@@ -81,7 +81,7 @@ def _reduce_and_gather(c, tr, side, issued, opn, dtype, ef, key, salt_of):
         reduced.div_(tr.world_size)
     mine = reduced if dtype == torch.float32 else reduced.to(dtype)
     payload = rows(1, recv.shape[1], recv.device)
-    fb = feedback_buffer(ef, residual_key(key, "ag", s), chunk, dtype, recv.device, c)
+    fb = feedback_buffer(ef, residual_key(key, "ag", s), chunk, dtype, recv.device, c, side)
     c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(REDUCED, s))
     gathered = rows(tr.world_size, recv.shape[1], recv.device)
     return (lo, seg_numel, chunk, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True)))
@@ -119,7 +119,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
             # one span is the whole input; a span of several gathers its p row pieces (one copy)
             src = flat if len(pieces) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
             send = rows(p, c.encoded_nbytes(span, dtype), inp.device)
-            fb = feedback_buffer(ef, residual_key(key, "rs", s), p * span, dtype, inp.device, c)
+            fb = feedback_buffer(ef, residual_key(key, "rs", s), p * span, dtype, inp.device, c, side)
             c.encode_rows(src, send, span, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()

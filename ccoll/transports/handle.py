@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import streams
 from ..errors import TransportError
 
 
@@ -26,12 +27,22 @@ class Handle:
     once ``then`` has run, without the caller having to call ``wait()``.
 
     ``works`` are the underlying requests (torch ``Work`` objects, MPI requests, or other Handles).
+
+    Streams (CUDA; :mod:`ccoll.streams`), as torch's ``Work``: every ``wait()`` leaves the stream
+    current in the waiting thread ordered after the results (``join``, called by each ``wait()`` that
+    did not run ``then`` itself, which orders its own stream). The waits that run on a ccoll waiter
+    thread (``wait(timeout=)``, ``get_future()``) run with the *caller's* stream, captured when it
+    called, made current there (a new thread's current stream is the default stream, so joining there
+    would order nobody's stream), and the future carries the device: it completes on the caller's
+    stream, and a thread that waits for it on any stream is ordered after decoding (torch's CUDA
+    future semantics, as ``Work.get_future()`` on NCCL).
     """
 
-    __slots__ = ("_works", "_then", "_done", "_result", "_outputs", "_lock", "_future_lock", "_future")
+    __slots__ = ("_works", "_then", "_done", "_result", "_outputs", "_lock", "_future_lock", "_future", "_join",
+                 "_device")
 
     def __init__(self, works: list | tuple = (), then: Callable[[], Any] | None = None,
-                 outputs: list | None = None):
+                 outputs: list | None = None, join: Callable[[], None] | None = None):
         self._works = [w for w in works if w is not None]
         self._then = then
         self._done = False
@@ -40,27 +51,31 @@ class Handle:
         self._lock = threading.RLock()  # held while waiting: finishing runs once
         self._future_lock = threading.Lock()  # never held while waiting
         self._future = None
+        self._join = join  # orders the current stream after the results (a finished call's done event)
+        self._device = next((t.device for t in self._outputs if isinstance(t, torch.Tensor)), None)
 
     def wait(self, timeout: Any = None) -> bool:
-        if self._done:
-            return True
-        if timeout is not None:
+        if timeout is not None and not self._done:
             # on a ccoll waiter thread: polling is_completed() would never end on gloo's point-to-point
             # works, which complete only inside their own wait()
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
             try:
-                _submit_wait(self).result(timeout=seconds)
+                _submit_wait(self, streams.caller(self._device)).result(timeout=seconds)
             except concurrent.futures.TimeoutError:
                 raise TransportError(f"ccoll: communication not complete after {seconds:g} s") from None
             return True
-        with self._lock:
-            if not self._done:
-                for w in self._works:
-                    _wait_one(w)
-                then, self._then = self._then, None
-                if then is not None:
-                    self._result = then()
-                self._done = True
+        ran = False
+        if not self._done:
+            with self._lock:
+                if not self._done:
+                    for w in self._works:
+                        _wait_one(w)
+                    then, self._then = self._then, None
+                    if then is not None:
+                        self._result = then()
+                    self._done = ran = True
+        if not ran and self._join is not None:
+            self._join()  # finished by another wait(): this thread's stream still has to be ordered
         return True
 
     def is_completed(self) -> bool:
@@ -83,39 +98,45 @@ class Handle:
 
     def get_future(self) -> "torch.futures.Future":
         """A future completed with the output tensors once this handle has finished, waited for on a
-        ccoll waiter thread. Why not chain on the c10d works' own futures: their callbacks run on the
-        backend's worker thread before the work counts as finished (gloo), so finishing a ccoll handle
-        there (waiting for the works, then decoding) blocks that thread on itself and a DDP backward
-        never ends."""
+        ccoll waiter thread with the stream current here (now) made current there, and completed on
+        it; on CUDA the future carries the device (see the class docstring). Why not chain on the c10d
+        works' own futures: their callbacks run on the backend's worker thread before the work counts
+        as finished (gloo), so finishing a ccoll handle there (waiting for the works, then decoding)
+        blocks that thread on itself and a DDP backward never ends."""
         with self._future_lock:
             if self._future is not None:
                 return self._future
-            fut: torch.futures.Future = torch.futures.Future()
+            who = streams.caller(self._device)
+            fut: torch.futures.Future = who.future()
             self._future = fut
 
-        def done(cf: "concurrent.futures.Future") -> None:
+        def failed(cf: "concurrent.futures.Future") -> None:
             error = cf.exception()
-            if error is not None:
+            if error is not None and not fut.done():
                 fut.set_exception(error)
-            else:
-                fut.set_result(self._outputs)
 
         if self._done:
-            fut.set_result(self._outputs)
+            self.wait()  # joins this thread's (the caller's) stream
+            who.complete(fut, self._outputs)
         else:
-            _submit_wait(self).add_done_callback(done)
+            _submit_wait(self, who, lambda: who.complete(fut, self._outputs)).add_done_callback(failed)
         return fut
 
 
-def _submit_wait(handle: "Handle") -> "concurrent.futures.Future":
-    """``handle.wait()`` on its own daemon thread. Not a bounded pool: a wait may block until other
-    ranks' waits run (the in-memory transport of ``simulated_world`` is one rendezvous per collective),
-    so a pool smaller than the number of outstanding handles could deadlock."""
+def _submit_wait(handle: "Handle", who: "streams.Caller",
+                 complete: Callable[[], None] | None = None) -> "concurrent.futures.Future":
+    """``handle.wait()`` (then ``complete()``) on its own daemon thread, with the caller's stream
+    ``who`` current there. Not a bounded pool: a wait may block until other ranks' waits run (the
+    in-memory transport of ``simulated_world`` is one rendezvous per collective), so a pool smaller
+    than the number of outstanding handles could deadlock."""
     cf: concurrent.futures.Future = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            handle.wait()
+            with who.current():
+                handle.wait()
+                if complete is not None:
+                    complete()
         except BaseException as e:  # noqa: BLE001 - delivered through the future
             cf.set_exception(e)
         else:

@@ -6,6 +6,13 @@ the test asserts what a GPU run relies on: inputs-ready event on the caller's st
 call and every wait on a communication request made with the side stream current, caller tensors kept
 alive on the side stream, a done event after the last codec call, and the caller's stream waiting for it
 only when the handle's wait() runs. tools/gpu_check.py (nvrtc helper) exercises the real CudaApi.
+
+This fake checks the *calls*; it does not model what they order (its current stream is per thread, but
+every thread starts on "caller", so a wait done on a ccoll waiter thread looks right here while on a GPU
+it would order that thread's default stream). Whether every read is ordered after its producer and
+nothing is freed while another stream uses it is checked by the happens-before model
+(tests/streamcheck.py, tests/dist/test_streams_hb.py), which caught exactly that for get_future() and
+wait(timeout=).
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ class FakeApi:
 
     @staticmethod
     def log(*entry) -> None:
+        if not hasattr(_tls, "log"):  # a ccoll waiter thread
+            _tls.log = []
         _tls.log.append(entry)
 
     @staticmethod
@@ -69,6 +78,13 @@ class FakeApi:
 
     def elapsed_s(self, start, end):
         return 0.25
+
+    def future(self, device):
+        return torch.futures.Future()
+
+    def complete(self, fut, value):
+        self.log("complete", self.current())
+        fut.set_result(value)
 
 
 @pytest.fixture
@@ -184,3 +200,30 @@ def test_given_hierarchical_and_variable_size_calls_on_streams_expect_the_same_o
         joins = [e[2] for e in log if e[0] == "wait" and e[1] == "caller"]
         dones = [e[2] for e in log if e[0] == "record" and e[1] == "side"]
         assert joins == dones and len(dones) == 2, (joins, dones)
+
+
+def test_given_cpu_tensors_expect_the_caller_capture_to_be_plain():
+    who = streams.caller(torch.device("cpu"))
+    assert who.api is None and who.stream is None
+    fut = who.future()
+    with who.current():
+        who.complete(fut, [1])
+    assert fut.wait() == [1]
+
+
+def _future_completion(rank: int, group, c: ccoll.Codec) -> list:
+    _tls.log = []
+    t = torch.randn(3000)
+    with FakeApi().use("compute"):
+        fut = ccoll.all_reduce(t, "sum", group, c, async_op=True, min_bytes=0).get_future()
+    fut.wait()
+    return fut.value()
+
+
+def test_given_get_future_expect_completion_on_the_stream_current_when_it_was_asked_for(fake, monkeypatch):
+    """The waiter thread makes the caller's stream ("compute" here) current before it finishes the call."""
+    seen = []
+    real = FakeApi.complete
+    monkeypatch.setattr(FakeApi, "complete", lambda self, fut, value: (seen.append(self.current()), real(self, fut, value)))
+    simulated_world(2, _future_completion, _codec("bf16"))
+    assert seen == ["compute", "compute"]

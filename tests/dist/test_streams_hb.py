@@ -1,0 +1,388 @@
+"""Every asynchronous path of ccoll under the happens-before model of streams (tests/streamcheck.py).
+
+The real ordering code (ccoll.streams.Call, Handle, the collectives, the DDP/FSDP hooks, weight-delta)
+runs unchanged on CPU tensors in the simulated world; the model replaces only the device API. Each
+rank computes on its own non-default stream ("compute<rank>", current in its thread) as training code
+does, consumes the results there or on another stream, then drops every tensor so the allocator model
+checks that nothing is reused while another stream may still touch it. A test fails with the model's
+message (an unordered read, overwrite, or a free while in use).
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import ccoll
+from ccoll.testing import simulated_world
+from tests.streamcheck import Model, hook_codec, install
+
+
+@pytest.fixture
+def model(monkeypatch):
+    return install(monkeypatch, Model())
+
+
+def _on_compute(model: Model, fn):
+    """``fn(rank, group, ...)`` run with the rank's compute stream current and every op tracked; at the
+    end its tensors are dropped and the allocator model looks at them."""
+    def run(rank, group, *args):
+        with model.use(model.stream(f"compute{rank}")), model.tracking():
+            out = fn(rank, group, *args)
+        gc.collect()
+        model.collect()
+        return out
+    return run
+
+
+def _finish(model: Model) -> None:
+    gc.collect()
+    model.collect()
+    assert model.violations == [], "\n".join(sorted(set(model.violations)))
+
+
+def _rand(model: Model, n: int, rank: int, what: str) -> torch.Tensor:
+    t = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    model.produce(t, what)
+    return t
+
+
+# --- the future and the timed wait -------------------------------------------------------------
+
+def _future_consumed_elsewhere(model, rank, group, c):
+    t = _rand(model, 3000, rank, "gradient")
+    h = ccoll.all_reduce(t, "sum", group, c, async_op=True, min_bytes=0)
+    fut = h.get_future()
+    with model.use(model.stream(f"consumer{rank}")):  # e.g. the optimizer's stream
+        out = model.consume(fut)[0]
+        model.read(out, "the future's value")
+    model.read(t, "the reduced tensor on the stream that asked for the future")
+
+
+@pytest.mark.parametrize("spec", ["bf16", "int8:block=256"])
+def test_given_get_future_consumed_on_another_stream_expect_decoding_ordered_before_every_read(model, spec):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _future_consumed_elsewhere(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec(spec)))
+    _finish(model)
+
+
+def _timed_wait(model, rank, group, c):
+    t = _rand(model, 3000, rank, "gradient")
+    h = ccoll.all_reduce(t, "sum", group, c, async_op=True, min_bytes=0)
+    h.wait(timeout=60)
+    model.read(t, "the reduced tensor after wait(timeout=)")
+
+
+def test_given_wait_with_timeout_expect_the_callers_stream_ordered_after_decoding(model):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _timed_wait(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")))
+    _finish(model)
+
+
+def _wait_again_elsewhere(model, rank, group, c):
+    t = _rand(model, 3000, rank, "gradient")
+    h = ccoll.all_reduce(t, "sum", group, c, async_op=True, min_bytes=0)
+    h.get_future().wait()  # finished on a ccoll thread
+    other = model.stream(f"other{rank}")
+    with model.use(other):
+        h.wait()  # torch's Work.wait(): the current stream waits, every time
+        model.read(t, "the reduced tensor after a second wait() on another stream")
+        model.keep(t, other)  # the test's own use on a second stream (t belongs to the compute stream)
+
+
+def test_given_a_finished_handle_waited_on_another_stream_expect_that_stream_ordered_too(model):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _wait_again_elsewhere(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("bf16")))
+    _finish(model)
+
+
+# --- every collective, sync and async ------------------------------------------------------------
+
+def _every_collective(model, rank, group, c, how):
+    p = group.size()
+    kw = dict(min_bytes=0)
+    ef = None if c.variable_size else ccoll.ErrorFeedback()
+    async_op = how != "sync"
+
+    def done(h, *outs):
+        if h is not None:
+            if how == "future":
+                with model.use(model.stream(f"consumer{rank}")):
+                    model.consume(h.get_future())
+                h.wait()  # and again on the compute stream, where the outputs are read
+            elif how == "timeout":
+                h.wait(timeout=60)
+            else:
+                h.wait()
+        for o in outs:
+            model.read(o, f"a collective's output ({how})")
+
+    x = _rand(model, 2000, rank, "all_reduce input")
+    done(ccoll.all_reduce(x, "avg", group, c, async_op, error_feedback=ef, key="g", **kw), x)
+    out = torch.empty(1000)
+    done(ccoll.reduce_scatter_tensor(out, _rand(model, p * 1000, rank, "rs input"), "sum", group, c, async_op,
+                                     error_feedback=ef, key="rs", **kw), out)
+    out = torch.empty(p * 1000)
+    done(ccoll.all_gather_into_tensor(out, _rand(model, 1000, rank, "ag input"), group, c, async_op, **kw), out)
+    b = _rand(model, 1000, rank, "broadcast tensor")
+    done(ccoll.broadcast(b, 0, group, c, async_op, **kw), b)
+    out = torch.empty(p * 500)
+    done(ccoll.all_to_all_single(out, _rand(model, p * 500, rank, "a2a input"), group, c, async_op, **kw), out)
+    # point to point: rank 0 -> 1 synchronous, 1 -> 0 asynchronous
+    msg = _rand(model, 1000, rank, "message")
+    if rank == 0:
+        ccoll.send(msg, 1, group, c, **kw)
+        got = torch.empty(1000)
+        done(ccoll.irecv(got, 1, group, c, **kw), got)
+    else:
+        got = torch.empty(1000)
+        ccoll.recv(got, 0, group, c, **kw)
+        model.read(got, "received tensor")
+        done(ccoll.isend(msg, 0, group, c, **kw))
+
+
+@pytest.mark.parametrize("how", ["sync", "wait", "future", "timeout"])
+@pytest.mark.parametrize("spec", ["int8:block=256", "lossless"])
+def test_given_every_collective_expect_every_read_and_free_ordered(model, spec, how):
+    simulated_world(2, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
+                    hook_codec(model, ccoll.get_codec(spec)), how)
+    _finish(model)
+
+
+def _error_feedback_dropped(model, rank, group, c):
+    """Residuals restored from a checkpoint live on the caller's stream; the next call writes them on
+    the side stream; dropping them (reset) before the caller's stream is ordered after that write must
+    not hand their memory to the next allocation."""
+    fb = ccoll.ErrorFeedback()
+    t = _rand(model, 3000, rank, "gradient")
+    ccoll.all_reduce(t, "sum", group, c, error_feedback=fb, key="w", min_bytes=0)
+    fb.load_state_dict(fb.state_dict())  # residuals now allocated on the caller's stream
+    h = ccoll.all_reduce(t, "sum", group, c, async_op=True, error_feedback=fb, key="w", min_bytes=0)
+    fb.reset()  # dropped while the side stream may still write them
+    gc.collect()
+    model.collect()
+    h.wait()
+
+
+def test_given_feedback_residuals_dropped_during_a_call_expect_them_kept_for_the_side_stream(model):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _error_feedback_dropped(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")))
+    _finish(model)
+
+
+# --- hierarchy -----------------------------------------------------------------------------------
+
+def _hierarchical(model, rank, group, c, async_op):
+    t = _rand(model, 4000, rank, "gradient")
+    fb = ccoll.ErrorFeedback()
+    h = ccoll.all_reduce(t, "sum", group, c, async_op, min_bytes=0, hierarchy="node", error_feedback=fb, key="h")
+    if h is not None:
+        h.get_future().wait()
+        h.wait()
+    model.read(t, "hierarchical all_reduce result")
+    out = torch.empty(1000)
+    h = ccoll.reduce_scatter_tensor(out, _rand(model, 4000, rank, "rs input"), "avg", group, c, async_op,
+                                    min_bytes=0, hierarchy="node")
+    if h is not None:
+        h.wait(timeout=60)
+    model.read(out, "hierarchical reduce_scatter result")
+    out = torch.empty(4000)
+    h = ccoll.all_gather_into_tensor(out, _rand(model, 1000, rank, "ag input"), group, c, async_op, min_bytes=0,
+                                     hierarchy="node")
+    if h is not None:
+        h.wait()
+    model.read(out, "hierarchical all_gather result")
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_given_hierarchical_calls_expect_every_read_and_free_ordered(model, async_op):
+    from ccoll.collectives import nodes
+
+    nodes.set_node_map(2)  # 2 nodes x 2 ranks
+    try:
+        simulated_world(4, _on_compute(model, lambda r, g, c, a: _hierarchical(model, r, g, c, a)),
+                        hook_codec(model, ccoll.get_codec("int8:block=256")), async_op)
+    finally:
+        nodes.set_node_map(None)
+    _finish(model)
+
+
+# --- weight delta ---------------------------------------------------------------------------------
+
+def _weight_delta(model, rank, group, c):
+    from ccoll.wdelta import WeightDelta
+
+    wd = WeightDelta()
+    out = torch.empty(2 * 1000)
+    for step in range(3):
+        inp = _rand(model, 1000, rank + 10 * step, "partition")
+        h = wd.all_gather_into_tensor(out, inp, group, c, True, key="w", step=step, refresh_steps=2, min_bytes=0)
+        model.consume(h.get_future())
+        model.read(out, f"weight-delta all_gather result step {step}")
+        other = model.stream(f"again{rank}")
+        with model.use(other):  # waited for again on another stream (a refresh at steps 0 and 2)
+            h.wait()
+            model.read(out, f"weight-delta result step {step} waited again on another stream")
+            model.keep(out, other)
+        model.wait(model.current_stream(), model.record(other))  # the next step overwrites out
+    # a delta call waited for on another stream, then the reconstruction dropped: its memory belongs to
+    # the compute stream (made by the exact refresh there), which is not ordered after the side stream
+    inp = _rand(model, 1000, rank + 40, "partition")
+    h = wd.all_gather_into_tensor(out, inp, group, c, True, key="w", step=3, refresh_steps=2, min_bytes=0)
+    other = model.stream(f"other{rank}")
+    with model.use(other):
+        h.wait()
+        model.read(out, "weight-delta result on another stream")
+        model.keep(out, other)
+    del h
+    wd.reset()
+
+
+def test_given_weight_delta_calls_expect_every_read_and_free_ordered(model):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _weight_delta(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")))
+    _finish(model)
+
+
+# --- DDP and FSDP hooks ------------------------------------------------------------------------------
+
+class _Bucket:
+    """What compress_hook uses of torch's GradBucket."""
+
+    def __init__(self, params, buf):
+        self.params, self.buf = params, buf
+        self.grads, off = [], 0
+        for p in params:
+            self.grads.append(buf[off:off + p.numel()].view(p.shape))
+            off += p.numel()
+
+    def buffer(self):
+        return self.buf
+
+    def gradients(self):
+        return self.grads
+
+    def parameters(self):
+        return self.params
+
+    def is_last(self):
+        return True
+
+
+def _ddp(model, rank, group, state_of):
+    import ccoll.ddp as ddp
+
+    net = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 20))
+    state = ddp.CompressionState(group, codec=state_of, model=net, min_bytes=0)
+    params = list(net.parameters())
+    for step in range(2):
+        buf = _rand(model, sum(p.numel() for p in params), rank + 7 * step, "gradient bucket")
+        fut = ddp.compress_hook(state, _Bucket(params, buf))
+        model.consume(fut)  # the reducer waits for the future, then reads the bucket on its stream
+        model.read(buf, f"averaged bucket step {step}")
+        del fut
+        gc.collect()
+        model.collect()
+    return state.state_dict()["iter"]
+
+
+def test_given_ddp_compress_hook_expect_the_bucket_and_packed_residuals_ordered(model, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: group.size())
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: group.rank)
+    assert simulated_world(2, _on_compute(model, lambda r, g, c: _ddp(model, r, g, c)),
+                           hook_codec(model, ccoll.get_codec("int8:block=64"))) == [2, 2]
+    _finish(model)
+
+
+def _fsdp(model, rank, group, c):
+    import torch.distributed as dist
+    from ccoll.fsdp import CompressedAllGather, CompressedReduceScatter, FSDPCompression
+
+    state = FSDPCompression(c, c, True, 0, 0)
+    rs, ag = CompressedReduceScatter(state, "layer"), CompressedAllGather(state, "layer")
+    for step in range(2):
+        out = rs.allocate((1000,), dtype=torch.float32, device=torch.device("cpu"))
+        rs(out, _rand(model, 2000, rank + step, "unsharded gradient"), group, dist.ReduceOp.SUM)
+        model.read(out, "reduced gradient shard")
+        full = ag.allocate((2000,), dtype=torch.float32, device=torch.device("cpu"))
+        ag(full, _rand(model, 1000, rank + step, "parameter shard"), group)
+        model.read(full, "gathered parameters")
+
+
+def test_given_fsdp_comms_expect_every_read_and_free_ordered(model):
+    simulated_world(2, _on_compute(model, lambda r, g, c: _fsdp(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")))
+    _finish(model)
+
+
+# --- the model itself ------------------------------------------------------------------------------
+
+def test_given_a_read_on_another_stream_without_an_event_expect_the_model_to_flag_it():
+    m = Model()
+    a, b = m.stream("a"), m.stream("b")
+    t = torch.zeros(4)
+    with m.use(a):
+        m.produce(t, "t")
+    with m.use(b):
+        m.read(t, "t")
+    assert m.violations and "unordered read" in m.violations[0]
+    m2 = Model()
+    with m2.use(m2.stream("a")):
+        m2.produce(t, "t")
+        ev = m2.record(m2.stream("a"))
+    m2.wait(m2.stream("b"), ev)
+    with m2.use(m2.stream("b")):
+        m2.read(t, "t")
+    assert m2.violations == []
+
+
+def test_given_a_tensor_freed_while_another_stream_uses_it_expect_the_model_to_flag_it_unless_kept():
+    for kept in (False, True):
+        m = Model()
+        with m.use(m.stream("a")):
+            t = torch.zeros(4)
+            m.produce(t, "t")
+        m.wait(m.stream("b"), m.record(m.stream("a")))
+        with m.use(m.stream("b")):
+            m.read(t, "t")
+        if kept:
+            m.keep(t, m.stream("b"))
+        del t
+        gc.collect()
+        m.collect()
+        assert bool(m.violations) != kept, m.violations
+
+
+# --- the model catches what it is for (the ordering code broken on purpose) --------------------------
+
+def _sync_all_reduce(model, rank, group, c):
+    t = _rand(model, 3000, rank, "gradient")
+    ccoll.all_reduce(t, "sum", group, c, min_bytes=0)
+    model.read(t, "the reduced tensor")
+
+
+@pytest.mark.parametrize("broken", ["no join", "no wait for the inputs"])
+def test_given_the_ordering_broken_on_purpose_expect_the_model_to_flag_it(model, monkeypatch, broken):
+    import ccoll.streams as streams
+
+    if broken == "no join":
+        monkeypatch.setattr(streams.Call, "join", lambda self: None)
+    else:
+        monkeypatch.setattr(streams.Call, "on_side", lambda self: model.use(self.side))
+    simulated_world(2, _on_compute(model, lambda r, g, c: _sync_all_reduce(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("bf16")))
+    assert any("unordered read" in v for v in model.violations), model.violations
+
+
+def test_given_get_future_finished_on_the_waiter_threads_own_stream_expect_the_model_to_flag_it(model, monkeypatch):
+    """The bug before the fix: the waiter thread joined its own (default) stream and completed a future
+    that carried no device."""
+    import ccoll.streams as streams
+
+    monkeypatch.setattr(streams, "caller", lambda device: streams.Caller(None))
+    simulated_world(2, _on_compute(model, lambda r, g, c: _future_consumed_elsewhere(model, r, g, c)),
+                    hook_codec(model, ccoll.get_codec("bf16")))
+    assert any("unordered read: 'consume the future's value' on stream consumer0" in v for v in model.violations)
