@@ -25,6 +25,17 @@ from .state import SLOT, State
 _generations = itertools.count(1)
 
 
+def agreement(policy) -> str:
+    """What every rank must share, as one token: the policy's rules (its fingerprint covers its schema
+    version) and what the ranks derive their segments and wire layout from without talking — the
+    segment size (a rank that pipelines in other pieces would issue other collectives and hang the
+    group) and ccoll's own version (layouts may change between releases)."""
+    from .. import __version__
+    from ..collectives import segments
+
+    return f"{policy.fingerprint()[:16]}/seg{segments.SEGMENT_BYTES}/v{__version__}"
+
+
 def check(st: State) -> None:
     """Every rank publishes its policy fingerprint in the default store and reads everyone's."""
     with st.lock:
@@ -39,7 +50,7 @@ def check(st: State) -> None:
     if world == 1:
         return
     prefix = f"ccoll/policy/{next(_generations)}/"
-    mine = f"{st.policy.fingerprint()[:16]} {st.policy.source}"
+    mine = f"{agreement(st.policy)} {st.policy.source}"
     timeout_s = float(os.environ.get("CCOLL_FINGERPRINT_TIMEOUT_S", "120"))
     try:
         store = dist.distributed_c10d._get_default_store()

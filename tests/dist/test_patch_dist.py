@@ -184,6 +184,22 @@ def _job_fingerprints(rank: int, world: int, tmpdir: str):
     except PolicyError as e:
         messages.append(str(e))
     patch.uninstall()
+    dist.destroy_process_group()
+
+    # 3) the same policy, but rank 1 cuts its all_reduces into other segments: it would issue other
+    # collectives than rank 0 and hang the group, so the check refuses it
+    from ccoll.collectives import segments
+
+    saved = segments.SEGMENT_BYTES
+    segments.SEGMENT_BYTES = saved if rank == 0 else saved // 2
+    try:
+        init(3)
+        patch.install(Policy.from_dict(BF16_ALL, source=f"seg{rank}.yaml"))
+    except PolicyError as e:
+        messages.append(str(e))
+    finally:
+        segments.SEGMENT_BYTES = saved
+        patch.uninstall()
     return messages
 
 
@@ -224,12 +240,15 @@ def test_given_reentrant_call_inside_codec_when_patched_expect_it_reaches_torch_
     assert [r["reentrancy"] for r in results] == [True, True]
 
 
-def test_given_ranks_with_different_policies_when_installing_before_or_after_init_expect_error_naming_ranks(results):
+def test_given_ranks_with_different_policies_or_segments_when_installing_expect_error_naming_ranks(results):
     for rank, messages in enumerate(r["fingerprints"] for r in results):
-        assert len(messages) == 2, messages
+        assert len(messages) == 3, messages
         for m in messages:
             assert "mismatch" in m and "ranks [0]" in m and "ranks [1]" in m, m
+        for m in messages[:2]:
             assert "rank0.yaml" in m and "rank1.yaml" in m, m
+        assert "seg0.yaml" in messages[2] and "seg1.yaml" in messages[2], messages[2]
+        assert "/seg8388608/" in messages[2] and "/seg4194304/" in messages[2], messages[2]
 
 
 def test_given_rank_set_resolver_when_groups_share_ranks_expect_same_dimension_and_world_p2p_mapped(results):
