@@ -63,9 +63,12 @@ from typing import Any, Callable
 
 import torch
 
+from ..codecs import example_specs
 from .netem import stop_process_groups
 
 NATIVE = "native"
+#: --codec item that expands to every registered codec's example specs
+ALL_CODECS = "all"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
                   "fp64": "float64", "double": "float64"}
@@ -113,6 +116,8 @@ def split_codecs(values: list[str]) -> list[str]:
                 continue
             if "=" in item and ":" not in item and specs and ":" in specs[-1]:
                 specs[-1] += "," + item
+            elif item == ALL_CODECS:  # every registered codec's example specs (Codec.example_specs)
+                specs += example_specs()
             else:
                 specs.append(item)
     if not specs:
@@ -124,29 +129,10 @@ def split_codecs(values: list[str]) -> list[str]:
 
 def codec_error_rel(codec) -> float | None:
     """Bound of one encode/decode's absolute error per element, as a fraction of the absmax of the
-    encoded values (the block's absmax bounds it, so the tensor-wide absmax does too). None: no known
-    bound (only cross-rank identity is checked).
-
-    - none 0; bf16 2^-8 and fp16 2^-10 (round to nearest: 2^-9 / 2^-11 of the value, with margin);
-    - int8/int4 symmetric absmax quantization: 1/(2 qmax) round-to-nearest, 1/qmax stochastic;
-    - zfp fixed rate R: measured against libzfp on normal, uniform and log-normal data the worst error
-      is ~2^(6-R) of the 4-value block's absmax for dims=1; we allow 2^(7-R) (2^(8-R) for dims >= 2).
-    """
-    if codec is None or not codec.lossy:
-        return 0.0
-    name, params = codec.name, codec.params
-    if name == "bf16":
-        return 2.0**-8
-    if name == "fp16":
-        return 2.0**-10
-    if name in ("int8", "int4"):
-        qmax = 127 if name == "int8" else 7
-        stochastic = str(params.get("round", "nearest")) == "stochastic"
-        return 1.0 / qmax if stochastic else 1.0 / (2 * qmax)
-    if name == "zfp" and "rate" in params:
-        dims = int(params.get("dims", 1))
-        return 2.0 ** ((7 if dims == 1 else 8) - float(params["rate"]))
-    return None
+    encoded values (the block's absmax bounds it, so the tensor-wide absmax does too): the codec's own
+    ``Codec.relative_error_bound()`` (each codec derives and documents it). 0 for native; None: no
+    known bound (only cross-rank identity is checked)."""
+    return 0.0 if codec is None else codec.relative_error_bound()
 
 
 # --- worlds: the process group the benchmark runs in ----------------------------------------------
@@ -897,7 +883,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"untimed iterations first (default {WARMUP_SMALL}, {WARMUP_LARGE} above {LARGE_BYTES >> 20} MiB)")
     p.add_argument("--codec", action="append", default=None,
                    help="comma list of codec specs to compare in one run; 'native' is the backend's own "
-                        "uncompressed collective (default: native)")
+                        "uncompressed collective (default: native); 'all': every registered codec's example specs")
     p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default="gloo",
                    help="gloo: CPU tensors; nccl: CUDA tensors, one GPU per rank; mpi: mpi4py (CPU tensors)")
     p.add_argument("--dtype", default="float32", type=lambda s: _DTYPE_ALIASES.get(s, s), choices=list(DTYPES))

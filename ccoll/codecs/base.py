@@ -93,6 +93,8 @@ class Codec:
     variable_size: ClassVar[bool] = False
     #: input dtypes this codec accepts
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)
+    #: specs covering this codec's parameter space (see :meth:`example_specs`)
+    EXAMPLE_SPECS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, backend: str = "auto", **params: Any):
         if backend != "auto" and backend not in BACKENDS:
@@ -149,6 +151,46 @@ class Codec:
     def exact_for(self, dtype: torch.dtype) -> bool:
         """True when decode(encode(x)) == x bit for bit for every x of this dtype."""
         return not self.lossy
+
+    # --- what callers may know about a codec without reading its parameters ----------------------
+    # Tests, benchmarks and tools enumerate codecs with ``example_specs()`` and check them against
+    # ``error_bound`` / ``deterministic`` / ``fixed_size``: a new codec enters every check by declaring
+    # these, and no caller hard-codes a codec's name, parameters or error.
+
+    @classmethod
+    def example_specs(cls) -> tuple[str, ...]:
+        """Specs covering this codec's parameter space (its block sizes, rounding modes, formats,
+        rotations, rates, dimensions): the specs checks and benchmarks run it with."""
+        return cls.EXAMPLE_SPECS or (cls.name,)
+
+    @property
+    def deterministic(self) -> bool:
+        """True when a payload equals ``encode(x)`` byte for byte wherever and whenever it is made;
+        False for stochastic rounding, which collectives salt per call and rank (only the error bound
+        holds then)."""
+        return True
+
+    @property
+    def fixed_size(self) -> bool:
+        """True when every payload is exactly ``encoded_nbytes`` bytes (no size exchange needed)."""
+        return not self.variable_size
+
+    def relative_error_bound(self, dtype: torch.dtype = torch.float32) -> float | None:
+        """A data-independent bound of one round trip's absolute error per element, as a fraction of the
+        absmax of the encoded values (0.0 for exact codecs), before the decode is rounded to a bf16/fp16
+        output; None where the codec has no such bound. Each codec derives it from its math (docstrings)."""
+        return 0.0 if self.exact_for(dtype) else None
+
+    def error_bound(self, x: torch.Tensor) -> float:
+        """Max |decode(encode(c)) - c| per element, for ``c`` = ``x`` or any chunk of it encoded alone
+        (collectives encode chunks of a tensor), as the codec's documented bound; the decode is taken
+        before its rounding to a bf16/fp16 output (callers that decode to such a dtype add that
+        rounding). Default: ``relative_error_bound(x.dtype) * absmax(x)``; codecs with an absolute floor
+        (subnormal steps) or a data-dependent bound override it. inf: no bound (e.g. overflow)."""
+        rel = self.relative_error_bound(x.dtype)
+        if rel is None:
+            raise NotImplementedError(f"codec {self.spec!r} declares no error bound")
+        return rel * _absmax(x) if rel else 0.0
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype not in self.dtypes:
@@ -416,6 +458,11 @@ def _host_clock(name: str, phase: str, nbytes: int, t: torch.Tensor):
     return _HostClock(name, phase, nbytes)
 
 
+def _absmax(x: torch.Tensor) -> float:
+    """max |x| as a Python float (0.0 for an empty tensor; NaN propagates)."""
+    return float(x.detach().abs().max()) if x.numel() else 0.0
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
@@ -435,3 +482,9 @@ def get_codec(spec: "str | Codec", backend: str = "auto") -> Codec:
         return type(spec)(backend=backend, **spec.params)
     name, params = parse_spec(spec)
     return CODECS.get(name)(backend=backend, **params)
+
+
+def example_specs() -> list[str]:
+    """Every registered codec's ``example_specs()``, codecs in name order: what checks, benchmarks and
+    tools enumerate, so a newly registered codec enters all of them."""
+    return [spec for name in CODECS.names() for spec in CODECS.get(name).example_specs()]

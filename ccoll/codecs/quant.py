@@ -190,6 +190,47 @@ class BlockQuantCodec(Codec):
     def align_numel(self) -> int:
         return self.block
 
+    # --- declared properties (base.Codec): determinism and the documented error bound ---------------
+    @property
+    def deterministic(self) -> bool:
+        return not self.stochastic
+
+    def _step_fraction(self) -> float:
+        """Error per element as a fraction of the absmax of the (rotated) block: round to nearest moves a
+        value by at most half a step (scale = absmax / qmax), stochastic rounding by less than one step."""
+        return 1.0 / self.qmax if self.stochastic else 0.5 / self.qmax
+
+    #: fp32 rounding on top of the ideal quantizer: the scale fl(absmax / qmax), x / scale and q * scale
+    #: each round by 2^-24 relative, i.e. <= 3 * 2^-24 * absmax = 3 * 2^-24 * 2 qmax steps of the bound
+    #: (int8: 4.5e-5 of it); (1 + 2^-14) covers it
+    _FP32_MARGIN = 1.0 + 2.0**-14
+    #: absolute floor: a block whose scale is subnormal (absmax < qmax 2^-126) rounds its scale and clamps
+    #: (module docstring, "Tiny blocks"); its error stays below qmax * 2^-149 * 2 < 2^-130
+    _ERROR_FLOOR = 2.0**-130
+
+    def relative_error_bound(self, dtype: torch.dtype = torch.float32) -> float | None:
+        """Unrotated: absmax / (2 qmax) per element (round to nearest), absmax / qmax (stochastic), with
+        fp32 rounding margin. rotate=hadamard: the step is set by the rotated block y = H D x, whose
+        absmax is at most ||x||_1 <= block * absmax, and the error of x' = D H e / block is at most
+        max|e| (||H e||_2 = sqrt(block) ||e||_2), so ``block`` times that, plus the butterflies' fp32
+        rounding (2 log2(block) stages, 2^-24 each, of values <= ||x||_1)."""
+        rel = self._step_fraction() * self._FP32_MARGIN
+        if self.rotate:
+            rel = self.block * (rel + (self.block.bit_length() - 1) * 2.0**-23)
+        return rel
+
+    def error_bound(self, x: torch.Tensor) -> float:
+        """As ``relative_error_bound``, but rotate=hadamard uses the largest L1 norm any block of any chunk
+        of ``x`` can have (the sum of its ``block`` largest magnitudes) instead of block * absmax."""
+        if x.numel() == 0:
+            return 0.0
+        mags = x.detach().reshape(-1).abs().to(torch.float64)
+        if not self.rotate:
+            return max(float(mags.max()) * self.relative_error_bound(x.dtype), self._ERROR_FLOOR)
+        l1 = float(mags.topk(min(self.block, mags.numel())).values.sum())
+        rel = self._step_fraction() * self._FP32_MARGIN + (self.block.bit_length() - 1) * 2.0**-23
+        return max(l1 * rel, self._ERROR_FLOOR)
+
     def _salted(self, salt: int) -> "BlockQuantCodec":
         """Stochastic rounding draws from (spec seed mixed with the caller's per-call salt); see the
         module's seed design note. Round-to-nearest ignores the salt."""
@@ -688,6 +729,7 @@ class Int8Codec(BlockQuantCodec):
     """int8 block quantization: 8 + 32/block bits per value (qmax 127)."""
 
     name = "int8"
+    EXAMPLE_SPECS = ("int8:block=256", "int8:block=256,round=stochastic", "int8:block=64,rotate=hadamard")
     bits = 8
     kernel_format = "int8"
 
@@ -697,6 +739,7 @@ class Int4Codec(BlockQuantCodec):
     """int4 block quantization: 4 + 32/block bits per value (qmax 7)."""
 
     name = "int4"
+    EXAMPLE_SPECS = ("int4:block=64", "int4:block=64,round=stochastic")
     bits = 4
     kernel_format = "int4"
 
@@ -743,9 +786,32 @@ class Fp8Codec(BlockQuantCodec):
         **ROTATE_PARAMS,
     }
 
+    EXAMPLE_SPECS = ("fp8:format=e4m3,block=32", "fp8:format=e5m2,block=32,rotate=hadamard")
+
     @property
     def kernel_format(self) -> str:  # type: ignore[override]
         return "fp8" + self.params["format"]
+
+    def _step_fraction(self) -> float:
+        """Half an ulp of the element format relative to the value, 2^-(m+1) (E4M3: 1/16, E5M2: 1/8), which
+        bounds every element by 2^-(m+1) absmax. Values in the format's subnormal range err by at most half
+        its smallest step at scale 2^e, 2^(-bias-m) 2^e; 2^e < 2 absmax / fmax (e is the smallest with
+        absmax <= fmax 2^e), so that is below 2^(1-bias-m) / fmax absmax, far under 2^-(m+1) absmax. Every
+        other step (x * 2^-e, the decode fp8 * 2^e) is exact."""
+        return 2.0 ** -(4 if self.params["format"] == "e4m3" else 3)
+
+    _FP32_MARGIN = 1.0
+    #: e is clamped to >= -127: a block below fmax 2^-127 keeps the step of e = -127, whose half smallest
+    #: subnormal step is 2^(-bias-m-127) (E4M3 2^-137, E5M2 2^-144)
+    _ERROR_FLOOR = 2.0**-137
+
+    def error_bound(self, x: torch.Tensor) -> float:
+        """The block-quant bound, except that e is clamped to <= 127 - EMAX: a (rotated) block above
+        fmax 2^(127-EMAX) (~2.98e38) saturates, with no bound (inf)."""
+        _, emax, fmax = _FP8_FORMATS[self.params["format"]]
+        if x.numel() and float(x.detach().abs().max()) * (self.block if self.rotate else 1) > fmax * 2.0 ** (127 - emax):
+            return float("inf")
+        return super().error_bound(x)
 
     def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> None:
         """x ([nr, L] fp32) -> E8M0 codes (scales, [nr, nblocks] uint8) and fp8 bytes (q, [nr, L] int8 view);
