@@ -22,6 +22,7 @@ import torch
 from .. import stats as _stats
 from ..errors import CodecError, PolicyError
 from ..registry import Registry
+from .buffers import new_buffer
 
 BACKENDS = ("torch", "emulated", "cupy")
 
@@ -208,11 +209,36 @@ class Codec:
         return self.backend
 
     def _impl(self, op: str, backend: str):
-        fn = getattr(self, f"_{op}_{backend}", None)
+        """The backend's ``_<op>_rows_<backend>`` (the batched hook every codec implements) or, for codecs
+        whose plain form is cheaper (a zero-copy view), ``_<op>_<backend>``."""
+        fn = getattr(self, f"_{op}_rows_{backend}", None) or getattr(self, f"_{op}_{backend}", None)
         if fn is None:
-            have = [b for b in BACKENDS if hasattr(self, f"_{op}_{b}")]
+            have = [b for b in BACKENDS if hasattr(self, f"_{op}_rows_{b}") or hasattr(self, f"_{op}_{b}")]
             raise CodecError(f"codec {self.spec!r} has no {backend!r} backend; available: {', '.join(have)}")
         return fn
+
+    # --- one tensor = one row: written once here, from the batched hooks ---------------------------
+    def _encode_one(self, flat: torch.Tensor, backend: str) -> torch.Tensor:
+        """Encode a contiguous 1-D tensor: the codec's own ``_encode_<backend>`` when it has one, else
+        ``_encode_rows_<backend>`` with one row into a fresh [1, nbytes] payload."""
+        own = getattr(self, f"_encode_{backend}", None)
+        if own is not None:
+            return own(flat)
+        rows = self._impl("encode", backend)
+        out = new_buffer(self.encoded_nbytes(flat.numel(), flat.dtype), torch.uint8, flat.device)
+        rows(flat, out.view(1, -1), flat.numel(), None, 0)
+        return out
+
+    def _decode_one(self, payload: torch.Tensor, numel: int, dtype: torch.dtype, backend: str) -> torch.Tensor:
+        """Decode one payload: the codec's own ``_decode_<backend>`` when it has one, else
+        ``_decode_rows_<backend>`` with one row into a fresh tensor."""
+        own = getattr(self, f"_decode_{backend}", None)
+        if own is not None:
+            return own(payload, numel, dtype)
+        rows = self._impl("decode", backend)
+        out = new_buffer(numel, dtype, payload.device)
+        rows(payload.view(1, -1), out, numel)
+        return out
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Encode any-shape, possibly non-contiguous float tensor into a 1-D uint8 payload of exactly
@@ -227,7 +253,7 @@ class Codec:
         flat = x.reshape(-1)
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        payload = self._impl("encode", backend)(flat)
+        payload = self._encode_one(flat, backend)
         expected = self.encoded_nbytes(x.numel(), x.dtype)
         assert payload.dtype == torch.uint8 and payload.numel() == expected, (payload.shape, expected)
         return payload
@@ -249,7 +275,7 @@ class Codec:
             # straight into the caller's memory (one row), no decode-then-copy
             self.decode_rows(payload.contiguous().view(1, -1), out.view(-1), numel)
             return out
-        result = self._impl("decode", backend)(payload.contiguous(), numel, dtype)
+        result = self._decode_one(payload.contiguous(), numel, dtype, backend)
         if out is None:
             return result
         out.copy_(result.view(out.shape) if out.is_contiguous() else result.reshape(out.shape))
@@ -380,7 +406,7 @@ class Codec:
     def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
         """Encode one padded row whose first element has global index ``index0`` (the index stochastic
         rounding draws for; deterministic codecs ignore it)."""
-        return self._impl("encode", self.resolve_backend(x.device))(x)
+        return self._encode_one(x, self.resolve_backend(x.device))
 
     def _encode_rows_generic(self, src, out, row_numel, feedback, salt) -> None:
         enc = self._salted(salt)
@@ -409,7 +435,7 @@ class Codec:
             lo, hi = i * row_numel, min((i + 1) * row_numel, n)
             if hi <= lo:
                 break
-            y = self._impl("decode", self.resolve_backend(out.device))(payloads[i], row_numel, out.dtype)
+            y = self._decode_one(payloads[i], row_numel, out.dtype, self.resolve_backend(out.device))
             out[lo:hi].copy_(y[: hi - lo])
 
     def _check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:

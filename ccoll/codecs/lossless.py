@@ -34,7 +34,8 @@ import torch
 from .. import kernels
 from ..errors import CodecError
 from .base import CODECS, Codec, Param
-from .quant import BlockQuantCodec, _Ptr, _aligned, _aligned_like, _round16
+from .buffers import aligned, aligned_like, round16
+from .quant import _Ptr
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
     raise ImportError("ccoll.codecs.lossless needs a little-endian host")
@@ -58,9 +59,9 @@ def _layout(row_numel: int, block: int, rem_bits: int) -> tuple[int, int, int, i
     """(groups, blocks, desc, offs, rem, exp): counts and section byte offsets of a coded row (LlLayout)."""
     groups, blocks = -(-row_numel // 32), -(-row_numel // block)
     desc = _HEADER_NBYTES
-    offs = desc + _round16(4 * blocks)
-    rem = offs + _round16(4 * blocks)
-    return groups, blocks, desc, offs, rem, rem + _round16(4 * groups * rem_bits)
+    offs = desc + round16(4 * blocks)
+    rem = offs + round16(4 * blocks)
+    return groups, blocks, desc, offs, rem, rem + round16(4 * groups * rem_bits)
 
 
 def _bit_length(d: torch.Tensor, max_bits: int) -> torch.Tensor:
@@ -124,7 +125,7 @@ class LosslessCodec(Codec):
         self.check_dtype(dtype)
         if numel < 0:
             raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
-        return _HEADER_NBYTES + _round16(numel * dtype.itemsize)
+        return _HEADER_NBYTES + round16(numel * dtype.itemsize)
 
     max_encoded_nbytes = encoded_nbytes
 
@@ -150,7 +151,7 @@ class LosslessCodec(Codec):
             src = comp.to(src.dtype)
             feedback.copy_((comp - src.to(feedback.dtype)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
             feedback[n:].zero_()
-        dst = _aligned_like(out)
+        dst = aligned_like(out)
         W, E = _FIELDS[src.dtype]
         R = W - E
         rows, block = out.shape[0], self.block
@@ -218,7 +219,7 @@ class LosslessCodec(Codec):
             )
 
     def _decode_rows_with(self, backend: str, payloads, out, row_numel) -> None:
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         rows = min(payloads.shape[0], -(-out.numel() // row_numel))
         self._check_headers(payloads, rows, row_numel, out.dtype)
         getattr(self, f"_unpack_{backend}")(payloads, out, row_numel)
@@ -404,13 +405,3 @@ class LosslessCodec(Codec):
     _decode_rows_emulated = functools.partialmethod(_decode_rows_with, "emulated")
     _decode_rows_cupy = functools.partialmethod(_decode_rows_with, "cupy")
     _decode_sum_torch = _decode_sum_emulated = _decode_sum_cupy = _decode_sum_any
-
-    # plain encode / decode: one row through the batched hooks above, as the quantizers do
-    _encode_one_row = BlockQuantCodec._encode_one_row
-    _decode_one_row = BlockQuantCodec._decode_one_row
-    _encode_torch = functools.partialmethod(_encode_one_row, "torch")
-    _decode_torch = functools.partialmethod(_decode_one_row, "torch")
-    _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
-    _decode_emulated = functools.partialmethod(_decode_one_row, "emulated")
-    _encode_cupy = functools.partialmethod(_encode_one_row, "cupy")
-    _decode_cupy = functools.partialmethod(_decode_one_row, "cupy")

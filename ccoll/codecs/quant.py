@@ -56,6 +56,7 @@ import torch
 from .. import kernels
 from ..errors import CodecError, PolicyError
 from .base import CODECS, Codec, Param, _fmt
+from .buffers import aligned, aligned_like, empty_cpu, round16
 
 MAX_BLOCK = 1 << 20
 _FLT_MIN_NORMAL = 2.0**-126
@@ -246,7 +247,7 @@ class BlockQuantCodec(Codec):
     def _layout(self, numel: int) -> tuple[int, int, int]:
         """(nblocks, scale section bytes, q section bytes); both sections are padded to 16 bytes."""
         nblocks = -(-numel // self.block)
-        return nblocks, _round16(self.scale_bytes * nblocks), _round16(-(-numel * self.bits // 8))
+        return nblocks, round16(self.scale_bytes * nblocks), round16(-(-numel * self.bits // 8))
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         self.check_dtype(dtype)
@@ -357,7 +358,7 @@ class BlockQuantCodec(Codec):
             rows.view(torch.int32).bitwise_xor_(_rotation_sign_bits(self.params["rotate_seed"], self.block))
 
     def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
-        dst = _aligned_like(out)
+        dst = aligned_like(out)
         self._salted(salt)._encode_pieces(src, dst, row_numel, feedback)
         if dst is not out:
             out.copy_(dst)
@@ -365,7 +366,7 @@ class BlockQuantCodec(Codec):
     def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
         """``encode(x)`` (torch backend) with the stochastic index of x[0] at ``index0``: row i of
         ``encode_rows`` is this of the padded row with index0 = i * row_numel (the per-row reference)."""
-        out = _empty_cpu(self.encoded_nbytes(x.numel(), x.dtype), torch.uint8).view(1, -1)
+        out = empty_cpu(self.encoded_nbytes(x.numel(), x.dtype), torch.uint8).view(1, -1)
         self._encode_pieces(x, out, x.numel(), None, index0)
         return out.view(-1)
 
@@ -381,14 +382,14 @@ class BlockQuantCodec(Codec):
         qsec = out[:, scale_nbytes : scale_nbytes + q_used]
         cap = min(self._chunk_numel(), rows * row_numel)
         f32 = torch.float32
-        work = _empty_cpu(cap, f32)  # |x|, x / scale, q; then the decode (feedback)
+        work = empty_cpu(cap, f32)  # |x|, x / scale, q; then the decode (feedback)
         comp = None  # x (+ residual) when x cannot be read in place
         if dtype != f32 or feedback is not None or numel < rows * row_numel:
-            comp = _empty_cpu(cap, f32)
+            comp = empty_cpu(cap, f32)
         narrow = None if dtype == f32 or feedback is None else torch.empty(cap, dtype=dtype)
         sent_buf = None if narrow is None else torch.empty(cap, dtype=f32)
         scale_buf = torch.empty(-(-cap // block) + cap // row_numel + 1, dtype=self.scale_dtype)
-        rot_buf = _empty_cpu(cap, f32) if self.rotate else None
+        rot_buf = empty_cpu(cap, f32) if self.rotate else None
         if self.bits == 4:
             qbuf = torch.empty(cap + cap // row_numel + 1, dtype=torch.int8)
             pack_tmp = torch.empty(cap // 2 + cap // row_numel + 1, dtype=torch.int16)
@@ -469,7 +470,7 @@ class BlockQuantCodec(Codec):
 
     def _decode_rows_torch(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
         """Decode straight into ``out`` (fp32), or through one cache-sized fp32 piece (bf16/fp16)."""
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         numel, dtype = out.numel(), out.dtype
         if self.rotate and numel % row_numel:  # a rotated block cut by numel is decoded whole, then clipped
             full = numel // row_numel
@@ -480,7 +481,7 @@ class BlockQuantCodec(Codec):
             out[full * row_numel :].copy_(last[: numel - full * row_numel])
             return
         cap = min(self._chunk_numel(), numel)
-        work = None if dtype == torch.float32 else _empty_cpu(cap, torch.float32)
+        work = None if dtype == torch.float32 else empty_cpu(cap, torch.float32)
         qwork = self._unpack_scratch(cap)
         for r0, r1, j0, j1 in self._pieces(row_numel, numel):
             nr, length = r1 - r0, j1 - j0
@@ -496,10 +497,10 @@ class BlockQuantCodec(Codec):
         All p rows of a span are decoded in one pass; the sum is one ``index_add_`` per span, which on CPU
         adds the source rows into the accumulator in index order (torch's reductions have no fixed
         order), over a span that stays in cache: a constant number of ops whatever p."""
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         p, block = payloads.shape[0], self.block
         span = min(numel, max(_SUM_SPAN_NUMEL, self._chunk_numel() // p) // block * block or block)
-        work = _empty_cpu(p * span, torch.float32)
+        work = empty_cpu(p * span, torch.float32)
         narrow = None if dtype == torch.float32 else torch.empty(p * span, dtype=dtype)
         qwork = self._unpack_scratch(p * span)
         zeros = torch.zeros(p, dtype=torch.long)
@@ -510,31 +511,6 @@ class BlockQuantCodec(Codec):
             if narrow is not None:
                 v.view(-1).copy_(narrow[: v.numel()].copy_(v.view(-1)))
             out[j0:j1].zero_().view(1, -1).index_add_(0, zeros, v)
-
-    # plain encode / decode: one row, on every backend
-    def _encode_one_row(self, backend: str, flat: torch.Tensor) -> torch.Tensor:
-        nbytes = self.encoded_nbytes(flat.numel(), flat.dtype)
-        if flat.device.type == "cpu":
-            out = _empty_cpu(nbytes, torch.uint8).view(1, nbytes)
-        else:
-            out = torch.empty(1, nbytes, dtype=torch.uint8, device=flat.device)
-        getattr(self, f"_encode_rows_{backend}")(flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_one_row(self, backend: str, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        if payload.device.type == "cpu":
-            out = _empty_cpu(numel, dtype)
-        else:
-            out = torch.empty(numel, dtype=dtype, device=payload.device)
-        getattr(self, f"_decode_rows_{backend}")(payload.view(1, -1), out, numel)
-        return out
-
-    _encode_torch = functools.partialmethod(_encode_one_row, "torch")
-    _decode_torch = functools.partialmethod(_decode_one_row, "torch")
-    _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
-    _decode_emulated = functools.partialmethod(_decode_one_row, "emulated")
-    _encode_cupy = functools.partialmethod(_encode_one_row, "cupy")
-    _decode_cupy = functools.partialmethod(_decode_one_row, "cupy")
 
     # --- emulated backend (kernels/quant.cu built for the host) ---------------------------------
     def _host_fn(self, op: str, dtype: torch.dtype):
@@ -550,7 +526,7 @@ class BlockQuantCodec(Codec):
         return fn
 
     def _encode_rows_emulated(self, src, out, row_numel, feedback, salt) -> None:
-        enc, dst = self._salted(salt), _aligned_like(out)
+        enc, dst = self._salted(salt), aligned_like(out)
         self._host_fn("encode_rows", src.dtype)(
             src.data_ptr(), src.numel(), out.shape[0], row_numel, self.block, int(enc.stochastic),
             enc.params.get("seed", 0), None if feedback is None else feedback.data_ptr(), dst.data_ptr(),
@@ -560,14 +536,14 @@ class BlockQuantCodec(Codec):
             out.copy_(dst)
 
     def _decode_rows_emulated(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
-        payloads = _aligned(payloads)  # keep the (possibly copied) payloads alive during the call
+        payloads = aligned(payloads)  # keep the (possibly copied) payloads alive during the call
         self._host_fn("decode_rows", out.dtype)(
             payloads.data_ptr(), payloads.shape[0], row_numel, out.numel(), self.block, out.data_ptr(),
             *self._rotate_args(),
         )
 
     def _decode_sum_emulated(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         self._host_fn("decode_sum", dtype)(
             payloads.data_ptr(), payloads.shape[0], payloads.shape[1], numel, self.block, out.data_ptr(),
             *self._rotate_args(),
@@ -600,7 +576,7 @@ class BlockQuantCodec(Codec):
     def _encode_rows_cupy(self, src, out, row_numel, feedback, salt) -> None:
         import numpy as np
 
-        enc, dst = self._salted(salt), _aligned_like(out)
+        enc, dst = self._salted(salt), aligned_like(out)
         rows, team = out.shape[0], self._team()
         self._launch(
             "encode_rows", src.dtype, src.device, rows * -(-row_numel // self.block) * team,
@@ -615,7 +591,7 @@ class BlockQuantCodec(Codec):
     def _decode_rows_cupy(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
         import numpy as np
 
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         rows = min(payloads.shape[0], -(-out.numel() // row_numel))
         if self.rotate:  # one team per block
             nthreads = rows * -(-row_numel // self.block) * self._team()
@@ -629,45 +605,12 @@ class BlockQuantCodec(Codec):
     def _decode_sum_cupy(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         import numpy as np
 
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         nthreads = -(-numel // self.block) * self._team() if self.rotate else -(-numel * self.bits // 32)
         self._launch("decode_sum", dtype, payloads.device, nthreads,
                      (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], numel, self.block,
                       _Ptr(out.data_ptr()), np.int32(self._team()), np.int32(self.rotate),
                       np.uint32(self.params["rotate_seed"])))
-
-
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-@functools.lru_cache(maxsize=None)
-def _madvise():
-    """libc's madvise, or None where there is none (non-Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-def _empty_cpu(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty for a fresh CPU output, asking the kernel for transparent huge pages on its 2 MiB-aligned
-    interior before the first touch. Why: a codec's output is new memory on every call and first-touch
-    page faults cost as much as the codec itself (measured on a VM: 64 MiB alloc+fill 60 ms -> 16 ms of
-    CPU time). Advisory only: ignored where THP is off (what torch does under THP_MEM_ALLOC_ENABLE=1)."""
-    t = torch.empty(numel, dtype=dtype)
-    madvise = _madvise()
-    nbytes = numel * t.element_size()
-    if madvise is not None and nbytes >= 2 * _HUGE_PAGE:
-        start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
-        end = (t.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        if end > start:
-            madvise(start, end - start, _MADV_HUGEPAGE)
-    return t
 
 
 @functools.lru_cache(maxsize=None)
@@ -707,21 +650,6 @@ CUDA_KERNELS = tuple(
     for fmt in ("int8", "int4", "fp8e4m3", "fp8e5m2")
     for op in ("encode_rows", "decode_rows", "decode_sum") for name in _DTYPE_NAMES.values()
 )
-
-
-def _round16(n: int) -> int:
-    return (n + 15) // 16 * 16
-
-
-def _aligned(payload: torch.Tensor) -> torch.Tensor:
-    """Payload sections are read as fp32 / 32-bit words: a view at an odd byte offset is copied once."""
-    return payload if payload.data_ptr() % 16 == 0 else payload.clone()
-
-
-def _aligned_like(out: torch.Tensor) -> torch.Tensor:
-    """``out`` if payloads can be written into it as fp32 / 32-bit words, else a fresh buffer of its
-    shape (the caller copies it over)."""
-    return out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
 
 
 @CODECS.register("int8")

@@ -160,35 +160,6 @@ class ZfpCodec(Codec):
             raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
         return 8 * (-(-self.num_blocks(numel) * self.maxbits(dtype) // 64))
 
-    # --- every backend: plain encode/decode are the row operations with one row ----------------------
-    def _encode_one(self, flat: torch.Tensor, backend: str) -> torch.Tensor:
-        out = torch.empty(1, self.encoded_nbytes(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
-        getattr(self, f"_encode_rows_{backend}")(flat, out, flat.numel(), None, 0)
-        return out.view(-1)
-
-    def _decode_one(self, payload: torch.Tensor, numel: int, dtype: torch.dtype, backend: str) -> torch.Tensor:
-        out = torch.empty(numel, dtype=dtype, device=payload.device)
-        getattr(self, f"_decode_rows_{backend}")(payload.view(1, -1), out, numel)
-        return out
-
-    def _encode_torch(self, flat: torch.Tensor) -> torch.Tensor:
-        return self._encode_one(flat, "torch")
-
-    def _decode_torch(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_one(payload, numel, dtype, "torch")
-
-    def _encode_emulated(self, flat: torch.Tensor) -> torch.Tensor:
-        return self._encode_one(flat, "emulated")
-
-    def _decode_emulated(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_one(payload, numel, dtype, "emulated")
-
-    def _encode_cupy(self, flat: torch.Tensor) -> torch.Tensor:
-        return self._encode_one(flat, "cupy")
-
-    def _decode_cupy(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_one(payload, numel, dtype, "cupy")
-
     def _one_stream(self, row_numel: int, row_nbytes: int) -> bool:
         """True when rows of ``row_numel`` values lie back to back in one zfp stream: no partial block
         inside a row and every row's blocks fill whole 64-bit words (so one libzfp call codes all rows)."""
