@@ -24,18 +24,16 @@ header, block table or sizes disagree raise CodecError; the codec carries no che
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import sys
 from typing import ClassVar
 
 import torch
 
-from .. import kernels
 from ..errors import CodecError
+from ..kernels import call as kernel_call
 from .base import CODECS, Codec, Param
 from .buffers import aligned, aligned_like, round16
-from .quant import _Ptr
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
     raise ImportError("ccoll.codecs.lossless needs a little-endian host")
@@ -49,10 +47,8 @@ _RAW, _CODED = 1, 0
 #: (value bits W, exponent bits E) per dtype; the remainder (mantissa and sign) is R = W - E bits
 _FIELDS = {torch.bfloat16: (16, 8), torch.float16: (16, 5), torch.float32: (32, 8)}
 _INT_VIEW = {16: torch.int16, 32: torch.int32}
-_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
 #: every kernel of kernels/lossless.cu this module launches (make kernels-check asserts each exists)
-CUDA_KERNELS = tuple(f"ccoll_lossless_{op}_{name}" for op in ("range", "pack", "decode") for name in _DTYPE_NAMES.values())
+CUDA_KERNELS = kernel_call.cuda_kernels("lossless")
 
 
 def _layout(row_numel: int, block: int, rem_bits: int) -> tuple[int, int, int, int, int, int]:
@@ -346,56 +342,27 @@ class LosslessCodec(Codec):
         flat_u = u[:, :row_numel].reshape(-1)[:numel]
         out.view(_INT_VIEW[W]).copy_(flat_u.to(_INT_VIEW[W]) if W == 32 else flat_u.to(torch.int16))
 
-    # --- emulated backend (kernels/lossless.cu built for the host) -------------------------------------
-    def _host_fn(self, op: str, dtype: torch.dtype):
-        fn = getattr(kernels.host_library("lossless"), f"ccoll_host_lossless_{op}_{_DTYPE_NAMES[dtype]}")
-        if fn.argtypes is None:
-            i64, vp = ctypes.c_longlong, ctypes.c_void_p
-            fn.argtypes = {
-                "range": [vp, i64, i64, i64, vp],
-                "pack": [vp, i64, i64, i64, i64, i64, vp],
-                "decode": [vp, i64, i64, i64, i64, i64, vp],
-            }[op]
-            fn.restype = None
-        return fn
+    # --- kernel backends (kernels/lossless.cu on the host build or a GPU, one launch point) ----------------
+    def _range_kernel(self, backend: str, src, rows, row_numel, ranges) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "range", src.dtype, src.device, rows * -(-row_numel // 32),
+                         src, src.numel(), rows, row_numel, ranges)
 
-    def _range_emulated(self, src, rows, row_numel, ranges) -> None:
-        self._host_fn("range", src.dtype)(src.data_ptr(), src.numel(), rows, row_numel, ranges.data_ptr())
+    def _pack_kernel(self, backend: str, src, dst, row_numel) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "pack", src.dtype, src.device,
+                         dst.shape[0] * -(-row_numel // 32),
+                         src, src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1], dst)
 
-    def _pack_emulated(self, src, dst, row_numel) -> None:
-        self._host_fn("pack", src.dtype)(
-            src.data_ptr(), src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1], dst.data_ptr()
-        )
+    def _unpack_kernel(self, backend: str, payloads, out, row_numel) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "decode", out.dtype, out.device,
+                         payloads.shape[0] * -(-row_numel // 32),
+                         payloads, payloads.shape[0], payloads.shape[1], row_numel, out.numel(), self.block, out)
 
-    def _unpack_emulated(self, payloads, out, row_numel) -> None:
-        self._host_fn("decode", out.dtype)(
-            payloads.data_ptr(), payloads.shape[0], payloads.shape[1], row_numel, out.numel(), self.block,
-            out.data_ptr(),
-        )
-
-    # --- cupy backend (kernels/lossless.cu through NVRTC, on torch's current stream) --------------------
-    _THREADS = 256
-
-    def _launch(self, op: str, dtype: torch.dtype, device: torch.device, nthreads: int, args: tuple) -> None:
-        import numpy as np
-
-        grid = max(1, min(-(-nthreads // self._THREADS), 1 << 20))  # grid-stride beyond
-        typed = tuple(np.uint64(a) if isinstance(a, _Ptr) else np.int64(a) for a in args)
-        kernels.launch("lossless", f"ccoll_lossless_{op}_{_DTYPE_NAMES[dtype]}", grid, self._THREADS, typed, device)
-
-    def _range_cupy(self, src, rows, row_numel, ranges) -> None:
-        self._launch("range", src.dtype, src.device, rows * -(-row_numel // 32),
-                     (_Ptr(src.data_ptr()), src.numel(), rows, row_numel, _Ptr(ranges.data_ptr())))
-
-    def _pack_cupy(self, src, dst, row_numel) -> None:
-        self._launch("pack", src.dtype, src.device, dst.shape[0] * -(-row_numel // 32),
-                     (_Ptr(src.data_ptr()), src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1],
-                      _Ptr(dst.data_ptr())))
-
-    def _unpack_cupy(self, payloads, out, row_numel) -> None:
-        self._launch("decode", out.dtype, out.device, payloads.shape[0] * -(-row_numel // 32),
-                     (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], row_numel, out.numel(),
-                      self.block, _Ptr(out.data_ptr())))
+    _range_emulated = functools.partialmethod(_range_kernel, "emulated")
+    _pack_emulated = functools.partialmethod(_pack_kernel, "emulated")
+    _unpack_emulated = functools.partialmethod(_unpack_kernel, "emulated")
+    _range_cupy = functools.partialmethod(_range_kernel, "cupy")
+    _pack_cupy = functools.partialmethod(_pack_kernel, "cupy")
+    _unpack_cupy = functools.partialmethod(_unpack_kernel, "cupy")
 
     # --- the Codec hooks: every backend through the same glue -----------------------------------------
     _encode_rows_torch = functools.partialmethod(_encode_rows_with, "torch")

@@ -45,13 +45,12 @@ narrowed as torch narrows it on the CPU (bf16 0xffff, f16 0x7e00); a NaN decode_
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 import torch
 
-from .. import kernels
+from ..kernels import call as kernel_call
 from ..errors import CodecError, PolicyError
 from .base import CODECS, Codec, Param
 
@@ -268,7 +267,7 @@ class ZfpCodec(Codec):
         words = out if out.data_ptr() % 8 == 0 else torch.empty_like(out)
         words.zero_()  # blocks OR their boundary words in
         rows = out.shape[0]
-        _run(backend, "encode_rows", _SUFFIX[src.dtype], src.device, rows * self.num_blocks(row_numel),
+        kernel_call.call(backend, "zfp", "zfp", "encode_rows", src.dtype, src.device, rows * self.num_blocks(row_numel),
              src, src.numel(), row_numel, rows, self.dims, self.maxbits(src.dtype), out.shape[1] // 8,
              feedback, words)
         if words is not out:
@@ -277,12 +276,12 @@ class ZfpCodec(Codec):
     def _decode_rows_kernel(self, backend, payloads, out, row_numel) -> None:
         rows = -(-out.numel() // row_numel)
         words = _aligned(payloads)
-        _run(backend, "decode_rows", _SUFFIX[out.dtype], out.device, rows * self.num_blocks(row_numel),
+        kernel_call.call(backend, "zfp", "zfp", "decode_rows", out.dtype, out.device, rows * self.num_blocks(row_numel),
              words, words.shape[1] // 8, rows, out.numel(), row_numel, self.dims, self.maxbits(out.dtype), out)
 
     def _decode_sum_kernel(self, backend, payloads, numel, dtype, out) -> None:
         words = _aligned(payloads)
-        _run(backend, "decode_sum", _SUFFIX[dtype], out.device, self.num_blocks(numel),
+        kernel_call.call(backend, "zfp", "zfp", "decode_sum", dtype, out.device, self.num_blocks(numel),
              words, words.shape[1] // 8, words.shape[0], numel, self.dims, self.maxbits(dtype), out)
 
     def _encode_rows_emulated(self, src, out, row_numel, feedback, salt) -> None:
@@ -377,39 +376,5 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
     return payload if payload.data_ptr() % 8 == 0 else payload.clone()
 
 
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
-
-#: argument kinds of each kernels/zfp.cu entry point (the CUDA kernel and its host twin take the same):
-#: p = pointer (a tensor, or None for NULL), u = 64-bit unsigned, i = 32-bit int
-_SIGNATURES = {
-    "encode_rows": "puuiiiupp",  # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
-    "decode_rows": "puiuuiip",   # in, row_words, rows, numel, row_numel, dims, maxbits, out
-    "decode_sum": "puiuiip",     # in, row_words, rows, numel, dims, maxbits, out (fp32)
-}
-
 #: every CUDA kernel this module launches (the NVRTC build check asserts each exists in kernels/zfp.cu)
-CUDA_KERNELS = tuple(f"ccoll_zfp_{op}_{sfx}" for op in _SIGNATURES for sfx in _SUFFIX.values())
-
-_CTYPES = {"p": ctypes.c_void_p, "u": ctypes.c_uint64, "i": ctypes.c_int}
-_NUMPY = {"u": np.uint64, "i": np.int32}
-
-#: threads per CUDA block; one thread codes one ZFP block
-_THREADS = 128
-
-
-def _run(backend: str, op: str, suffix: str, device: torch.device, nblocks: int, *args) -> None:
-    """Run kernels/zfp.cu's ``op`` for ``suffix`` over ``nblocks`` ZFP blocks: on the host build
-    ("emulated", OpenMP) or as one CUDA launch, one thread per block, on torch's current stream."""
-    kinds = _SIGNATURES[op]
-    if backend == "emulated":
-        fn = getattr(kernels.host_library("zfp"), f"ccoll_host_zfp_{op}_{suffix}")
-        if fn.argtypes is None:
-            fn.argtypes = [_CTYPES[k] for k in kinds]
-            fn.restype = None
-        fn(*(None if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
-        return
-    values = tuple(
-        np.uint64(0 if a is None else a.data_ptr()) if k == "p" else _NUMPY[k](a) for k, a in zip(kinds, args)
-    )
-    grid = max(1, min(-(-nblocks // _THREADS), 2**31 - 1))
-    kernels.launch("zfp", f"ccoll_zfp_{op}_{suffix}", grid, _THREADS, values, device)
+CUDA_KERNELS = kernel_call.cuda_kernels("zfp")
