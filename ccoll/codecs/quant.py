@@ -3,9 +3,12 @@
 an optional ``rotate=hadamard``.
 
 One implementation parametrised by ``bits`` (qmax = 2^(bits-1) - 1 = 127 or 7). The algorithm, the exact
-rounding rules and the payload layout are specified once, in kernels/quant.cu's header comment; this
-module's torch backend is a vectorised re-statement of the same fp32 operations in the same order, so
-every backend produces the same bytes (tests/unit/test_quant.py checks it).
+rounding rules and the payload layout are specified once, in kernels/quant.cu's header comment; the torch
+backend (quant_torch.py) is a vectorised re-statement of the same fp32 operations in the same order, so
+every backend produces the same bytes (tests/unit/test_quant.py checks it). Modules, one job each: this
+one the codecs (parameters, layout, declared bounds, element-format hooks); quant_format.py the formats'
+math (random numbers, Hadamard, fp8 tables); quant_torch.py the torch backend; quant_kernels.py the
+emulated / cupy backends through ccoll.kernels.call.
 
 Spec: ``int8:block=B`` / ``int4:block=B``, optional ``round=nearest|stochastic`` (default nearest,
 ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic rounding only).
