@@ -61,12 +61,11 @@ MAX_RATE = 64.0
 class _Scalar:
     """Per zfp scalar type: the constants the Python side needs (the kernel has the full traits)."""
 
-    def __init__(self, dtype, zfpy_type_name, ebits, precision, suffix):
+    def __init__(self, dtype, zfpy_type_name, ebits, precision):
         self.dtype = dtype
         self.zfpy_type_name = zfpy_type_name
         self.ebits = ebits
         self.precision = precision
-        self.suffix = suffix
         # blocks whose largest |v| is below this are "tiny": libzfp's scale 2^(P-2-emax) overflows for
         # them (their biased exponent is <= P - 4)
         self.tiny = 2.0 ** (precision - 3 - (2 ** (ebits - 1) - 1))
@@ -76,8 +75,8 @@ class _Scalar:
         return (self.ebits + 0.5) / 4**dims
 
 
-_FLOAT = _Scalar(torch.float32, "type_float", 8, 32, "f32")
-_DOUBLE = _Scalar(torch.float64, "type_double", 11, 64, "f64")
+_FLOAT = _Scalar(torch.float32, "type_float", 8, 32)
+_DOUBLE = _Scalar(torch.float64, "type_double", 11, 64)
 
 
 def _scalar(dtype: torch.dtype) -> _Scalar:
