@@ -56,6 +56,7 @@ which is exact: max is associative).
 #include <cmath>
 #include <cstring>
 #endif
+#include "common.cuh"
 
 typedef unsigned char cq_u8;
 typedef unsigned short cq_u16;
@@ -144,8 +145,8 @@ CQ_HD float cq_clamp(float a, float m) {
 #define CQ_FLT_MAX_BITS 0x7f7fffffu
 
 // ------------------------------------------------------------------------------------------------
-// element types: conversion to / from fp32 by hand (no cuda_bf16.h / cuda_fp16.h under NVRTC), with
-// torch's exact semantics (round to nearest even; NaN -> 0x7FC0 for bf16, sign|0x7E00 for fp16)
+// element types: conversion to / from fp32 in kernels/common.cuh (integer code, torch's CPU semantics,
+// one NaN pattern per format)
 
 struct CqF32 {
     typedef cq_u32 storage;
@@ -155,42 +156,14 @@ struct CqF32 {
 
 struct CqBF16 {
     typedef cq_u16 storage;
-    static CQ_HD float to_f(storage b) { return cq_u2f((cq_u32)b << 16); }
-    static CQ_HD storage from_f(float f) {
-        cq_u32 u = cq_f2u(f);
-        if ((u & 0x7fffffffu) > CQ_INF_BITS) return (storage)0x7fc0;
-        u += 0x7fffu + ((u >> 16) & 1u);
-        return (storage)(u >> 16);
-    }
+    static CQ_HD float to_f(storage b) { return cq_u2f(ccoll_conv::bf16_to_f32(b)); }
+    static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_bf16(cq_f2u(f)); }
 };
 
 struct CqF16 {
     typedef cq_u16 storage;
-    static CQ_HD float to_f(storage h) {
-        const cq_u32 sign = ((cq_u32)h & 0x8000u) << 16;
-        const cq_u32 expo = ((cq_u32)h >> 10) & 0x1fu;
-        const cq_u32 mant = (cq_u32)h & 0x3ffu;
-        if (expo == 0x1fu) return cq_u2f(sign | CQ_INF_BITS | (mant << 13));
-        if (expo == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
-            const float v = cq_mul((float)mant, 5.9604644775390625e-08f);
-            return cq_u2f(sign | cq_f2u(v));
-        }
-        return cq_u2f(sign | ((expo + 112u) << 23) | (mant << 13));
-    }
-    static CQ_HD storage from_f(float f) {
-        const cq_u32 u = cq_f2u(f);
-        const cq_u32 sign = (u >> 16) & 0x8000u;
-        cq_u32 a = u & 0x7fffffffu;
-        if (a > CQ_INF_BITS) return (storage)(sign | 0x7e00u);   // NaN
-        if (a >= 0x477ff000u) return (storage)(sign | 0x7c00u);  // >= 65520 rounds to +-Inf
-        if (a < 0x38800000u) {                                   // below 2^-14: fp16 subnormal or zero
-            // |f| * 2^24 is exact (power-of-two scaling inside the normal range); rint = ties-to-even
-            const float m = cq_rint(cq_mul(cq_u2f(a), 16777216.0f));
-            return (storage)(sign | (cq_u32)cq_f2i(m));
-        }
-        a += 0xc8000fffu + ((a >> 13) & 1u);  // rebias exponent (-112 << 23), round to nearest even
-        return (storage)(sign | (a >> 13));
-    }
+    static CQ_HD float to_f(storage h) { return cq_u2f(ccoll_conv::f16_to_f32(h)); }
+    static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_f16(cq_f2u(f)); }
 };
 
 // ------------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@
 // exchange of bit counts), costs one cheap memset of the (small) output, and at most two atomics per
 // block, which resolve in L2 on the GPU and are uncontended cache-line operations on the host.
 
-// No #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
+// No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
+#include "common.cuh"
 
 typedef unsigned long long ccoll_u64;
 typedef long long ccoll_i64;
@@ -307,41 +308,15 @@ struct StF64 {
   static CCOLL_HD double widen(double x) { return x; }
   static CCOLL_HD double narrow(double x) { return x; }
 };
-struct StBF16 {
+struct StBF16 {  // conversions: kernels/common.cuh
   typedef unsigned short Stor; typedef float Code; typedef float Fb;
-  static CCOLL_HD float widen(unsigned short h) { return Traits<float>::from_bits((ccoll_u32)h << 16); }
-  static CCOLL_HD unsigned short narrow(float f) {
-    ccoll_u32 u = Traits<float>::bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0xffff;  // every NaN, as torch (CPU) rounds it
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-  }
+  static CCOLL_HD float widen(unsigned short h) { return Traits<float>::from_bits(ccoll_conv::bf16_to_f32(h)); }
+  static CCOLL_HD unsigned short narrow(float f) { return ccoll_conv::f32_to_bf16(Traits<float>::bits(f)); }
 };
 struct StF16 {
   typedef unsigned short Stor; typedef float Code; typedef float Fb;
-  static CCOLL_HD float widen(unsigned short h) {
-    ccoll_u32 sign = (ccoll_u32)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 31) return Traits<float>::from_bits(sign | 0x7f800000u | (m << 13));
-    if (e) return Traits<float>::from_bits(sign | ((e + 112) << 23) | (m << 13));
-    if (!m) return Traits<float>::from_bits(sign);
-    int L = bitlen64(m);  // value m * 2^-24, leading bit L - 1
-    return Traits<float>::from_bits(sign | ((ccoll_u32)(L - 25 + 127) << 23) | ((m << (24 - L)) & 0x7fffffu));
-  }
-  static CCOLL_HD unsigned short narrow(float f) {
-    ccoll_u32 u = Traits<float>::bits(f), a = u & 0x7fffffffu;
-    unsigned short sign = (unsigned short)((u >> 16) & 0x8000u);
-    if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);  // NaN: quieted, payload's top bits kept
-    if (a >= 0x477ff000u) return sign | 0x7c00u;                // >= 65520 rounds to Inf
-    if (a >= 0x38800000u) {                                     // normal half
-      ccoll_u32 r = a - (112u << 23);
-      return sign | (unsigned short)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
-    }
-    // subnormal half: steps of 2^-24; a normal float's value is (m | 2^23) * 2^(e - 150)
-    ccoll_u32 e = a >> 23;
-    if (e < 101) return sign;  // below 2^-26: rounds to 0 (a subnormal float included)
-    ccoll_u64 m = (a & 0x7fffffu) | 0x800000u;
-    return sign | (unsigned short)rne_shr(m, 126 - (int)e);
-  }
+  static CCOLL_HD float widen(unsigned short h) { return Traits<float>::from_bits(ccoll_conv::f16_to_f32(h)); }
+  static CCOLL_HD unsigned short narrow(float f) { return ccoll_conv::f32_to_f16(Traits<float>::bits(f)); }
 };
 
 template <class St> CCOLL_HD typename St::Code round_to(typename St::Code x) { return St::widen(St::narrow(x)); }

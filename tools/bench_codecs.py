@@ -34,10 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import ccoll  # noqa: E402
-from ccoll.codecs import CODECS, parse_spec  # noqa: E402
+from ccoll.codecs import CODECS, example_specs, parse_spec  # noqa: E402
 from ccoll.errors import CcollError  # noqa: E402
 
+#: rate-distortion: every registered codec's example specs (Codec.example_specs), then a sweep of rates and
+#: block sizes for the curves
 RD_SPECS = [
+    *(s for s in example_specs() if ccoll.get_codec(s).lossy),
     *(f"zfp:rate={r},dims=1" for r in (4, 8, 12, 16)),
     *(f"zfp:rate={r},dims=2" for r in (2, 4, 8, 12, 16)),
     *(f"int8:block={b}" for b in (32, 256, 4096)),
@@ -49,20 +52,8 @@ RD_SPECS = [
     "bf16",
     "fp16",
 ]
-TP_SPECS = [
-    "zfp:rate=8,dims=1",
-    "zfp:rate=8,dims=2",
-    "int8:block=256",
-    "int4:block=64",
-    "int4:block=64,round=stochastic",
-    "int4:block=64,rotate=hadamard",
-    "int8:block=256,rotate=hadamard",
-    "fp8:format=e4m3,block=32",
-    "fp8:format=e5m2,block=32",
-    "bf16",
-    "fp16",
-    "none",
-]
+#: throughput: every registered codec's example specs
+TP_SPECS = example_specs()
 
 
 def datasets(numel: int) -> dict[str, torch.Tensor]:
@@ -85,7 +76,7 @@ def available(spec: str) -> bool:
 
 def rate_distortion(numel: int) -> list[dict]:
     rows = []
-    specs = [s for s in RD_SPECS if available(s)]
+    specs = [s for s in dict.fromkeys(RD_SPECS) if available(s)]
     for data_name, x in datasets(numel).items():
         xd = x.double()
         norm, xmax = float(xd.norm()), float(xd.abs().max())

@@ -42,7 +42,16 @@ sys.path.insert(0, str(ROOT))
 
 EXIT_OK, EXIT_MISMATCH, EXIT_NO_DEVICE = 0, 1, 2
 
-CHECK_SPECS = [
+def _registry_specs() -> list[str]:
+    """Every registered codec's example specs (Codec.example_specs): a new codec enters every check here."""
+    from ccoll.codecs import example_specs
+
+    return example_specs()
+
+
+#: the registry's examples, plus the kernel-geometry cases this check adds: block sizes that make GPU teams
+#: of 1 to 32 lanes holding 1 to 8 words each, partial blocks, rates near the minimum, non-default seeds
+GEOMETRY_SPECS = [
     *(f"zfp:rate={r}" for r in (2.875, 4, 8, 12.5, 16, 32)),
     *(f"zfp:rate={r},dims=2" for r in (0.71875, 1, 4, 8, 16, 32)),
     *(f"int8:block={b}" for b in (8, 24, 64, 256, 4096)),
@@ -51,16 +60,28 @@ CHECK_SPECS = [
     "int4:block=256,round=stochastic,seed=4",
     *(f"fp8:format=e4m3,block={b}" for b in (8, 24, 32, 4096)),
     *(f"fp8:format=e5m2,block={b}" for b in (32, 4096)),
-    # rotate=hadamard: GPU teams of 1 to 32 lanes holding 1 to 8 words each
     *(f"int8:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 1024)),
     *(f"int4:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 32, 1024)),
     *(f"fp8:block={b},rotate=hadamard,rotate_seed=3" for b in (32, 1024)),
     "int4:block=64,round=stochastic,seed=4,rotate=hadamard",
-    "bf16",
-    "fp16",
-    "none",
-    "lossless", "lossless:block=32",
+    "lossless:block=32",
 ]
+
+
+def check_specs() -> list[str]:
+    """The byte-comparison matrix's specs: the registry's examples, then the geometry cases."""
+    return list(dict.fromkeys([*_registry_specs(), *GEOMETRY_SPECS]))
+
+
+#: the spec lists read the codec registry, which imports torch: computed on first use (this module
+#: imports neither torch nor ccoll at import time, so a machine without them gets a clear exit)
+_LAZY_SPECS = {"CHECK_SPECS": check_specs, "TP_SPECS": _registry_specs, "GLOO_SPECS": lambda: tuple(_registry_specs())}
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SPECS:
+        return _LAZY_SPECS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 INPUTS = ("normal", "subnormal", "nonfinite", "misaligned")
 SIZES = (1, 5, 255, 4099, (1 << 20) + 3)
 QUICK_SIZES = (1, 5, 255, 4099)
@@ -199,7 +220,7 @@ def compare_one(torch, spec: str, dtype, kind: str, n: int, device_backend: str,
     return made, bad
 
 
-def run_matrix(torch, device_backend: str, device, refs_for, sizes, specs=CHECK_SPECS, inputs=INPUTS,
+def run_matrix(torch, device_backend: str, device, refs_for, sizes, specs=None, inputs=INPUTS,
                log=print) -> Matrix:
     """The comparison matrix. ``refs_for(spec)`` gives {name: CPU reference codec} for a spec and may omit
     references it cannot run (the reason goes in the report's skipped list through the codec factory)."""
@@ -207,7 +228,7 @@ def run_matrix(torch, device_backend: str, device, refs_for, sizes, specs=CHECK_
     from ccoll.errors import CcollError, KernelError
 
     m = Matrix()
-    for spec in specs:
+    for spec in check_specs() if specs is None else specs:
         probe = ccoll.get_codec(spec, backend="torch")
         refs = refs_for(spec)
         if not refs:
@@ -307,9 +328,6 @@ def emulated_available(skipped: list) -> bool:
 # --------------------------------------------------------------------------------------------------
 # throughput (CUDA only)
 
-TP_SPECS = ["zfp:rate=8", "zfp:rate=8,dims=2", "int8:block=256", "int4:block=64",
-            "int4:block=64,round=stochastic", "fp8:format=e4m3,block=32", "int4:block=64,rotate=hadamard",
-            "int8:block=256,rotate=hadamard", "bf16", "fp16", "none"]
 TP_ROWS = 4  # decode_sum rows
 
 
@@ -340,7 +358,7 @@ def throughput(torch, nbytes: int, iters: int) -> list[dict]:
         rows.append({"codec": "device copy", "dtype": _dtype_name(dtype), "encode_GBps": copy, "decode_GBps": copy,
                      "decode_sum_GBps": copy, "copy_GBps": copy})
         del dst
-        for spec in TP_SPECS:
+        for spec in _registry_specs():
             codec = ccoll.get_codec(spec, backend="cupy")
             if dtype not in codec.dtypes:
                 continue
@@ -402,7 +420,6 @@ def simulated_world_times(torch, device, world_sizes=(8, 64, 256), numel=SIM_NUM
     return out
 
 
-GLOO_SPECS = ("int8:block=256", "int4:block=64", "zfp:rate=8", "bf16", "none")
 GLOO_NUMEL = 100_003
 
 
@@ -414,7 +431,7 @@ def gloo_rank(rank: int, world_size: int, device_type: str) -> dict:
 
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     results = {}
-    for spec in GLOO_SPECS:
+    for spec in _registry_specs():
         g = torch.Generator().manual_seed(1000 + rank)
         x = torch.randn(GLOO_NUMEL, generator=g).to(device)
         ccoll.all_reduce(x, codec=spec)
@@ -432,7 +449,7 @@ def gloo_check(torch, device_type: str) -> dict:
     except RankError as e:  # a rank raised or timed out
         return {"status": "failed", "reason": str(e)[-2000:]}
     equal = {spec: all(dev[r][spec] == cpu[r][spec] for r in range(2)) and dev[0][spec] == dev[1][spec]
-             for spec in GLOO_SPECS}
+             for spec in cpu[0]}
     return {"status": "equal" if all(equal.values()) else "mismatch", "device": device_type,
             "numel": GLOO_NUMEL, "equal": equal}
 
@@ -534,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     skipped: list[str] = []
-    specs = args.specs.split(";") if args.specs else CHECK_SPECS
+    specs = args.specs.split(";") if args.specs else check_specs()
     if args.cpu_selftest:
         device, device_backend = torch.device("cpu"), "emulated"
         if not emulated_available(skipped):

@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from .. import launch
+from ..codecs import example_specs
 from ..errors import BenchError
 from ..units import DTYPES, dtype_name, nbytes_arg, parse_nbytes
 from .cases import COLLECTIVES, Collective
@@ -64,6 +65,8 @@ __all__ = ["COLLECTIVES", "NATIVE", "BenchError", "MPIWorld", "TorchWorld", "cod
            "run_rank", "size_sweep", "split_codecs"]
 
 NATIVE = "native"
+#: --codec item that expands to every registered codec's example specs
+ALL_CODECS = "all"
 
 
 # --- sizes ----------------------------------------------------------------------------------------
@@ -91,6 +94,8 @@ def split_codecs(values: list[str]) -> list[str]:
                 continue
             if "=" in item and ":" not in item and specs and ":" in specs[-1]:
                 specs[-1] += "," + item
+            elif item == ALL_CODECS:  # every registered codec's example specs (Codec.example_specs)
+                specs += example_specs()
             else:
                 specs.append(item)
     if not specs:
@@ -294,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"untimed iterations first (default {WARMUP_SMALL}, {WARMUP_LARGE} above {LARGE_BYTES >> 20} MiB)")
     p.add_argument("--codec", action="append", default=None,
                    help="comma list of codec specs to compare in one run; 'native' is the backend's own "
-                        "uncompressed collective (default: native)")
+                        "uncompressed collective (default: native); 'all': every registered codec's example specs")
     p.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default="gloo",
                    help="gloo: CPU tensors; nccl: CUDA tensors, one GPU per rank; mpi: mpi4py (CPU tensors)")
     p.add_argument("--dtype", default="float32", type=dtype_name, choices=list(DTYPES))

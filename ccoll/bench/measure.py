@@ -20,29 +20,10 @@ _EPS = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-1
 
 def codec_error_rel(codec) -> float | None:
     """Bound of one encode/decode's absolute error per element, as a fraction of the absmax of the
-    encoded values (the block's absmax bounds it, so the tensor-wide absmax does too). None: no known
-    bound (only cross-rank identity is checked).
-
-    - none 0; bf16 2^-8 and fp16 2^-10 (round to nearest: 2^-9 / 2^-11 of the value, with margin);
-    - int8/int4 symmetric absmax quantization: 1/(2 qmax) round-to-nearest, 1/qmax stochastic;
-    - zfp fixed rate R: measured against libzfp on normal, uniform and log-normal data the worst error
-      is ~2^(6-R) of the 4-value block's absmax for dims=1; we allow 2^(7-R) (2^(8-R) for dims >= 2).
-    """
-    if codec is None or not codec.lossy:
-        return 0.0
-    name, params = codec.name, codec.params
-    if name == "bf16":
-        return 2.0**-8
-    if name == "fp16":
-        return 2.0**-10
-    if name in ("int8", "int4"):
-        qmax = 127 if name == "int8" else 7
-        stochastic = str(params.get("round", "nearest")) == "stochastic"
-        return 1.0 / qmax if stochastic else 1.0 / (2 * qmax)
-    if name == "zfp" and "rate" in params:
-        dims = int(params.get("dims", 1))
-        return 2.0 ** ((7 if dims == 1 else 8) - float(params["rate"]))
-    return None
+    encoded values (the block's absmax bounds it, so the tensor-wide absmax does too): the codec's own
+    ``Codec.relative_error_bound()`` (each codec derives and documents it). 0 for native; None: no
+    known bound (only cross-rank identity is checked)."""
+    return 0.0 if codec is None else codec.relative_error_bound()
 
 
 def _check(w: World, coll: Collective, case: Case, codec, count_out: int) -> tuple[float, int]:

@@ -22,6 +22,7 @@ import torch
 from .. import stats as _stats
 from ..errors import CodecError, PolicyError
 from ..registry import Registry
+from .buffers import new_buffer
 
 BACKENDS = ("torch", "emulated", "cupy", "simt")
 
@@ -119,6 +120,8 @@ class Codec:
     variable_size: ClassVar[bool] = False
     #: input dtypes this codec accepts
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)
+    #: specs covering this codec's parameter space (see :meth:`example_specs`)
+    EXAMPLE_SPECS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, backend: str = "auto", **params: Any):
         if backend != "auto" and backend not in BACKENDS:
@@ -176,6 +179,46 @@ class Codec:
         """True when decode(encode(x)) == x bit for bit for every x of this dtype."""
         return not self.lossy
 
+    # --- what callers may know about a codec without reading its parameters ----------------------
+    # Tests, benchmarks and tools enumerate codecs with ``example_specs()`` and check them against
+    # ``error_bound`` / ``deterministic`` / ``fixed_size``: a new codec enters every check by declaring
+    # these, and no caller hard-codes a codec's name, parameters or error.
+
+    @classmethod
+    def example_specs(cls) -> tuple[str, ...]:
+        """Specs covering this codec's parameter space (its block sizes, rounding modes, formats,
+        rotations, rates, dimensions): the specs checks and benchmarks run it with."""
+        return cls.EXAMPLE_SPECS or (cls.name,)
+
+    @property
+    def deterministic(self) -> bool:
+        """True when a payload equals ``encode(x)`` byte for byte wherever and whenever it is made;
+        False for stochastic rounding, which collectives salt per call and rank (only the error bound
+        holds then)."""
+        return True
+
+    @property
+    def fixed_size(self) -> bool:
+        """True when every payload is exactly ``encoded_nbytes`` bytes (no size exchange needed)."""
+        return not self.variable_size
+
+    def relative_error_bound(self, dtype: torch.dtype = torch.float32) -> float | None:
+        """A data-independent bound of one round trip's absolute error per element, as a fraction of the
+        absmax of the encoded values (0.0 for exact codecs), before the decode is rounded to a bf16/fp16
+        output; None where the codec has no such bound. Each codec derives it from its math (docstrings)."""
+        return 0.0 if self.exact_for(dtype) else None
+
+    def error_bound(self, x: torch.Tensor) -> float:
+        """Max |decode(encode(c)) - c| per element, for ``c`` = ``x`` or any chunk of it encoded alone
+        (collectives encode chunks of a tensor), as the codec's documented bound; the decode is taken
+        before its rounding to a bf16/fp16 output (callers that decode to such a dtype add that
+        rounding). Default: ``relative_error_bound(x.dtype) * absmax(x)``; codecs with an absolute floor
+        (subnormal steps) or a data-dependent bound override it. inf: no bound (e.g. overflow)."""
+        rel = self.relative_error_bound(x.dtype)
+        if rel is None:
+            raise NotImplementedError(f"codec {self.spec!r} declares no error bound")
+        return rel * _absmax(x) if rel else 0.0
+
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype not in self.dtypes:
             names = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
@@ -192,11 +235,36 @@ class Codec:
         return self.backend
 
     def _impl(self, op: str, backend: str):
-        fn = getattr(self, f"_{op}_{backend}", None)
+        """The backend's ``_<op>_rows_<backend>`` (the batched hook every codec implements) or, for codecs
+        whose plain form is cheaper (a zero-copy view), ``_<op>_<backend>``."""
+        fn = getattr(self, f"_{op}_rows_{backend}", None) or getattr(self, f"_{op}_{backend}", None)
         if fn is None:
-            have = [b for b in BACKENDS if hasattr(self, f"_{op}_{b}")]
+            have = [b for b in BACKENDS if hasattr(self, f"_{op}_rows_{b}") or hasattr(self, f"_{op}_{b}")]
             raise CodecError(f"codec {self.spec!r} has no {backend!r} backend; available: {', '.join(have)}")
         return fn
+
+    # --- one tensor = one row: written once here, from the batched hooks ---------------------------
+    def _encode_one(self, flat: torch.Tensor, backend: str) -> torch.Tensor:
+        """Encode a contiguous 1-D tensor: the codec's own ``_encode_<backend>`` when it has one, else
+        ``_encode_rows_<backend>`` with one row into a fresh [1, nbytes] payload."""
+        own = getattr(self, f"_encode_{backend}", None)
+        if own is not None:
+            return own(flat)
+        rows = self._impl("encode", backend)
+        out = new_buffer(self.encoded_nbytes(flat.numel(), flat.dtype), torch.uint8, flat.device)
+        rows(flat, out.view(1, -1), flat.numel(), None, 0)
+        return out
+
+    def _decode_one(self, payload: torch.Tensor, numel: int, dtype: torch.dtype, backend: str) -> torch.Tensor:
+        """Decode one payload: the codec's own ``_decode_<backend>`` when it has one, else
+        ``_decode_rows_<backend>`` with one row into a fresh tensor."""
+        own = getattr(self, f"_decode_{backend}", None)
+        if own is not None:
+            return own(payload, numel, dtype)
+        rows = self._impl("decode", backend)
+        out = new_buffer(numel, dtype, payload.device)
+        rows(payload.view(1, -1), out, numel)
+        return out
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Encode any-shape, possibly non-contiguous float tensor into a 1-D uint8 payload of exactly
@@ -211,7 +279,7 @@ class Codec:
         flat = x.reshape(-1)
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        payload = self._impl("encode", backend)(flat)
+        payload = self._encode_one(flat, backend)
         expected = self.encoded_nbytes(x.numel(), x.dtype)
         assert payload.dtype == torch.uint8 and payload.numel() == expected, (payload.shape, expected)
         return payload
@@ -233,7 +301,7 @@ class Codec:
             # straight into the caller's memory (one row), no decode-then-copy
             self.decode_rows(payload.contiguous().view(1, -1), out.view(-1), numel)
             return out
-        result = self._impl("decode", backend)(payload.contiguous(), numel, dtype)
+        result = self._decode_one(payload.contiguous(), numel, dtype, backend)
         if out is None:
             return result
         out.copy_(result.view(out.shape) if out.is_contiguous() else result.reshape(out.shape))
@@ -364,7 +432,7 @@ class Codec:
     def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
         """Encode one padded row whose first element has global index ``index0`` (the index stochastic
         rounding draws for; deterministic codecs ignore it)."""
-        return self._impl("encode", self.resolve_backend(x.device))(x)
+        return self._encode_one(x, self.resolve_backend(x.device))
 
     def _encode_rows_generic(self, src, out, row_numel, feedback, salt) -> None:
         enc = self._salted(salt)
@@ -393,7 +461,7 @@ class Codec:
             lo, hi = i * row_numel, min((i + 1) * row_numel, n)
             if hi <= lo:
                 break
-            y = self._impl("decode", self.resolve_backend(out.device))(payloads[i], row_numel, out.dtype)
+            y = self._decode_one(payloads[i], row_numel, out.dtype, self.resolve_backend(out.device))
             out[lo:hi].copy_(y[: hi - lo])
 
     def _check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
@@ -442,6 +510,11 @@ def _host_clock(name: str, phase: str, nbytes: int, t: torch.Tensor):
     return _HostClock(name, phase, nbytes)
 
 
+def _absmax(x: torch.Tensor) -> float:
+    """max |x| as a Python float (0.0 for an empty tensor; NaN propagates)."""
+    return float(x.detach().abs().max()) if x.numel() else 0.0
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
@@ -461,3 +534,9 @@ def get_codec(spec: "str | Codec", backend: str = "auto") -> Codec:
         return type(spec)(backend=backend, **spec.params)
     name, params = parse_spec(spec)
     return CODECS.get(name)(backend=backend, **params)
+
+
+def example_specs() -> list[str]:
+    """Every registered codec's ``example_specs()``, codecs in name order: what checks, benchmarks and
+    tools enumerate, so a newly registered codec enters all of them."""
+    return [spec for name in CODECS.names() for spec in CODECS.get(name).example_specs()]

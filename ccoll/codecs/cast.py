@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CODECS, Codec
+from .base import CODECS, Codec, _absmax
 
 
 class _CastCodec(Codec):
@@ -26,6 +26,26 @@ class _CastCodec(Codec):
 
     def exact_for(self, dtype: torch.dtype) -> bool:
         return self._wire(dtype) == dtype
+
+    def relative_error_bound(self, dtype: torch.dtype = torch.float32) -> float | None:
+        """Round to nearest into a format with ``t`` significant bits: |error| <= 2^-t |x| for values in
+        its normal range (half an ulp; bf16 t = 8, fp16 t = 11). The subnormal floor and overflow are in
+        ``error_bound``."""
+        if self.exact_for(dtype):
+            return 0.0
+        return torch.finfo(self._wire(dtype)).eps / 2
+
+    def error_bound(self, x: torch.Tensor) -> float:
+        """``relative_error_bound`` times absmax, at least half the wire format's smallest subnormal step
+        (values below its normal range); inf when absmax reaches the wire format's overflow threshold
+        (fp16: |x| >= 65520 rounds to Inf; bf16 only from fp64 input above FLT_MAX)."""
+        rel = self.relative_error_bound(x.dtype)
+        if not rel:
+            return 0.0
+        info, a = torch.finfo(self._wire(x.dtype)), _absmax(x)
+        if a >= info.max * (1 + info.eps / 4):  # at or past (a hair below) the round-to-Inf threshold
+            return float("inf")
+        return max(rel * a, info.smallest_normal * info.eps / 2)
 
     def _encode(self, flat: torch.Tensor) -> torch.Tensor:
         return flat.to(self._wire(flat.dtype)).view(torch.uint8)
@@ -113,6 +133,7 @@ class BF16Codec(_CastCodec):
     """bfloat16 cast: fp32's exponent range (no overflow), 8 mantissa bits; exact for bf16 input."""
 
     name = "bf16"
+    EXAMPLE_SPECS = ("bf16",)
     wire_dtype = torch.bfloat16
     dtypes = (torch.float32, torch.bfloat16, torch.float64)
 
@@ -123,5 +144,6 @@ class FP16Codec(_CastCodec):
     use bf16 for data with a large dynamic range. Exact for fp16 input."""
 
     name = "fp16"
+    EXAMPLE_SPECS = ("fp16",)
     wire_dtype = torch.float16
     dtypes = (torch.float32, torch.float16, torch.float64)

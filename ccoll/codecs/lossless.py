@@ -24,17 +24,16 @@ header, block table or sizes disagree raise CodecError; the codec carries no che
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import sys
 from typing import ClassVar
 
 import torch
 
-from .. import kernels
 from ..errors import CodecError
+from ..kernels import call as kernel_call
 from .base import CODECS, Codec, Param
-from .quant import BlockQuantCodec, _Ptr, _aligned, _aligned_like, _round16
+from .buffers import aligned, aligned_like, round16
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
     raise ImportError("ccoll.codecs.lossless needs a little-endian host")
@@ -48,19 +47,17 @@ _RAW, _CODED = 1, 0
 #: (value bits W, exponent bits E) per dtype; the remainder (mantissa and sign) is R = W - E bits
 _FIELDS = {torch.bfloat16: (16, 8), torch.float16: (16, 5), torch.float32: (32, 8)}
 _INT_VIEW = {16: torch.int16, 32: torch.int32}
-_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
 #: every kernel of kernels/lossless.cu this module launches (make kernels-check asserts each exists)
-CUDA_KERNELS = tuple(f"ccoll_lossless_{op}_{name}" for op in ("range", "pack", "decode") for name in _DTYPE_NAMES.values())
+CUDA_KERNELS = kernel_call.cuda_kernels("lossless")
 
 
 def _layout(row_numel: int, block: int, rem_bits: int) -> tuple[int, int, int, int, int, int]:
     """(groups, blocks, desc, offs, rem, exp): counts and section byte offsets of a coded row (LlLayout)."""
     groups, blocks = -(-row_numel // 32), -(-row_numel // block)
     desc = _HEADER_NBYTES
-    offs = desc + _round16(4 * blocks)
-    rem = offs + _round16(4 * blocks)
-    return groups, blocks, desc, offs, rem, rem + _round16(4 * groups * rem_bits)
+    offs = desc + round16(4 * blocks)
+    rem = offs + round16(4 * blocks)
+    return groups, blocks, desc, offs, rem, rem + round16(4 * groups * rem_bits)
 
 
 def _bit_length(d: torch.Tensor, max_bits: int) -> torch.Tensor:
@@ -108,6 +105,7 @@ class LosslessCodec(Codec):
     name = "lossless"
     lossy = False
     variable_size: ClassVar[bool] = True
+    EXAMPLE_SPECS = ("lossless",)
     PARAMS = {"block": Param(int, 256, doc="values per exponent base: a multiple of 32 in [32, 65536]")}
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -123,7 +121,7 @@ class LosslessCodec(Codec):
         self.check_dtype(dtype)
         if numel < 0:
             raise CodecError(f"codec {self.spec!r}: numel must be >= 0, got {numel}")
-        return _HEADER_NBYTES + _round16(numel * dtype.itemsize)
+        return _HEADER_NBYTES + round16(numel * dtype.itemsize)
 
     max_encoded_nbytes = encoded_nbytes
 
@@ -149,7 +147,7 @@ class LosslessCodec(Codec):
             src = comp.to(src.dtype)
             feedback.copy_((comp - src.to(feedback.dtype)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
             feedback[n:].zero_()
-        dst = _aligned_like(out)
+        dst = aligned_like(out)
         W, E = _FIELDS[src.dtype]
         R = W - E
         rows, block = out.shape[0], self.block
@@ -217,7 +215,7 @@ class LosslessCodec(Codec):
             )
 
     def _decode_rows_with(self, backend: str, payloads, out, row_numel) -> None:
-        payloads = _aligned(payloads)
+        payloads = aligned(payloads)
         rows = min(payloads.shape[0], -(-out.numel() // row_numel))
         self._check_headers(payloads, rows, row_numel, out.dtype)
         getattr(self, f"_unpack_{backend}")(payloads, out, row_numel)
@@ -344,56 +342,27 @@ class LosslessCodec(Codec):
         flat_u = u[:, :row_numel].reshape(-1)[:numel]
         out.view(_INT_VIEW[W]).copy_(flat_u.to(_INT_VIEW[W]) if W == 32 else flat_u.to(torch.int16))
 
-    # --- emulated backend (kernels/lossless.cu built for the host) -------------------------------------
-    def _host_fn(self, op: str, dtype: torch.dtype):
-        fn = getattr(kernels.host_library("lossless"), f"ccoll_host_lossless_{op}_{_DTYPE_NAMES[dtype]}")
-        if fn.argtypes is None:
-            i64, vp = ctypes.c_longlong, ctypes.c_void_p
-            fn.argtypes = {
-                "range": [vp, i64, i64, i64, vp],
-                "pack": [vp, i64, i64, i64, i64, i64, vp],
-                "decode": [vp, i64, i64, i64, i64, i64, vp],
-            }[op]
-            fn.restype = None
-        return fn
+    # --- kernel backends (kernels/lossless.cu on the host build or a GPU, one launch point) ----------------
+    def _range_kernel(self, backend: str, src, rows, row_numel, ranges) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "range", src.dtype, src.device, rows * -(-row_numel // 32),
+                         src, src.numel(), rows, row_numel, ranges)
 
-    def _range_emulated(self, src, rows, row_numel, ranges) -> None:
-        self._host_fn("range", src.dtype)(src.data_ptr(), src.numel(), rows, row_numel, ranges.data_ptr())
+    def _pack_kernel(self, backend: str, src, dst, row_numel) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "pack", src.dtype, src.device,
+                         dst.shape[0] * -(-row_numel // 32),
+                         src, src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1], dst)
 
-    def _pack_emulated(self, src, dst, row_numel) -> None:
-        self._host_fn("pack", src.dtype)(
-            src.data_ptr(), src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1], dst.data_ptr()
-        )
+    def _unpack_kernel(self, backend: str, payloads, out, row_numel) -> None:
+        kernel_call.call(backend, "lossless", "lossless", "decode", out.dtype, out.device,
+                         payloads.shape[0] * -(-row_numel // 32),
+                         payloads, payloads.shape[0], payloads.shape[1], row_numel, out.numel(), self.block, out)
 
-    def _unpack_emulated(self, payloads, out, row_numel) -> None:
-        self._host_fn("decode", out.dtype)(
-            payloads.data_ptr(), payloads.shape[0], payloads.shape[1], row_numel, out.numel(), self.block,
-            out.data_ptr(),
-        )
-
-    # --- cupy backend (kernels/lossless.cu through NVRTC, on torch's current stream) --------------------
-    _THREADS = 256
-
-    def _launch(self, op: str, dtype: torch.dtype, device: torch.device, nthreads: int, args: tuple) -> None:
-        import numpy as np
-
-        grid = max(1, min(-(-nthreads // self._THREADS), 1 << 20))  # grid-stride beyond
-        typed = tuple(np.uint64(a) if isinstance(a, _Ptr) else np.int64(a) for a in args)
-        kernels.launch("lossless", f"ccoll_lossless_{op}_{_DTYPE_NAMES[dtype]}", grid, self._THREADS, typed, device)
-
-    def _range_cupy(self, src, rows, row_numel, ranges) -> None:
-        self._launch("range", src.dtype, src.device, rows * -(-row_numel // 32),
-                     (_Ptr(src.data_ptr()), src.numel(), rows, row_numel, _Ptr(ranges.data_ptr())))
-
-    def _pack_cupy(self, src, dst, row_numel) -> None:
-        self._launch("pack", src.dtype, src.device, dst.shape[0] * -(-row_numel // 32),
-                     (_Ptr(src.data_ptr()), src.numel(), dst.shape[0], row_numel, self.block, dst.shape[1],
-                      _Ptr(dst.data_ptr())))
-
-    def _unpack_cupy(self, payloads, out, row_numel) -> None:
-        self._launch("decode", out.dtype, out.device, payloads.shape[0] * -(-row_numel // 32),
-                     (_Ptr(payloads.data_ptr()), payloads.shape[0], payloads.shape[1], row_numel, out.numel(),
-                      self.block, _Ptr(out.data_ptr())))
+    _range_emulated = functools.partialmethod(_range_kernel, "emulated")
+    _pack_emulated = functools.partialmethod(_pack_kernel, "emulated")
+    _unpack_emulated = functools.partialmethod(_unpack_kernel, "emulated")
+    _range_cupy = functools.partialmethod(_range_kernel, "cupy")
+    _pack_cupy = functools.partialmethod(_pack_kernel, "cupy")
+    _unpack_cupy = functools.partialmethod(_unpack_kernel, "cupy")
 
     # --- the Codec hooks: every backend through the same glue -----------------------------------------
     _encode_rows_torch = functools.partialmethod(_encode_rows_with, "torch")
@@ -403,13 +372,3 @@ class LosslessCodec(Codec):
     _decode_rows_emulated = functools.partialmethod(_decode_rows_with, "emulated")
     _decode_rows_cupy = functools.partialmethod(_decode_rows_with, "cupy")
     _decode_sum_torch = _decode_sum_emulated = _decode_sum_cupy = _decode_sum_any
-
-    # plain encode / decode: one row through the batched hooks above, as the quantizers do
-    _encode_one_row = BlockQuantCodec._encode_one_row
-    _decode_one_row = BlockQuantCodec._decode_one_row
-    _encode_torch = functools.partialmethod(_encode_one_row, "torch")
-    _decode_torch = functools.partialmethod(_decode_one_row, "torch")
-    _encode_emulated = functools.partialmethod(_encode_one_row, "emulated")
-    _decode_emulated = functools.partialmethod(_decode_one_row, "emulated")
-    _encode_cupy = functools.partialmethod(_encode_one_row, "cupy")
-    _decode_cupy = functools.partialmethod(_decode_one_row, "cupy")

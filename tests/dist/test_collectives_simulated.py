@@ -12,11 +12,12 @@ from ccoll.errors import TransportError
 from ccoll.stats import dimension
 from ccoll.testing import simulated_world
 from collective_checks import (
-    SimEnv, check_all_gather, check_all_reduce, check_all_to_all, check_async, check_broadcast,
+    SimEnv, available_specs, check_all_gather, check_all_reduce, check_all_to_all, check_async, check_broadcast,
     check_point_to_point, check_reduce_scatter, deterministic, roundtrip_bound,
 )
 
-SPECS = ["none", "bf16", "int8:block=256", "int4:block=64,round=stochastic", "zfp:rate=8"]
+#: every registered codec's example specs (Codec.example_specs): a new codec is checked here automatically
+SPECS = available_specs()
 
 
 def _all_checks(rank: int, group, specs: list[str]) -> bool:

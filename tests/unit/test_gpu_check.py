@@ -55,18 +55,17 @@ def test_given_a_device_backend_that_corrupts_one_byte_expect_the_matrix_to_repo
     _require_emulated()
     from ccoll.codecs.quant import BlockQuantCodec
 
-    honest = BlockQuantCodec._encode_emulated
+    honest = BlockQuantCodec._encode_rows_emulated
 
-    def corrupt(self, flat):
-        payload = honest(self, flat)
-        payload[-1] ^= 1
-        return payload
+    def corrupt(self, src, out, row_numel, feedback, salt):  # every encode (one row or many) goes through it
+        honest(self, src, out, row_numel, feedback, salt)
+        out[:, -1] ^= 1
 
     ref = {"torch": ccoll.get_codec("int4:block=24", backend="torch")}
     cpu = torch.device("cpu")
     made, bad = gpu_check.compare_one(torch, "int4:block=24", torch.float32, "normal", 255, "emulated", ref, cpu)
     assert made == 7 and bad == []  # encode, decode, decode_sum, encode_rows x2 + residuals, decode_rows
-    monkeypatch.setattr(BlockQuantCodec, "_encode_emulated", corrupt)
+    monkeypatch.setattr(BlockQuantCodec, "_encode_rows_emulated", corrupt)
     made, bad = gpu_check.compare_one(torch, "int4:block=24", torch.float32, "normal", 255, "emulated", ref, cpu)
     assert any("encode bytes differ" in b for b in bad), bad
 

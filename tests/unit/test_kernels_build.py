@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from ccoll import kernels
+from ccoll.kernels import check as kernels_check
 from ccoll.errors import KernelError
 
 
@@ -85,22 +86,22 @@ def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifyi
 ):
     import ccoll.codecs.zfp as zfp_codec
 
-    kernels.verify_nvrtc_build(zfp_build)  # the real module exports what zfp.py launches
+    kernels_check.verify_nvrtc_build(zfp_build)  # the real module exports what zfp.py launches
     assert {"ccoll_zfp_encode_rows_f32", "ccoll_zfp_decode_rows_f64", "ccoll_zfp_decode_sum_f32"} <= zfp_build.entries
     monkeypatch.setattr(zfp_codec, "CUDA_KERNELS", ("ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"), raising=False)
-    assert kernels.launched_kernels("zfp") == ["ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"]
+    assert kernels_check.launched_kernels("zfp") == ["ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"]
     with pytest.raises(KernelError, match="ccoll_zfp_encode_f128"):
-        kernels.verify_nvrtc_build(zfp_build)
+        kernels_check.verify_nvrtc_build(zfp_build)
 
 
 def test_given_a_codec_without_CUDA_KERNELS_expect_its_kernel_name_templates_as_patterns(monkeypatch):
     import ccoll.codecs.quant as quant_codec
 
     monkeypatch.delattr(quant_codec, "CUDA_KERNELS", raising=False)
-    patterns = kernels.launched_kernels("quant")
+    patterns = kernels_check.launched_kernels("quant")
     assert patterns and all(p.startswith("ccoll_") and "host" not in p for p in patterns)
     assert any(re.fullmatch(p, "ccoll_int4_decode_sum_bf16") for p in patterns)
-    assert kernels.launched_kernels("no_such_codec") == []
+    assert kernels_check.launched_kernels("no_such_codec") == []
 
 
 def test_given_device_capabilities_expect_own_cubin_else_newest_older_ptx():

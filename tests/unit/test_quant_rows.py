@@ -276,8 +276,9 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
     import numpy as np
 
     launched = []
-    dtypes = {name: dtype for dtype, name in quant._DTYPE_NAMES.items()}
-    host_specs = {"int8": "int8:block=8", "int4": "int4:block=8", "fp8e4m3": "fp8", "fp8e5m2": "fp8:format=e5m2"}
+    from ccoll.kernels import call as kernel_call
+
+    dtypes = {name: dtype for dtype, name in kernel_call.SUFFIX.items()}
 
     def fake_launch(module, kernel, grid, block, args, device):
         assert module == "quant" and kernel in quant.CUDA_KERNELS
@@ -298,7 +299,7 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
                 units = -(-numel // block_numel)
             if rotate:  # one team per block
                 assert grid * block >= units * team
-        host = ccoll.get_codec(host_specs[fmt], backend="emulated")._host_fn(op, dtypes[dtype_name])
+        host = kernel_call.host_function(kernel_call.kernel("quant", fmt, op, dtypes[dtype_name]))
         host(*values)
         launched.append(op)
 

@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import KernelError
+from ..errors import KernelError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
 BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
 #: compute capabilities `make kernels-check` compiles for (nvcc: sm_XY device code; NVRTC: compute_XY PTX)
@@ -55,6 +55,14 @@ NVRTC_OPTIONS = (
 )
 
 _lock = threading.Lock()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ccoll.kernels build|check [names...]`` (make kernels-host / kernels-check): the CI side,
+    ccoll/kernels/check.py."""
+    from .check import main as _main
+
+    return _main(argv)
 
 
 def kernel_names() -> list[str]:
@@ -112,21 +120,6 @@ def host_library(name: str) -> ctypes.CDLL:
     """The host build of kernels/<name>.cu, built on first use."""
     with _lock:
         return ctypes.CDLL(str(build_host(name)))
-
-
-def check_compile(name: str, archs=CHECK_ARCHS) -> None:
-    """Compile kernels/<name>.cu for each GPU arch with nvcc (device code only) so type errors fail in CI."""
-    procs = [(arch, subprocess.Popen([_nvcc(), "-std=c++17", f"-arch={arch}", f"-I{KERNEL_DIR}", "-c", "-o",
-                                      os.devnull, str(source(name))], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True))
-             for arch in archs]  # the archs compile at once: this check is the slowest test of the suite
-    errors = []
-    for arch, proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            errors.append(f"{name}.cu does not compile for {arch}:\n{err}")
-    if errors:
-        raise KernelError("\n".join(errors))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,64 +292,6 @@ def _cached_build(name: str, arch: str) -> bytes:
     return image
 
 
-def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
-    """Compile kernels/<name>.cu with NVRTC for compute_XY of each arch, exactly as the GPU path does, and
-    verify each build (``verify_nvrtc_build``)."""
-    builds = [compile_nvrtc(name, arch.replace("sm_", "compute_")) for arch in archs]
-    for build in builds:
-        verify_nvrtc_build(build)
-    return builds
-
-
-def verify_nvrtc_build(build: NvrtcBuild) -> None:
-    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build and
-    no instruction of its PTX flushes subnormals (``.ftz``)."""
-    problems = [
-        f"no entry point matches {pattern!r} (launched by ccoll.codecs.{build.name})"
-        for pattern in launched_kernels(build.name)
-        if not any(re.fullmatch(pattern, entry) for entry in build.entries)
-    ]
-    ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
-    if ftz:
-        problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
-    if problems:
-        raise KernelError(f"{build.name}.cu built by NVRTC for {build.arch}: " + "; ".join(problems)
-                          + f"\nentries: {', '.join(sorted(build.entries))}")
-
-
-def launched_kernels(name: str) -> list[str]:
-    """Regular expressions, one per kernel name that ccoll/codecs/<name>.py launches from kernels/<name>.cu.
-    Its ``CUDA_KERNELS`` tuple when it has one (exact names); otherwise every ``"ccoll_..."`` string or
-    f-string template in its source (``{...}`` parts match any word), host entry points excepted."""
-    import importlib
-
-    try:
-        module = importlib.import_module(f"ccoll.codecs.{name}")
-    except ImportError:
-        return []
-    names = getattr(module, "CUDA_KERNELS", None)
-    if names is not None:
-        return [re.escape(n) for n in names]
-    import ast
-
-    patterns = set()
-    tree = ast.parse(Path(module.__file__).read_text())
-    inside_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
-    for node in ast.walk(tree):
-        if id(node) in inside_fstrings:
-            continue
-        if isinstance(node, ast.JoinedStr):
-            parts = [re.escape(v.value) if isinstance(v, ast.Constant) else r"\w+" for v in node.values]
-            pattern = "".join(parts)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            pattern = re.escape(node.value)
-        else:
-            continue
-        if pattern.startswith("ccoll_") and not pattern.startswith("ccoll_host_") and re.fullmatch(r"[\w\\+]+", pattern):
-            patterns.add(pattern)
-    return sorted(patterns)
-
-
 # --------------------------------------------------------------------------------------------------
 # loading and launching on a GPU (CuPy imported here only)
 
@@ -441,59 +376,3 @@ def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device)
     else:
         with cupy.cuda.Device(index):
             fn((int(grid),), (int(block),), args, stream=stream)
-
-
-def _check_in_processes(names: list[str]) -> int:
-    """One ``check NAME`` process per source, as many at once as there are cores: the check is the
-    slowest test of the suite, and NVRTC compiles in one thread of a process at a time (2 cores: one
-    process, sources one after the other ~6 min; threads 5m05s; processes 4m44s; and each source's nvcc
-    archs at once beside its NVRTC builds 4m11s)."""
-    pending = list(names)
-    running: list[tuple[str, subprocess.Popen]] = []
-    reports: dict[str, tuple[int, str]] = {}
-    cmd = [sys.executable, "-m", "ccoll.kernels", "check"]
-    while pending or running:
-        while pending and len(running) < max(1, os.cpu_count() or 1):
-            name = pending.pop(0)
-            running.append((name, subprocess.Popen(cmd + [name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                   text=True)))
-        name, proc = running.pop(0)
-        out, _ = proc.communicate()
-        reports[name] = (proc.returncode, out)
-    status = 0
-    for name in names:  # in the order asked, whatever order they finished in
-        rc, out = reports[name]
-        print(out, end="")
-        status = status or rc
-    return status
-
-
-def main(argv: list[str]) -> int:
-    """`python -m ccoll.kernels build|check [names...]` (used by make kernels-host / kernels-check)."""
-    if not argv or argv[0] not in ("build", "check"):
-        print("usage: python -m ccoll.kernels build|check [name ...]", file=sys.stderr)
-        return 2
-    names = argv[1:] or kernel_names()
-    if argv[0] == "build":
-        for name in names:
-            print(f"host build: {build_host(name)}")
-        return 0
-    if len(names) > 1:
-        return _check_in_processes(names)
-    import concurrent.futures
-
-    name = names[0]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # nvcc's processes run while NVRTC compiles here
-        nvcc = pool.submit(check_compile, name)
-        builds = check_nvrtc(name)
-        nvcc.result()
-    print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
-    print(f"{name}.cu compiles with NVRTC {'.'.join(map(str, nvrtc().version))} for "
-          f"{', '.join(b.arch for b in builds)}: {len(builds[0].entries)} entry points, every launched "
-          f"kernel present ({len(launched_kernels(name))} names/patterns), no .ftz; options: "
-          f"{' '.join(NVRTC_OPTIONS)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

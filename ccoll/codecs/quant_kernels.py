@@ -1,0 +1,63 @@
+"""The kernel backends of the block quantizers: kernels/quant.cu on the host build ("emulated") or on a GPU
+("cupy"), both through the one launch point ccoll.kernels.call (one argument list per op, the CUDA
+kernel's). One launch per call whatever the number of rows; temporaries (aligned copies) are freed after
+the launch, which the caching allocator orders on the same stream. A mixin of BlockQuantCodec."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..kernels import call as kernel_call
+from .buffers import aligned, aligned_like
+
+
+class QuantKernelBackend:
+    """``_encode_rows_<b>`` / ``_decode_rows_<b>`` / ``_decode_sum_<b>`` for b in emulated, cupy."""
+
+    def _team(self) -> int:
+        """Lanes per quant block in the GPU kernels: a power of two <= 32 covering its q words."""
+        words = self.block * self.bits // 32
+        return min(32, 1 << (words - 1).bit_length())
+
+    def _encode_rows_kernel(self, backend: str, src, out, row_numel, feedback, salt) -> None:
+        enc, dst = self._salted(salt), aligned_like(out)
+        rows, team = out.shape[0], self._team()
+        kernel_call.call(
+            backend, "quant", self.kernel_format, "encode_rows", src.dtype, src.device,
+            rows * -(-row_numel // self.block) * team,
+            src, src.numel(), rows, row_numel, self.block, team, int(enc.stochastic), enc.params.get("seed", 0),
+            feedback, dst, int(self.rotate), self.params["rotate_seed"],
+        )
+        if dst is not out:
+            out.copy_(dst)
+
+    def _decode_rows_kernel(self, backend: str, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        payloads = aligned(payloads)  # keep the (possibly copied) payloads alive during the call
+        rows = min(payloads.shape[0], -(-out.numel() // row_numel))
+        if self.rotate:  # one team per block
+            nthreads = rows * -(-row_numel // self.block) * self._team()
+        else:  # one thread per q word
+            nthreads = rows * -(-row_numel * self.bits // 32)
+        kernel_call.call(
+            backend, "quant", self.kernel_format, "decode_rows", out.dtype, out.device, nthreads,
+            payloads, payloads.shape[0], row_numel, out.numel(), self.block, out, self._team(), int(self.rotate),
+            self.params["rotate_seed"],
+        )
+
+    def _decode_sum_kernel(self, backend: str, payloads: torch.Tensor, numel: int, dtype: torch.dtype,
+                           out: torch.Tensor) -> None:
+        payloads = aligned(payloads)
+        nthreads = -(-numel // self.block) * self._team() if self.rotate else -(-numel * self.bits // 32)
+        kernel_call.call(
+            backend, "quant", self.kernel_format, "decode_sum", dtype, payloads.device, nthreads,
+            payloads, payloads.shape[0], payloads.shape[1], numel, self.block, out, self._team(), int(self.rotate),
+            self.params["rotate_seed"],
+        )
+
+    _encode_rows_emulated = functools.partialmethod(_encode_rows_kernel, "emulated")
+    _decode_rows_emulated = functools.partialmethod(_decode_rows_kernel, "emulated")
+    _decode_sum_emulated = functools.partialmethod(_decode_sum_kernel, "emulated")
+    _encode_rows_cupy = functools.partialmethod(_encode_rows_kernel, "cupy")
+    _decode_rows_cupy = functools.partialmethod(_decode_rows_kernel, "cupy")
+    _decode_sum_cupy = functools.partialmethod(_decode_sum_kernel, "cupy")

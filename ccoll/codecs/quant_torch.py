@@ -1,0 +1,279 @@
+"""The torch backend of the block quantizers (int8 / int4 / fp8): kernels/quant.cu's algorithm as
+vectorised torch ops in the same fp32 operations and order, so it writes the same bytes (quant.py's
+docstring specifies the format). A mixin of BlockQuantCodec: it reads the codec's ``block``, ``bits``,
+``stochastic``, ``rotate``, layout and format hooks."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .buffers import aligned, aligned_like, empty_cpu
+from .quant_format import _hadamard_, _rotation_sign_bits, _uniform
+
+_FLT_MIN_NORMAL = 2.0**-126
+#: elements per torch-backend piece: temporaries stay cache-resident and no large scratch is allocated
+_CHUNK_NUMEL = 1 << 20
+#: least elements per row of one decode_sum span (fewer, longer adds when there are many rows)
+_SUM_SPAN_NUMEL = 1 << 14
+
+
+class QuantTorchBackend:
+    """``_encode_rows_torch`` / ``_decode_rows_torch`` / ``_decode_sum_torch`` and the int formats' hooks
+    (``_quantize``, ``_q_values``, ``_scale``) that fp8 overrides."""
+
+    # --- batches of rows, torch backend ----------------------------------------------------------
+    # One implementation: plain encode/decode are one row of numel values. The work is cut into pieces
+    # of ~_CHUNK_NUMEL values (whole rows, or whole blocks of one long row), each contiguous in the padded
+    # flat array, so temporaries stay cache-resident and the number of torch ops grows with the data, not
+    # with the number of rows.
+    def _chunk_numel(self) -> int:
+        return max(self.block, _CHUNK_NUMEL // self.block * self.block)
+
+    def _pieces(self, row_numel: int, limit: int):
+        """(r0, r1, j0, j1): rows r0..r1-1, row elements j0..j1-1 (j0 a multiple of ``block``) of a
+        [rows, row_numel] array, covering its flat indices below ``limit``."""
+        chunk = self._chunk_numel()
+        if row_numel <= chunk:
+            per, full = chunk // row_numel, limit // row_numel
+            for r0 in range(0, full, per):
+                yield r0, min(r0 + per, full), 0, row_numel
+            if limit % row_numel:
+                yield full, full + 1, 0, limit % row_numel
+        else:
+            for r in range(-(-limit // row_numel)):
+                end = min(row_numel, limit - r * row_numel)
+                for j0 in range(0, end, chunk):
+                    yield r, r + 1, j0, min(j0 + chunk, end)
+
+    def _blocks(self, t: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
+        """A [nr, L] view whose rows start on a block, as [(full blocks [nr, nfull, block], their block
+        slice), (the partial last block [nr, 1, tail], its slice)]."""
+        nr, length = t.shape
+        block = self.block
+        nfull = length // block
+        parts = []
+        if nfull:
+            parts.append((t[:, : nfull * block].view(nr, nfull, block), slice(0, nfull)))
+        if length % block:
+            parts.append((t[:, nfull * block :].view(nr, 1, length % block), slice(nfull, nfull + 1)))
+        return parts
+
+    def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> None:
+        """Quantize x ([nr, L] fp32, rows starting on a block) into q ([nr, L] int8) and scales ([nr,
+        ceil(L/block)] fp32, contiguous). v: contiguous fp32 scratch [nr, L]; index0: stochastic index of
+        x[0, 0] (the rows are consecutive in the flat array)."""
+        qmax = float(self.qmax)
+        torch.abs(x, out=v)
+        for rows, sl in self._blocks(v):
+            scales[:, sl] = rows.amax(dim=2)  # NaN propagates, Inf stays Inf
+        finite = torch.isfinite(scales)
+        scales.div_(qmax)
+        # absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; use the next smaller scale
+        overflow = torch.isinf(scales * qmax) & finite
+        must_clamp = bool(overflow.any())
+        if must_clamp:
+            scales[overflow] = torch.nextafter(scales[overflow], torch.zeros(()))
+        divisor = torch.where(scales > 0, scales, math.inf)  # 0 and NaN -> inf: q becomes exactly 0
+        all_finite = bool(finite.all())
+        if not all_finite:
+            scales.masked_fill_(~finite, math.nan)
+        for (rows_x, sl), (rows_v, _) in zip(self._blocks(x), self._blocks(v)):
+            torch.div(rows_x, divisor[:, sl, None], out=rows_v)
+        if not all_finite:  # Inf/Inf and NaN/Inf are NaN: those blocks quantize to 0
+            for rows_v, sl in self._blocks(v):
+                rows_v.masked_fill_(~finite[:, sl, None], 0.0)
+        if self.stochastic:
+            v.add_(_uniform(self.params["seed"], index0, v.numel()).view_as(v))
+            v.floor_().clamp_(-qmax, qmax)
+        else:
+            v.round_()  # half to even, as rintf
+            # |x| / fl(absmax/qmax) <= qmax (1 + 2^-23) when the scale is normal, so rounding cannot leave
+            # [-qmax, qmax]; only a subnormal scale (absmax < 2^-119) can overshoot
+            if must_clamp or bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any()):
+                v.clamp_(-qmax, qmax)
+        q.copy_(v)
+
+    def _scale(self, v: torch.Tensor, scales: torch.Tensor) -> None:
+        """v ([nr, L] q values as fp32) *= its blocks' scales ([nr, >= ceil(L/block)]): the fp32 decode."""
+        for rows, sl in self._blocks(v):
+            rows.mul_(scales[:, sl, None])
+
+    def _q_values(self, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """v ([nr, L] fp32) = the values of the q fields ``q`` ([nr, L] int8, unpacked) before scaling."""
+        return v.copy_(q)
+
+    def _scale_view(self, rows: torch.Tensor, nblocks: int) -> torch.Tensor:
+        """The stored scales of payload rows ``rows`` ([nr, nbytes] uint8) as [nr, nblocks]."""
+        return rows[:, : self.scale_bytes * nblocks].view(self.scale_dtype)
+
+    # rotate=hadamard (kernels/quant.cu, CqRot): y = H D x on whole blocks; decode x' = D H (y' * 2^-k)
+    def _full_blocks(self, v: torch.Tensor):
+        """The whole blocks of v ([nr, L], rows starting on a block) as [nr, nfull, block]: the rotated ones."""
+        return [rows for rows, _ in self._blocks(v) if rows.shape[-1] == self.block]
+
+    def _rotate(self, v: torch.Tensor) -> None:
+        for rows in self._full_blocks(v):
+            rows.view(torch.int32).bitwise_xor_(_rotation_sign_bits(self.params["rotate_seed"], self.block))
+            _hadamard_(rows)
+
+    def _unrotate(self, v: torch.Tensor) -> None:
+        for rows in self._full_blocks(v):
+            rows.mul_(2.0 ** -(self.block.bit_length() - 1))
+            _hadamard_(rows)
+            rows.view(torch.int32).bitwise_xor_(_rotation_sign_bits(self.params["rotate_seed"], self.block))
+
+    def _encode_rows_torch(self, src, out, row_numel, feedback, salt) -> None:
+        dst = aligned_like(out)
+        self._salted(salt)._encode_pieces(src, dst, row_numel, feedback)
+        if dst is not out:
+            out.copy_(dst)
+
+    def _encode_row_at(self, x: torch.Tensor, index0: int) -> torch.Tensor:
+        """``encode(x)`` (torch backend) with the stochastic index of x[0] at ``index0``: row i of
+        ``encode_rows`` is this of the padded row with index0 = i * row_numel (the per-row reference)."""
+        out = empty_cpu(self.encoded_nbytes(x.numel(), x.dtype), torch.uint8).view(1, -1)
+        self._encode_pieces(x, out, x.numel(), None, index0)
+        return out.view(-1)
+
+    def _encode_pieces(
+        self, src: torch.Tensor, out: torch.Tensor, row_numel: int, feedback: torch.Tensor | None, index0: int = 0
+    ) -> None:
+        numel, dtype, rows, block = src.numel(), src.dtype, out.shape[0], self.block
+        nb, scale_nbytes, _ = self._layout(row_numel)
+        q_used = -(-row_numel * self.bits // 8)
+        out[:, self.scale_bytes * nb : scale_nbytes].zero_()
+        out[:, scale_nbytes + q_used :].zero_()
+        scales_all = self._scale_view(out, nb)
+        qsec = out[:, scale_nbytes : scale_nbytes + q_used]
+        cap = min(self._chunk_numel(), rows * row_numel)
+        f32 = torch.float32
+        work = empty_cpu(cap, f32)  # |x|, x / scale, q; then the decode (feedback)
+        comp = None  # x (+ residual) when x cannot be read in place
+        if dtype != f32 or feedback is not None or numel < rows * row_numel:
+            comp = empty_cpu(cap, f32)
+        narrow = None if dtype == f32 or feedback is None else torch.empty(cap, dtype=dtype)
+        sent_buf = None if narrow is None else torch.empty(cap, dtype=f32)
+        scale_buf = torch.empty(-(-cap // block) + cap // row_numel + 1, dtype=self.scale_dtype)
+        rot_buf = empty_cpu(cap, f32) if self.rotate else None
+        if self.bits == 4:
+            qbuf = torch.empty(cap + cap // row_numel + 1, dtype=torch.int8)
+            pack_tmp = torch.empty(cap // 2 + cap // row_numel + 1, dtype=torch.int16)
+        for r0, r1, j0, j1 in self._pieces(row_numel, rows * row_numel):
+            nr, length = r1 - r0, j1 - j0
+            e0, count = r0 * row_numel + j0, (r1 - r0) * (j1 - j0)
+            have = max(0, min(count, numel - e0))
+            if comp is None or (dtype == f32 and feedback is None and have == count):
+                x = src[e0 : e0 + count]
+            else:  # bf16/fp16 widen exactly; padding is zeros
+                x = comp[:count]
+                x[:have].copy_(src[e0 : e0 + have])
+                x[have:].zero_()
+                if feedback is not None:
+                    x.add_(feedback[e0 : e0 + count])
+            sent = x if narrow is None else sent_buf[:count].copy_(narrow[:count].copy_(x))  # c rounded to dtype
+            nbs = -(-length // block)
+            scales = scale_buf[: nr * nbs].view(nr, nbs)
+            v = work[:count].view(nr, length)
+            if self.bits == 8:
+                q = qsec[r0:r1, j0:j1].view(torch.int8)
+            else:
+                even = length + length % 2
+                qb = qbuf[: nr * even].view(nr, even)
+                q = qb[:, :length]
+            sent = sent.view(nr, length)
+            if rot_buf is not None:
+                sent = rot_buf[:count].view(nr, length).copy_(sent)
+                self._rotate(sent)
+            self._quantize(sent, v, scales, q, index0 + e0)
+            scales_all[r0:r1, j0 // block : j0 // block + nbs].copy_(scales)
+            if feedback is not None:  # residual = c - what the receivers decode (rounded to dtype)
+                dec = self._q_values(v, q)  # before int4 packing overwrites q
+                self._scale(dec, scales)
+                if rot_buf is not None:
+                    self._unrotate(dec)
+                if narrow is not None:
+                    dec.view(-1).copy_(narrow[:count].copy_(dec.view(-1)))
+                r = feedback[e0 : e0 + count]
+                torch.sub(x, dec.view(-1), out=r)
+                r.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                r[have:].zero_()
+            if self.bits == 4:
+                if length % 2:
+                    qb[:, length] = 0
+                # pack through int16 words (little-endian: low byte = even element):
+                # byte = (low byte & 0x0F) | (high byte << 4), i.e. (word & 0x0F) | ((word >> 4) & 0xF0)
+                words = qb.view(torch.int16)
+                high = torch.bitwise_right_shift(words, 4, out=pack_tmp[: words.numel()].view_as(words))
+                words.bitwise_and_(0x0F).bitwise_or_(high.bitwise_and_(0xF0))
+                qsec[r0:r1, j0 // 2 : j0 // 2 + even // 2].copy_(words)
+
+    def _dequantize(self, rows: torch.Tensor, numel: int, j0: int, j1: int, v: torch.Tensor, qwork) -> None:
+        """fp32 decode of elements j0..j1-1 (j0 a multiple of block) of each payload row of ``rows``
+        ([nr, nbytes], payloads of ``numel`` values) into v ([nr, j1 - j0], last dim contiguous)."""
+        nblocks, scale_nbytes, _ = self._layout(numel)
+        scales = self._scale_view(rows, nblocks)[:, j0 // self.block : -(-j1 // self.block)]
+        qsec = rows[:, scale_nbytes:]
+        if self.bits == 8:
+            self._q_values(v, qsec[:, j0:j1].view(torch.int8))
+        else:
+            # unpack through int16 words (contiguous ops; little-endian: low byte = even element):
+            # word = (sext(high nibble) << 8) | (sext(low nibble) & 0xFF)
+            packed = qsec[:, j0 // 2 : (j1 + 1) // 2].view(torch.int8)
+            shape, n = packed.shape, packed.numel()
+            low = qwork[1][:n].view(shape).copy_(packed)  # the byte, sign-extended to int16
+            words = torch.bitwise_right_shift(low, 4, out=qwork[0][:n].view(shape))
+            words.bitwise_left_shift_(8)
+            low.bitwise_left_shift_(12).bitwise_right_shift_(12).bitwise_and_(0xFF)
+            words.bitwise_or_(low)
+            v.copy_(words.view(torch.int8)[:, : j1 - j0])
+        self._scale(v, scales)
+        if self.rotate:
+            self._unrotate(v)
+
+    def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
+        return None if self.bits == 8 else torch.empty(2, numel, dtype=torch.int16)
+
+    def _decode_rows_torch(self, payloads: torch.Tensor, out: torch.Tensor, row_numel: int) -> None:
+        """Decode straight into ``out`` (fp32), or through one cache-sized fp32 piece (bf16/fp16)."""
+        payloads = aligned(payloads)
+        numel, dtype = out.numel(), out.dtype
+        if self.rotate and numel % row_numel:  # a rotated block cut by numel is decoded whole, then clipped
+            full = numel // row_numel
+            if full:
+                self._decode_rows_torch(payloads[:full], out[: full * row_numel], row_numel)
+            last = torch.empty(row_numel, dtype=dtype)
+            self._decode_rows_torch(payloads[full : full + 1], last, row_numel)
+            out[full * row_numel :].copy_(last[: numel - full * row_numel])
+            return
+        cap = min(self._chunk_numel(), numel)
+        work = None if dtype == torch.float32 else empty_cpu(cap, torch.float32)
+        qwork = self._unpack_scratch(cap)
+        for r0, r1, j0, j1 in self._pieces(row_numel, numel):
+            nr, length = r1 - r0, j1 - j0
+            e0 = r0 * row_numel + j0
+            dst = out[e0 : e0 + nr * length].view(nr, length)
+            v = dst if work is None else work[: nr * length].view(nr, length)
+            self._dequantize(payloads[r0:r1], row_numel, j0, j1, v, qwork)
+            if work is not None:
+                dst.copy_(v)
+
+    def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
+        """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them).
+        All p rows of a span are decoded in one pass; the sum is one ``index_add_`` per span, which on CPU
+        adds the source rows into the accumulator in index order (torch's reductions have no fixed
+        order), over a span that stays in cache: a constant number of ops whatever p."""
+        payloads = aligned(payloads)
+        p, block = payloads.shape[0], self.block
+        span = min(numel, max(_SUM_SPAN_NUMEL, self._chunk_numel() // p) // block * block or block)
+        work = empty_cpu(p * span, torch.float32)
+        narrow = None if dtype == torch.float32 else torch.empty(p * span, dtype=dtype)
+        qwork = self._unpack_scratch(p * span)
+        zeros = torch.zeros(p, dtype=torch.long)
+        for j0 in range(0, numel, span):
+            j1 = min(numel, j0 + span)
+            v = work[: p * (j1 - j0)].view(p, j1 - j0)
+            self._dequantize(payloads, numel, j0, j1, v, qwork)
+            if narrow is not None:
+                v.view(-1).copy_(narrow[: v.numel()].copy_(v.view(-1)))
+            out[j0:j1].zero_().view(1, -1).index_add_(0, zeros, v)

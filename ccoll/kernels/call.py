@@ -1,0 +1,162 @@
+"""The one launch point of kernels/*.cu for every codec: ``call(backend, family, fmt, op, dtype, device,
+nthreads, *args)`` runs kernel ``ccoll_<fmt>_<op>_<suffix>`` of kernels/<family>.cu
+
+- on the host build (backend "emulated": ``ccoll_host_<fmt>_<op>_<suffix>``, OpenMP over blocks), or
+- on a GPU (backend "cupy": one launch of ``nthreads`` threads on torch's current stream).
+
+A backend is an entry of ``LAUNCHERS`` (a function taking the resolved kernel and its arguments), so a new
+one (e.g. running the ``__global__`` kernels on the CPU) is one more entry, not a change to any codec.
+
+One table each for what used to be written per codec: ``SUFFIX`` (dtype -> kernel-name suffix),
+``FAMILIES`` (formats, dtypes and launch geometry of each .cu file) and ``SIGNATURES`` (argument kinds of
+every entry point, in the CUDA kernel's order; a kind prefixed with ``~`` is launch geometry that only
+the CUDA kernel takes, its host twin does not). Argument kinds: ``p`` pointer (a tensor, None for NULL,
+or an int address), ``q`` int64, ``Q`` uint64, ``i`` int32, ``u`` uint32.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import KernelError
+
+#: dtype -> the suffix of kernel names (``ccoll_<fmt>_<op>_<suffix>``)
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernels/<name>.cu: the formats and dtypes it has kernels for, and how a GPU launch is shaped."""
+
+    formats: tuple[str, ...]
+    ops: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    #: threads per CUDA block
+    threads: int
+    #: most blocks per launch (the kernels loop grid-stride beyond)
+    max_grid: int
+
+
+FAMILIES = {
+    "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"), ("encode_rows", "decode_rows", "decode_sum"),
+                    (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
+    "zfp": Family(("zfp",), ("encode_rows", "decode_rows", "decode_sum"),
+                  (torch.float32, torch.bfloat16, torch.float16, torch.float64), 128, 2**31 - 1),
+    "lossless": Family(("lossless",), ("range", "pack", "decode"),
+                       (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
+}
+
+#: (family, op) -> argument kinds, in the CUDA kernel's order (see the module docstring)
+SIGNATURES = {
+    # src, numel, rows, row_numel, block, ~team, stochastic, seed, feedback, out, rotate, rot_seed
+    ("quant", "encode_rows"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "i", "u"),
+    # in, rows, row_numel, numel, block, out, ~team, rotate, rot_seed
+    ("quant", "decode_rows"): ("p", "q", "q", "q", "q", "p", "~i", "i", "u"),
+    # in, rows, row_nbytes, numel, block, out (fp32), ~team, rotate, rot_seed
+    ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p", "~i", "i", "u"),
+    # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
+    ("zfp", "encode_rows"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
+    # in, row_words, rows, numel, row_numel, dims, maxbits, out
+    ("zfp", "decode_rows"): ("p", "Q", "i", "Q", "Q", "i", "i", "p"),
+    # in, row_words, rows, numel, dims, maxbits, out (fp32)
+    ("zfp", "decode_sum"): ("p", "Q", "i", "Q", "i", "i", "p"),
+    # src, numel, rows, row_numel, ranges
+    ("lossless", "range"): ("p", "q", "q", "q", "p"),
+    # src, numel, rows, row_numel, block, row_nbytes, out
+    ("lossless", "pack"): ("p", "q", "q", "q", "q", "q", "p"),
+    # in, rows, row_nbytes, row_numel, numel, block, out
+    ("lossless", "decode"): ("p", "q", "q", "q", "q", "q", "p"),
+}
+
+_CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_longlong, "Q": ctypes.c_uint64, "i": ctypes.c_int,
+           "u": ctypes.c_uint32}
+
+
+def cuda_kernels(family: str) -> tuple[str, ...]:
+    """Every CUDA kernel of kernels/<family>.cu the codecs launch (the NVRTC build check asserts each
+    exists); () for an unknown family."""
+    fam = FAMILIES.get(family)
+    if fam is None:
+        return ()
+    return tuple(f"ccoll_{fmt}_{op}_{SUFFIX[d]}" for fmt in fam.formats for op in fam.ops for d in fam.dtypes)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A resolved entry point: what a launcher needs besides the arguments."""
+
+    family: str
+    name: str  # the CUDA kernel's name; the host twin is ccoll_host_<name minus "ccoll_">
+    kinds: tuple[str, ...]
+    threads: int
+    max_grid: int
+
+    @property
+    def host_name(self) -> str:
+        return "ccoll_host_" + self.name[len("ccoll_"):]
+
+
+def kernel(family: str, fmt: str, op: str, dtype: torch.dtype) -> Kernel:
+    fam = FAMILIES[family]
+    if fmt not in fam.formats or op not in fam.ops or dtype not in fam.dtypes:
+        raise KernelError(f"kernels/{family}.cu has no kernel for format {fmt!r}, op {op!r}, dtype {dtype}")
+    return Kernel(family, f"ccoll_{fmt}_{op}_{SUFFIX[dtype]}", SIGNATURES[(family, op)], fam.threads,
+                  fam.max_grid)
+
+
+def _address(a) -> int:
+    if a is None:
+        return 0
+    return a.data_ptr() if isinstance(a, torch.Tensor) else int(a)
+
+
+def host_function(k: Kernel):
+    """The host build's twin of ``k`` with its ctypes signature set (device-only arguments left out)."""
+    from . import host_library  # through the module: tests count and replace host libraries there
+
+    fn = getattr(host_library(k.family), k.host_name)
+    if fn.argtypes is None:
+        fn.argtypes = [_CTYPES[kind] for kind in k.kinds if not kind.startswith("~")]
+        fn.restype = None
+    return fn
+
+
+def _launch_host(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+    host_function(k)(*(_address(a) if kind == "p" else int(a)
+                       for kind, a in zip(k.kinds, args) if not kind.startswith("~")))
+
+
+def _launch_cupy(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+    import numpy as np
+
+    from . import launch  # through the module: tests replace it with a stand-in
+
+    typed = {"p": np.uint64, "q": np.int64, "Q": np.uint64, "i": np.int32, "u": np.uint32}
+    values = tuple(typed[kind.lstrip("~")](_address(a) if kind == "p" else int(a)) for kind, a in zip(k.kinds, args))
+    grid = max(1, min(-(-nthreads // k.threads), k.max_grid))
+    launch(k.family, k.name, grid, k.threads, values, device)
+
+
+#: backend -> launcher(kernel, device, nthreads, args); a new backend is a new entry
+LAUNCHERS: dict[str, Callable[[Kernel, torch.device, int, tuple], None]] = {
+    "emulated": _launch_host,
+    "cupy": _launch_cupy,
+}
+
+
+def call(backend: str, family: str, fmt: str, op: str, dtype: torch.dtype, device: torch.device,
+         nthreads: int, *args) -> None:
+    """Run ``ccoll_<fmt>_<op>_<SUFFIX[dtype]>`` of kernels/<family>.cu on ``backend`` over ``nthreads``
+    GPU threads' worth of work (the host build loops over the same work itself); ``args`` in the CUDA
+    kernel's order (``SIGNATURES``). Nothing is synchronised."""
+    k = kernel(family, fmt, op, dtype)
+    if len(args) != len(k.kinds):
+        raise KernelError(f"{k.name} takes {len(k.kinds)} arguments ({' '.join(k.kinds)}), got {len(args)}")
+    try:
+        launcher = LAUNCHERS[backend]
+    except KeyError:
+        raise KernelError(f"no kernel launcher for backend {backend!r}; available: {', '.join(LAUNCHERS)}") from None
+    launcher(k, device, nthreads, args)

@@ -1,0 +1,126 @@
+"""The CI side of kernels/*.cu: ``python -m ccoll.kernels check|build [names...]`` (make kernels-check /
+kernels-host). ``check`` compiles every source with nvcc for sm_80 and sm_90 (device code) and with NVRTC
+exactly as the GPU path does (``nvrtc_options``), and verifies that each build exports every kernel its
+codec launches and flushes no subnormals; ``build`` makes the host libraries of the emulated backend.
+The runtime (build, load, launch: ccoll/kernels/__init__.py) never imports this module."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from ..errors import KernelError
+from . import (
+    CHECK_ARCHS, KERNEL_DIR, NVRTC_OPTIONS, NvrtcBuild, _nvcc, build_host, compile_nvrtc, kernel_names, nvrtc, source,
+)
+
+
+def check_compile(name: str, archs=CHECK_ARCHS) -> None:
+    """Compile kernels/<name>.cu for each GPU arch with nvcc (device code only) so type errors fail in CI."""
+    procs = [(arch, subprocess.Popen([_nvcc(), "-std=c++17", f"-arch={arch}", f"-I{KERNEL_DIR}", "-c", "-o",
+                                      os.devnull, str(source(name))], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
+             for arch in archs]  # the archs compile at once: this check is the slowest test of the suite
+    errors = []
+    for arch, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(f"{name}.cu does not compile for {arch}:\n{err}")
+    if errors:
+        raise KernelError("\n".join(errors))
+
+
+def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
+    """Compile kernels/<name>.cu with NVRTC for compute_XY of each arch, exactly as the GPU path does, and
+    verify each build (``verify_nvrtc_build``)."""
+    builds = [compile_nvrtc(name, arch.replace("sm_", "compute_")) for arch in archs]
+    for build in builds:
+        verify_nvrtc_build(build)
+    return builds
+
+
+def verify_nvrtc_build(build: NvrtcBuild) -> None:
+    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build and
+    no instruction of its PTX flushes subnormals (``.ftz``)."""
+    problems = [
+        f"no entry point matches {pattern!r} (launched by ccoll.codecs.{build.name})"
+        for pattern in launched_kernels(build.name)
+        if not any(re.fullmatch(pattern, entry) for entry in build.entries)
+    ]
+    ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
+    if ftz:
+        problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
+    if problems:
+        raise KernelError(f"{build.name}.cu built by NVRTC for {build.arch}: " + "; ".join(problems)
+                          + f"\nentries: {', '.join(sorted(build.entries))}")
+
+
+def launched_kernels(name: str) -> list[str]:
+    """Regular expressions (exact names, escaped), one per kernel that ccoll/codecs/<name>.py launches from
+    kernels/<name>.cu: its ``CUDA_KERNELS`` tuple, else the kernel table of ccoll/kernels/call.py (every
+    launch goes through it); [] for a name with no codec module."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"ccoll.codecs.{name}")
+    except ImportError:
+        return []
+    names = getattr(module, "CUDA_KERNELS", None)
+    if names is None:
+        from .call import cuda_kernels
+
+        names = cuda_kernels(name)
+    return [re.escape(n) for n in names]
+
+
+def _check_in_processes(names: list[str]) -> int:
+    """One ``check NAME`` process per source, as many at once as there are cores: the check is the
+    slowest test of the suite, and NVRTC compiles in one thread of a process at a time (2 cores: one
+    process, sources one after the other ~6 min; threads 5m05s; processes 4m44s; and each source's nvcc
+    archs at once beside its NVRTC builds 4m11s)."""
+    pending = list(names)
+    running: list[tuple[str, subprocess.Popen]] = []
+    reports: dict[str, tuple[int, str]] = {}
+    cmd = [sys.executable, "-m", "ccoll.kernels", "check"]
+    while pending or running:
+        while pending and len(running) < max(1, os.cpu_count() or 1):
+            name = pending.pop(0)
+            running.append((name, subprocess.Popen(cmd + [name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                   text=True)))
+        name, proc = running.pop(0)
+        out, _ = proc.communicate()
+        reports[name] = (proc.returncode, out)
+    status = 0
+    for name in names:  # in the order asked, whatever order they finished in
+        rc, out = reports[name]
+        print(out, end="")
+        status = status or rc
+    return status
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ccoll.kernels build|check [names...]` (used by make kernels-host / kernels-check)."""
+    if not argv or argv[0] not in ("build", "check"):
+        print("usage: python -m ccoll.kernels build|check [name ...]", file=sys.stderr)
+        return 2
+    names = argv[1:] or kernel_names()
+    if argv[0] == "build":
+        for name in names:
+            print(f"host build: {build_host(name)}")
+        return 0
+    if len(names) > 1:
+        return _check_in_processes(names)
+    import concurrent.futures
+
+    name = names[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # nvcc's processes run while NVRTC compiles here
+        nvcc = pool.submit(check_compile, name)
+        builds = check_nvrtc(name)
+        nvcc.result()
+    print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
+    print(f"{name}.cu compiles with NVRTC {'.'.join(map(str, nvrtc().version))} for "
+          f"{', '.join(b.arch for b in builds)}: {len(builds[0].entries)} entry points, every launched "
+          f"kernel present ({len(launched_kernels(name))} names/patterns), no .ftz; options: "
+          f"{' '.join(NVRTC_OPTIONS)}")
+    return 0
