@@ -24,12 +24,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 kernels-host: venv
-	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['build']))"
+	$(PY) -m ccoll.kernels build
 
 # nvcc (sm_80, sm_90) and NVRTC from the nvidia-cuda-nvrtc wheel (compute_80, compute_90) with exactly the
 # cupy backend's options (kernels.NVRTC_OPTIONS); every kernel the codecs launch must be in the module
 kernels-check: venv
-	$(PY) -c "import sys, ccoll.kernels as k; sys.exit(k.main(['check']))"
+	$(PY) -m ccoll.kernels check
 
 # kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
 test: venv kernels-host

@@ -16,8 +16,8 @@ API (narrow on purpose; the codecs' launch point takes ``launch`` as a backend e
     misaligned vector access, a fault (guard page) or a canary overwrite.
   * ``guarded_empty(numel, dtype, misalign=0, noreserve=False)``: a CPU tensor whose end lies against a
     PROT_NONE page (canary bytes fill < 64 bytes in between when ``misalign`` requires them).
-  * ``as_cupy()``: a context manager routing ``ccoll.kernels.launch`` here, so a codec's own cupy launch
-    geometry (``_encode_rows_cupy`` ...) runs on CPU tensors unchanged.
+  * ``ccoll.kernels.call.cupy_on_simt()``: a context manager routing this thread's "cupy" launches here, so a
+    codec's own cupy launch geometry (``_encode_rows_cupy`` ...) runs on CPU tensors unchanged.
   * ``build(module)``: the shared library, cached under build/simt/ keyed by the sources' hashes.
 """
 from __future__ import annotations
@@ -289,26 +289,3 @@ def _check_canaries(kernel: str, pointers: list[int]) -> None:
                 if bad:
                     raise KernelError(f"simt {kernel}: out-of-bounds write at byte {bad[0]} past the end of the "
                                       f"{end - start}-byte buffer at 0x{start:x} (canary overwritten)")
-
-
-# --------------------------------------------------------------------------------------------------
-# the codecs' own launch geometry on the CPU
-
-@contextlib.contextmanager
-def as_cupy(order: str = "forward", ctas: tuple[int, int] | None = None, record: list | None = None):
-    """Within the block, ``ccoll.kernels.launch`` (the codecs' one GPU launch point) runs kernels here, so
-    a codec's ``_encode_rows_cupy`` / ``_decode_rows_cupy`` / ``_decode_sum_cupy`` run on CPU tensors with
-    exactly the grid, block and arguments they give CuPy. ``order`` / ``ctas``: as ``launch``;
-    ``record``: a list that gets (module, kernel, grid, block) of each launch."""
-    saved = kernels.launch
-
-    def _launch(module, kernel, grid, block, args, device):
-        if record is not None:
-            record.append((module, kernel, grid, block))
-        launch(module, kernel, grid, block, args, device, order=order, ctas=ctas)
-
-    kernels.launch = _launch
-    try:
-        yield
-    finally:
-        kernels.launch = saved

@@ -142,6 +142,13 @@ CQ_HD float cq_clamp(float a, float m) {
 
 #define CQ_INF_BITS 0x7f800000u
 #define CQ_NAN_BITS 0x7fc00000u
+
+// decode_sum's outputs are fp32 sums: a NaN there takes whatever bits the adder's NaN rule gives (x86
+// keeps the operand's sign and payload, PTX add.f32 returns its own canonical NaN), so the sum is
+// stored with one NaN pattern, CQ_NAN_BITS, on every backend
+CQ_HD float cq_canonical_nan(float a) {
+    return (cq_f2u(a) & 0x7fffffffu) > 0x7f800000u ? cq_u2f(CQ_NAN_BITS) : a;
+}
 #define CQ_FLT_MAX_BITS 0x7f7fffffu
 
 // ------------------------------------------------------------------------------------------------
@@ -879,6 +886,8 @@ struct CqDecodeSum {
 #pragma unroll
             for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
         }
+#pragma unroll
+        for (int k = 0; k < G; ++k) acc[k] = cq_canonical_nan(acc[k]);
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), vec, acc);
     }
 
@@ -903,6 +912,7 @@ struct CqDecodeSum {
             rot.inverse<G>(v, nw, t, len == block);
             for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], Tr::to_f(Tr::from_f(v[i])));
         }
+        for (int i = 0; i < nw * G; ++i) acc[i] = cq_canonical_nan(acc[i]);
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const int count = (int)cq_min(G, len - w * G);

@@ -28,8 +28,8 @@ BACKENDS = ("torch", "emulated", "cupy", "simt")
 
 
 class _OnSimt:
-    """``_<op>_simt``: the codec's own ``_<op>_cupy`` (its launch geometry and arguments, unchanged) with
-    ccoll.kernels.launch routed to ccoll.simt, which runs the ``__global__`` kernels on CPU threads (the
+    """``_<op>_simt``: the codec's own ``_<op>_cupy`` (its launch geometry and arguments, unchanged) with this
+    thread's kernel launches routed to ccoll.simt, which runs the ``__global__`` kernels on CPU threads (the
     "simt" backend, for CI without a GPU). Absent (AttributeError) where the codec has no cupy path."""
 
     def __set_name__(self, owner, name: str) -> None:
@@ -41,9 +41,9 @@ class _OnSimt:
         fn = getattr(obj, self.cupy)
 
         def on_simt(*args):
-            from .. import simt
+            from ..kernels.call import cupy_on_simt
 
-            with simt.as_cupy():
+            with cupy_on_simt():
                 return fn(*args)
 
         return on_simt

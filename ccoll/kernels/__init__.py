@@ -57,14 +57,6 @@ NVRTC_OPTIONS = (
 _lock = threading.Lock()
 
 
-def main(argv: list[str]) -> int:
-    """``python -m ccoll.kernels build|check [names...]`` (make kernels-host / kernels-check): the CI side,
-    ccoll/kernels/check.py."""
-    from .check import main as _main
-
-    return _main(argv)
-
-
 def kernel_names() -> list[str]:
     return sorted(p.stem for p in KERNEL_DIR.glob("*.cu"))
 

@@ -15,7 +15,9 @@ or an int address), ``q`` int64, ``Q`` uint64, ``i`` int32, ``u`` uint32.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -129,21 +131,65 @@ def _launch_host(k: Kernel, device: torch.device, nthreads: int, args: tuple) ->
                        for kind, a in zip(k.kinds, args) if not kind.startswith("~")))
 
 
-def _launch_cupy(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+def _gpu_launch(k: Kernel, nthreads: int, args: tuple) -> tuple[int, int, tuple]:
+    """(grid, block, typed arguments) of a ``__global__`` launch: the one geometry of the GPU and simt."""
     import numpy as np
-
-    from . import launch  # through the module: tests replace it with a stand-in
 
     typed = {"p": np.uint64, "q": np.int64, "Q": np.uint64, "i": np.int32, "u": np.uint32}
     values = tuple(typed[kind.lstrip("~")](_address(a) if kind == "p" else int(a)) for kind, a in zip(k.kinds, args))
-    grid = max(1, min(-(-nthreads // k.threads), k.max_grid))
-    launch(k.family, k.name, grid, k.threads, values, device)
+    return max(1, min(-(-nthreads // k.threads), k.max_grid)), k.threads, values
+
+
+def _launch_cupy(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+    from . import launch  # through the module: tests replace it with a stand-in
+
+    grid, block, values = _gpu_launch(k, nthreads, args)
+    launch(k.family, k.name, grid, block, values, device)
+
+
+class _SimtOptions(threading.local):
+    cupy_on_simt = False  # this thread's "cupy" launches run on simt (cupy_on_simt())
+    order = "forward"  # CTA/warp/lane order ccoll.simt runs threads in (tests run "reverse" too)
+    ctas: tuple[int, int] | None = None  # only CTAs in [lo, hi) (sparse huge grids)
+    record: list | None = None  # gets (family, kernel, grid, block) of each launch
+
+
+simt_options = _SimtOptions()
+
+
+@contextlib.contextmanager
+def cupy_on_simt(order: str = "forward", ctas: tuple[int, int] | None = None, record: list | None = None):
+    """Within the block, this thread's "cupy" launches run on ccoll.simt, so a codec's
+    ``_encode_rows_cupy`` / ``_decode_rows_cupy`` / ``_decode_sum_cupy`` run on CPU tensors with exactly the
+    grid, block and arguments they give CuPy (the ``backend="simt"`` codecs use it). Thread-local: other
+    threads keep their backend. ``order`` / ``ctas``: as ``ccoll.simt.launch``; ``record``: a list that gets
+    (family, kernel, grid, block) of each launch."""
+    opts = simt_options
+    saved = (opts.cupy_on_simt, opts.order, opts.ctas, opts.record)
+    opts.cupy_on_simt, opts.order, opts.ctas, opts.record = True, order, ctas, record
+    try:
+        yield
+    finally:
+        opts.cupy_on_simt, opts.order, opts.ctas, opts.record = saved
+
+
+def _launch_simt(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+    """The ``__global__`` kernels run on the CPU by ccoll.simt with exactly the GPU's launch (CI's check of
+    the GPU path: the kernels' thread mapping and this module's geometry and argument order)."""
+    from .. import simt
+
+    grid, block, values = _gpu_launch(k, nthreads, args)
+    opts = simt_options
+    if opts.record is not None:
+        opts.record.append((k.family, k.name, grid, block))
+    simt.launch(k.family, k.name, grid, block, values, device, order=opts.order, ctas=opts.ctas)
 
 
 #: backend -> launcher(kernel, device, nthreads, args); a new backend is a new entry
 LAUNCHERS: dict[str, Callable[[Kernel, torch.device, int, tuple], None]] = {
     "emulated": _launch_host,
     "cupy": _launch_cupy,
+    "simt": _launch_simt,
 }
 
 
@@ -155,6 +201,8 @@ def call(backend: str, family: str, fmt: str, op: str, dtype: torch.dtype, devic
     k = kernel(family, fmt, op, dtype)
     if len(args) != len(k.kinds):
         raise KernelError(f"{k.name} takes {len(k.kinds)} arguments ({' '.join(k.kinds)}), got {len(args)}")
+    if backend == "cupy" and simt_options.cupy_on_simt:
+        backend = "simt"
     try:
         launcher = LAUNCHERS[backend]
     except KeyError:

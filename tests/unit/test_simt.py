@@ -17,6 +17,7 @@ import ccoll
 import ccoll.errors
 from ccoll import simt
 from ccoll.errors import KernelError
+from ccoll.kernels import call as kernel_call
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simt backend needs g++")
 
@@ -67,7 +68,7 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _simt_rows(codec, op: str, *args, order: str, record: list) -> None:
-    with simt.as_cupy(order=order, record=record):
+    with kernel_call.cupy_on_simt(order=order, record=record):
         getattr(codec, f"_{op}_cupy")(*args)
 
 
@@ -222,7 +223,7 @@ def test_huge_grid_top_ctas_past_2_pow_32():
     record: list = []
     # grid = 2^20 CTAs of 256 (the codec's cap); 2^24 + 32 units, one warp (team of 32) each, 2^23 warps per
     # stride: units >= 2^24 belong to warps 0..31 = CTAs 0..3 on their third iteration
-    with simt.as_cupy(ctas=(0, 4), record=record):
+    with kernel_call.cupy_on_simt(ctas=(0, 4), record=record):
         codec._encode_rows_cupy(src, out, numel, None, 0)
     assert record[0][2] == 1 << 20
     ref = codec._encode_row_at(x, top)
@@ -234,7 +235,7 @@ def test_huge_grid_top_ctas_past_2_pow_32():
     # decode_rows: one thread per q word, 2^28 threads per grid stride: words >= 2^30 are threads 0..2047
     # (CTAs 0..7) on their fifth iteration
     y = simt.guarded_empty(numel, torch.float32, noreserve=True)
-    with simt.as_cupy(ctas=(0, 8), record=record):
+    with kernel_call.cupy_on_simt(ctas=(0, 8), record=record):
         codec._decode_rows_cupy(out, y, numel)
     assert torch.equal(y[top:].view(torch.int32), codec.decode(ref, tail, torch.float32).view(torch.int32))
 
