@@ -22,7 +22,6 @@ API (narrow on purpose; the codecs' launch point takes ``launch`` as a backend e
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fcntl
 import functools
