@@ -39,6 +39,14 @@ values encoded and decoded / codec throughput. Compute: given, or 6 x parameters
         --micro-batches 2 --dp 2 --pp 2 --tp 1 --zero 1 --dtype float32 --policy configs/hybrid.yaml
     python -m ccoll.model --clusters --codec-gbps 100         # the table for real clusters
     python -m ccoll.model --validate results/convergence/summary.json
+    python -m ccoll.model --preset neox20b-v100 --cluster lassen --policy configs/zhybrid.yaml   # mechanistic
+    python -m ccoll.model --published                         # the seed paper's runs, published vs predicted
+    python -m ccoll.model --from-run results/shaped/1gbit/summary.json --ranks 8
+
+The mechanistic step time (``--cluster``: placement on nodes, rails shared by a node's GPUs, alpha-beta per
+message, ring / hierarchical / all-to-all algorithms, codec roofline, codec pipelined with the wire, 1F1B
+pipeline slots, DP after the schedule) is :mod:`ccoll.model.timing`; node descriptions are
+:mod:`ccoll.model.clusters` (``configs/clusters/*.yaml``, each figure with its public source).
 """
 from __future__ import annotations
 
@@ -51,9 +59,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import units
-from .errors import CcollError
-from .policy import DENSE_DIMS
+from .. import units
+from ..errors import CcollError
+from ..policy import DENSE_DIMS
 
 DIMS = DENSE_DIMS
 DTYPES = {k: units.DTYPES[k] for k in ("float32", "float16", "bfloat16")}
@@ -85,14 +93,29 @@ class Layout:
     learned_positions: bool = False
     lm_head_bias: bool = False
     pp_scatter_gather: bool = False
+    #: GPT-J/NeoX parallel residual (``gpt_j_residual``): attention and MLP outputs summed before one TP
+    #: all-reduce, so 1 forward all-reduce per layer instead of 2 (backward keeps 2: both branches' inputs)
+    parallel_residual: bool = False
+    #: activation recomputation (``checkpoint-activations``): the forward runs again in backward, with its
+    #: TP all-reduces, and compute is 8 instead of 6 FLOPs per parameter per token
+    recompute: bool = False
+    #: GPT-NeoX / DeepSpeed's pipeline engine sends the attention mask [b, 1, s, s] in fp16 with every
+    #: forward activation: b*s*s elements beside the b*s*h activation, +s/h: +33% forward PP bytes for
+    #: NeoX-20B (s 2048, h 6144); never compressed by a policy that excludes 4-D fp16 tensors
+    pp_mask: bool = False
+    #: ZeRO-1/2 gradient reduction: "" = this module's historical choice (ZeRO-0/1 all-reduce, ZeRO-2
+    #: reduce-scatter), or "all_reduce" / "reduce_scatter" (DeepSpeed's ``reduce_scatter: true``)
+    zero_reduce: str = ""
 
     def check(self) -> None:
         bad = [f"{k}={getattr(self, k)}" for k in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch",
                                                    "micro_batches", "dp", "tp", "pp") if getattr(self, k) < 1]
         if bad:
             raise CcollError(f"layout: must be >= 1: {', '.join(bad)}")
-        if self.zero not in (0, 1, 2):
-            raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1 or 2)")
+        if self.zero not in (0, 1, 2, 3):
+            raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1, 2 or 3)")
+        if self.zero_reduce not in ("", "all_reduce", "reduce_scatter"):
+            raise CcollError(f"layout: zero_reduce {self.zero_reduce!r}: '', 'all_reduce' or 'reduce_scatter'")
         if self.dtype not in DTYPES:
             raise CcollError(f"layout: dtype {self.dtype!r}; one of {sorted(DTYPES)}")
         if self.layers < self.pp:
@@ -144,6 +167,7 @@ class Flow:
     group: int
     dtype: str
     stage: int
+    shape: tuple | None = None  #: when the policy must see the tensor's rank (the 4-D attention mask)
 
 
 def flows(lay: Layout) -> list[Flow]:
@@ -157,7 +181,8 @@ def flows(lay: Layout) -> list[Flow]:
     for st, nl in enumerate(lay.stage_layers()):
         first, last = st == 0, st == lay.pp - 1
         if lay.tp > 1:
-            fwd = 2 * nl + (1 if first and lay.embedding == "vocab_parallel" else 0)
+            per_layer = 1 if lay.parallel_residual else 2
+            fwd = per_layer * nl * (2 if lay.recompute else 1) + (1 if first and lay.embedding == "vocab_parallel" else 0)
             bwd = 2 * nl + (1 if last else 0)
             out.append(Flow("tp", "all_reduce", "activations (forward)", act, fwd * m, per_stage, lay.tp, lay.dtype, st))
             out.append(Flow("tp", "all_reduce", "activation gradients (backward)", act, bwd * m, per_stage, lay.tp,
@@ -171,13 +196,21 @@ def flows(lay: Layout) -> list[Flow]:
             n = act // lay.tp if lay.pp_scatter_gather else act
             if not last:
                 out.append(Flow("pp", "send", "activations", n, m, per_stage, 2, lay.dtype, st))
+                if lay.pp_mask:
+                    out.append(Flow("pp", "send", "attention mask", b * s * s, m, per_stage, 2, "float16", st,
+                                    (b, 1, s, s)))
             if not first:
                 out.append(Flow("pp", "send", "activation gradients", n, m, per_stage, 2, lay.dtype, st))
         if lay.dp > 1:
             p_rank = lay.stage_params(st)
-            op = "reduce_scatter" if lay.zero == 2 else "all_reduce"
+            op = lay.zero_reduce or ("reduce_scatter" if lay.zero >= 2 else "all_reduce")
+            if lay.zero == 3:
+                op = "reduce_scatter"
             out.append(Flow("dp", op, "gradients", p_rank, 1, per_stage, lay.dp, grad_dtype, st))
-            if lay.zero >= 1:
+            if lay.zero == 3:  # parameters gathered before each forward and each backward of every micro-batch
+                out.append(Flow("dp", "all_gather", "parameters (ZeRO-3, per micro-batch)", -(-p_rank // lay.dp),
+                                2 * m, per_stage, lay.dp, lay.dtype, st))
+            elif lay.zero >= 1:
                 out.append(Flow("dp", "all_gather", "parameters (ZeRO)", -(-p_rank // lay.dp), 1, per_stage, lay.dp,
                                 lay.dtype, st))
     return out
@@ -189,7 +222,7 @@ def _policy_op(op: str) -> str:
 
 def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> int:
     """Bytes ccoll's collectives record as sent for one call (mirrors ccoll.collectives' segmenting)."""
-    from .collectives.segments import segments, spans
+    from ..collectives.segments import segments, spans
 
     elt = torch.empty((), dtype=dtype).element_size()
     if codec is None:
@@ -206,13 +239,14 @@ def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> i
 def traffic(lay: Layout, policy=None) -> list[dict]:
     """Per (dim, op, what): calls, raw and wire bytes per step summed over all ranks, the codec, and the
     same per rank of the busiest stage (for step time)."""
-    from .policy import load
+    from ..policy import load
 
     pol = load(policy) if policy is not None else None
     rows = []
     for f in flows(lay):
         dt = DTYPES[f.dtype]
-        codec = pol.resolve(f.dim, _policy_op(f.op), (f.numel, dt), step=_LATE_STEP) if pol is not None else None
+        codec = (pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP)
+                 if pol is not None else None)
         raw = f.numel * torch.empty((), dtype=dt).element_size()
         wire = wire_nbytes(codec, f.op, f.numel, dt, f.group)
         rows.append({"dim": f.dim, "op": f.op, "what": f.what, "stage": f.stage, "codec": codec.spec if codec else "native",
@@ -260,12 +294,21 @@ class Cluster:
     decode_gbps: float | None = None
 
 
+def training_flops(lay: Layout) -> float:
+    """FLOPs of one optimizer step, all GPUs: 6 per parameter per token (forward 2, backward 4), 8 with
+    recomputation (the forward again), plus attention scores 12 x layers x hidden x seq per token (16 with
+    recomputation) -- Narayanan et al., SC'21 (arXiv 2104.04473) eq. 3's accounting."""
+    tokens = lay.micro_batch * lay.micro_batches * lay.dp * lay.seq
+    k = 8 if lay.recompute else 6
+    return k * lay.total_params() * tokens + 2 * k * lay.layers * lay.hidden * lay.seq * tokens
+
+
 def compute_seconds(lay: Layout, cl: Cluster) -> float:
     """Given, or training FLOPs / (GPUs x peak x MFU) x pipeline bubble (m + pp - 1) / m."""
     if cl.compute_s is not None:
         return cl.compute_s
     tokens = lay.micro_batch * lay.micro_batches * lay.dp * lay.seq
-    flops = 6 * lay.total_params() * tokens + 12 * lay.layers * lay.hidden * lay.seq * tokens  # + attention
+    flops = training_flops(lay)
     return flops / (lay.world * cl.peak_tflops * 1e12 * cl.mfu) * (lay.micro_batches + lay.pp - 1) / lay.micro_batches
 
 
@@ -322,7 +365,7 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
     includes the contention the ranks see (run it in as many processes at once as there are ranks)."""
     import time
 
-    from .codecs import get_codec
+    from ..codecs import get_codec
 
     codec = get_codec(spec)
     dt = DTYPES[dtype]
@@ -349,18 +392,17 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
 
 # --- presets and the cluster table ------------------------------------------------------------------
 PRESETS = {
-    # GPT-NeoX-20B (44 layers, 6144 hidden, 64 heads, 2048 tokens, 50432 vocab) on 192 V100, as in the
-    # paper's setting: TP 2 x PP 4 x DP 24, micro-batch 4 x 8, ZeRO-1, fp16; 100 Gbit/s per node shared by
-    # 8 GPUs between nodes (12.5 Gbit/s per GPU), NVLink 2 within (~1200 Gbit/s per GPU); 125 TFLOPS peak
-    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=8,
-                            dp=24, tp=2, pp=4, zero=1, dtype="float16"),
-                     Cluster(tp_gbps=1200.0, inter_gbps=12.5, codec_gbps=100.0, peak_tflops=125.0, mfu=0.35)),
-    # GPT-13B (40 layers, 5120 hidden, 40 heads, 2048 tokens, 50257 vocab) on 32 H800 (COCCL's setting):
-    # TP 8 in a node x DP 4, micro-batch 1 x 16, ZeRO-1, bf16; H800 NVLink ~3200 Gbit/s per GPU, 400 Gbit/s
-    # per node between nodes (50 Gbit/s per GPU); 989 TFLOPS dense bf16 peak
-    "gpt13b-h800": (Layout(layers=40, hidden=5120, heads=40, seq=2048, vocab=50304, micro_batch=1, micro_batches=16,
-                           dp=4, tp=8, pp=1, zero=1, dtype="bfloat16"),
-                    Cluster(tp_gbps=3200.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=989.0, mfu=0.35)),
+    # GPT-NeoX-20B in its published layout (GPT-NeoX configs/20B.yml: TP 2, PP 4, micro-batch 4 x 32, ZeRO-1, fp16,
+    # recomputation, parallel residual) at 192 V100 (DP 24, the seed paper's largest scale) on Lassen figures
+    # (configs/clusters/lassen.yaml: NVLink 2.0 peer pair 600 Gbit/s; 2 x EDR 100 Gbit/s per node of 4 GPUs =
+    # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). This flat
+    # Cluster view is the old per-GPU-rate model; ``--cluster lassen`` / ``--published`` use the mechanistic one.
+    # (The former gpt13b-h800 preset is gone: its NVLink figure was twice the H800's 400 GB/s bidirectional and
+    # its layout had no source; ``--cluster h800`` takes any layout on a sourced H800 node.)
+    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
+                            dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
+                            pp_mask=True, zero_reduce="reduce_scatter"),
+                     Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
 }
 
 #: ccoll.convergence's model: replicated byte embedding with learned positions, gathered logits, fp32
@@ -523,6 +565,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
     p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
     p.add_argument("--json", default=None, help="write the result as JSON")
+    p.add_argument("--cluster", metavar="NAME_OR_YAML",
+                   help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800; or your own YAML with the "
+                        "same fields): the mechanistic step time (placement, rails, alpha-beta, algorithm, overlap)")
+    p.add_argument("--codec-table", metavar="YAML", help="--cluster: measured codec GB/s per spec (default: roofline)")
+    p.add_argument("--algorithm", default="auto", choices=("auto", "ring", "hierarchical"),
+                   help="--cluster: native all-reduce algorithm across nodes")
+    p.add_argument("--published", action="store_true", help="the seed paper's GPT-NeoX-20B runs: published vs "
+                                                              "predicted speedups from the cluster file alone")
+    p.add_argument("--from-run", metavar="SUMMARY_JSON", help="calibrate on a shaped run's summary.json and "
+                                                               "predict --ranks ranks")
+    p.add_argument("--ranks", type=int, default=None, help="--from-run: ranks to predict")
     p.add_argument("--codec-throughput", metavar="SPEC", help="measure one codec's GB/s on this machine "
                                                                "(encode_rows with error feedback + decode_rows); JSON on stdout")
     p.add_argument("--codec-numel", type=int, default=1 << 22, help="--codec-throughput: values per measurement")
@@ -558,6 +611,36 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(res, f, indent=1)
             return 0 if res["ok"] else 1
+        table = None
+        if args.codec_table:
+            from .timing import load_codec_table
+            table = load_codec_table(args.codec_table)
+        if args.published:
+            from .published import print_published, published
+            rows = published(args.cluster or "lassen", table)
+            print_published(rows)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+            return 0
+        if args.from_run:
+            from .fromrun import from_run
+            with open(args.from_run) as f:
+                summary = json.load(f)
+            if not args.ranks:
+                raise CcollError("--from-run needs --ranks N")
+            res = from_run(summary, args.ranks, link_gbps=args.link_gbps)
+            print(f"# ccoll.model --from-run {args.from_run}: measured at {res['measured_ranks']} ranks, predicted at "
+                  f"{res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links")
+            for name, e in res["policies"].items():
+                lo, hi = e["interval"]
+                print(f" {name}: measured {e['measured_speedup']:.3f}x at {res['measured_ranks']} ranks (model there "
+                      f"{e['predicted_speedup_measured_scale']:.3f}x); predicted {e['predicted_speedup']:.3f}x at "
+                      f"{res['ranks']} ranks [{lo:.3f}, {hi:.3f}], {e['predicted_samples_per_s']:.2f} samples/s")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1)
+            return 0
         if args.clusters:
             rows = cluster_table(args.policy or ["configs/hybrid.yaml"], args.codec_gbps)
             if args.json:
@@ -578,6 +661,18 @@ def main(argv: list[str] | None = None) -> int:
                          dp_overlap=args.dp_overlap)
         pol = args.policy[0] if args.policy else None
         print_traffic(lay, pol)
+        if args.cluster:
+            from .clusters import load_cluster
+            from .timing import predict
+            node = load_cluster(args.cluster)
+            kw = dict(mfu=args.mfu, codec_table=table, algorithm=args.algorithm, dp_overlap=args.dp_overlap > 0)
+            base = predict(lay, node, None, **kw)
+            t = predict(lay, node, pol, **kw)
+            print(f"# on {node.name} ({node.gpus_per_node} x {node.gpu} per node, {node.rails_per_node} x "
+                  f"{node.rail_gbps:g} Gbit/s rails, intra {node.intra_gbps:g} Gbit/s per GPU), MFU {args.mfu:g}, "
+                  f"placement k={t['placement']['k']}")
+            print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+            return 0
         base = step_time(lay, cl, None)
         t = step_time(lay, cl, pol)
         print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
@@ -586,10 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         if pol is not None:
             print(f"# {why_line(lay, cl, pol, args.target_speedup)}")
         return 0
-    except (CcollError, OSError, KeyError) as e:
+    except (CcollError, OSError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())
