@@ -627,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             from .fromrun import from_run
             with open(args.from_run) as f:
                 summary = json.load(f)
+            if "rates" in summary:  # a ccoll.convergence.shaped report: its (first) rate's summary
+                summary = next(iter(summary["rates"].values()))["summary"]
             if not args.ranks:
                 raise CcollError("--from-run needs --ranks N")
             res = from_run(summary, args.ranks, link_gbps=args.link_gbps)

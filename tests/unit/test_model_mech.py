@@ -223,3 +223,24 @@ def test_given_small_shaped_run_when_from_run_expect_prediction_at_more_ranks_wi
     p.write_text(json.dumps(s))
     assert main(["--from-run", str(p), "--ranks", "8"]) == 0
     assert "predicted" in capsys.readouterr().out
+
+
+def test_given_measured_fractions_when_what_it_buys_expect_scaled_native_wire_plus_codec(capsys):
+    from ccoll.model.buys import MFU, print_buys, what_it_buys
+    from ccoll.model.published import NEOX20B
+
+    def summ(frac):
+        return {"baseline": "baseline", "meta": {"policies": ["configs/baseline.yaml", "configs/hybrid.yaml"]},
+                "policies": {"baseline": {"bytes": {d: {"raw": 10, "wire": 10} for d in ("dp", "tp", "pp")}},
+                             "hybrid": {"bytes": {d: {"raw": 10, "wire": 10 * frac[d]} for d in frac}}}}
+
+    base = predict(NEOX20B, load_cluster("lassen"), None, mfu=MFU)
+    codec = predict(NEOX20B, load_cluster("lassen"), str(CONFIGS / "hybrid.yaml"), mfu=MFU)["codec_s"]
+    r = what_it_buys(summ({"dp": 0.5, "tp": 0.25, "pp": 1.0}), clusters=("lassen",))[0]
+    expect = base["compute_s"] + 0.5 * base["link_s"]["dp"] + 0.25 * base["link_s"]["tp"] + base["link_s"]["pp"] + codec
+    assert r["step_s"] == pytest.approx(expect) and r["speedup"] == pytest.approx(base["total_s"] / expect)
+    same = what_it_buys(summ({"dp": 1.0, "tp": 1.0, "pp": 1.0}), clusters=("lassen",))[0]
+    assert same["speedup"] < 1.0  # nothing smaller on the wire: the codec only costs
+    print_buys(summ({"dp": 0.5, "tp": 0.25, "pp": 1.0}), clusters=("lassen", "dgx-h100"))
+    out = capsys.readouterr().out
+    assert "loopback" in out and "only costs time" in out and "dgx-h100" in out
