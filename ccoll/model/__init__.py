@@ -106,6 +106,9 @@ class Layout:
     #: ZeRO-1/2 gradient reduction: "" = this module's historical choice (ZeRO-0/1 all-reduce, ZeRO-2
     #: reduce-scatter), or "all_reduce" / "reduce_scatter" (DeepSpeed's ``reduce_scatter: true``)
     zero_reduce: str = ""
+    #: dtype the DP gradient reduction runs in: "" = ``dtype``; "float32" = Megatron's fp32 gradient
+    #: accumulation and reduction of bf16 training (``accumulate_allreduce_grads_in_fp32``)
+    grad_dtype: str = ""
 
     def check(self) -> None:
         bad = [f"{k}={getattr(self, k)}" for k in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch",
@@ -116,6 +119,8 @@ class Layout:
             raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1, 2 or 3)")
         if self.zero_reduce not in ("", "all_reduce", "reduce_scatter"):
             raise CcollError(f"layout: zero_reduce {self.zero_reduce!r}: '', 'all_reduce' or 'reduce_scatter'")
+        if self.grad_dtype and self.grad_dtype not in DTYPES:
+            raise CcollError(f"layout: grad_dtype {self.grad_dtype!r}; one of {sorted(DTYPES)}")
         if self.dtype not in DTYPES:
             raise CcollError(f"layout: dtype {self.dtype!r}; one of {sorted(DTYPES)}")
         if self.layers < self.pp:
@@ -177,7 +182,7 @@ def flows(lay: Layout) -> list[Flow]:
     act = b * s * h
     out: list[Flow] = []
     per_stage = lay.dp * lay.tp  # ranks of one pipeline stage
-    grad_dtype = lay.dtype
+    grad_dtype = lay.grad_dtype or lay.dtype
     for st, nl in enumerate(lay.stage_layers()):
         first, last = st == 0, st == lay.pp - 1
         if lay.tp > 1:
@@ -576,6 +581,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--from-run", metavar="SUMMARY_JSON", help="calibrate on a shaped run's summary.json and "
                                                                "predict --ranks ranks")
     p.add_argument("--ranks", type=int, default=None, help="--from-run: ranks to predict")
+    p.add_argument("--cpu-cores", type=int, default=None, help="--from-run on a CPU test bed: the cores the ranks "
+                                                                "(of baseline and policy run together) share")
     p.add_argument("--codec-throughput", metavar="SPEC", help="measure one codec's GB/s on this machine "
                                                                "(encode_rows with error feedback + decode_rows); JSON on stdout")
     p.add_argument("--codec-numel", type=int, default=1 << 22, help="--codec-throughput: values per measurement")
@@ -631,9 +638,9 @@ def main(argv: list[str] | None = None) -> int:
                 summary = next(iter(summary["rates"].values()))["summary"]
             if not args.ranks:
                 raise CcollError("--from-run needs --ranks N")
-            res = from_run(summary, args.ranks, link_gbps=args.link_gbps)
+            res = from_run(summary, args.ranks, link_gbps=args.link_gbps, cores=args.cpu_cores)
             print(f"# ccoll.model --from-run {args.from_run}: measured at {res['measured_ranks']} ranks, predicted at "
-                  f"{res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links")
+                  f"{res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links, CPU slowdown {res['cpu_slowdown']:g}x")
             for name, e in res["policies"].items():
                 lo, hi = e["interval"]
                 print(f" {name}: measured {e['measured_speedup']:.3f}x at {res['measured_ranks']} ranks (model there "

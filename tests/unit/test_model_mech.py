@@ -244,3 +244,33 @@ def test_given_measured_fractions_when_what_it_buys_expect_scaled_native_wire_pl
     print_buys(summ({"dp": 0.5, "tp": 0.25, "pp": 1.0}), clusters=("lassen", "dgx-h100"))
     out = capsys.readouterr().out
     assert "loopback" in out and "only costs time" in out and "dgx-h100" in out
+
+
+def test_given_bf16_training_with_fp32_grad_reduction_when_traffic_expect_twice_the_dp_gradient_bytes():
+    lay = Layout(layers=2, hidden=64, heads=4, seq=16, vocab=64, micro_batch=2, micro_batches=1, dp=2,
+                 dtype="bfloat16", zero=0)
+    g16 = [r for r in traffic(lay) if r["what"] == "gradients"][0]
+    g32 = [r for r in traffic(dataclasses.replace(lay, grad_dtype="float32")) if r["what"] == "gradients"][0]
+    assert g32["raw_per_rank"] == 2 * g16["raw_per_rank"] == 4 * lay.stage_params(0)
+    with pytest.raises(CcollError, match="grad_dtype"):
+        traffic(dataclasses.replace(lay, grad_dtype="int8"))
+
+
+def test_given_measured_2_rank_shaped_run_when_from_run_4_ranks_expect_the_measured_4_rank_run_within_15pct():
+    """End to end on real runs (``python -m ccoll.convergence.shaped --rates 1gbit --dp 2|4 --steps 20``, hybrid vs
+    baseline, both at once on this 2-core machine; summaries in tests/unit/data): calibrated at 2 ranks, the
+    model predicts the 4-rank speedup within 15% once the ranks' sharing of 2 cores is modelled, and not without
+    it (compute and the CPU codec slow down as processes per core double)."""
+    from ccoll.model.fromrun import from_run
+
+    data = pathlib.Path(__file__).parent / "data"
+    small = json.loads((data / "shaped_dp2_1gbit.json").read_text())
+    big = json.loads((data / "shaped_dp4_1gbit.json").read_text())
+    measured = big["policies"]["hybrid"]["samples_per_s"] / big["policies"]["baseline"]["samples_per_s"]
+    pol = str(CONFIGS)
+    shared = from_run(small, 4, policy_dir=pol, cores=2)["policies"]["hybrid"]
+    assert shared["predicted_speedup"] == pytest.approx(measured, rel=0.15)
+    lo, hi = shared["interval"]
+    assert lo <= measured <= hi
+    alone = from_run(small, 4, policy_dir=pol)["policies"]["hybrid"]
+    assert alone["predicted_speedup"] > 1.15 * measured  # the core sharing is what it needs, said in the docstring
