@@ -1,6 +1,6 @@
 """``python -m ccoll.model``: see :mod:`ccoll.model`."""
 import sys
 
-from . import main
+from .cli import main
 
 sys.exit(main())

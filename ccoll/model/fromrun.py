@@ -31,7 +31,7 @@ from ..errors import CcollError
 
 def from_run(summary: dict, ranks: int, link_gbps: float | None = None, policy_dir: str | None = None,
              cores: int | None = None, runs: int = 2) -> dict:
-    from . import Cluster, _rate_gbps, runner_layout, step_time, validate
+    from .core import Cluster, _rate_gbps, runner_layout, step_time, validate
 
     meta = summary["meta"]
     lay = runner_layout(meta)

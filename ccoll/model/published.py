@@ -27,7 +27,7 @@ import dataclasses
 import os
 import sys
 
-from . import Layout
+from .core import Layout
 from .clusters import load_cluster
 from .timing import predict
 

@@ -164,7 +164,7 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
             dp_overlap: bool = False) -> dict:
     """Predicted seconds per optimizer step on ``node``s: compute, exposed wire per dimension, exposed codec,
     total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach."""
-    from . import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
+    from .core import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
     from ..collectives.segments import SEGMENT_BYTES
     from ..policy import load
 
