@@ -132,8 +132,10 @@ def roofline_gbps(codec, dtype: torch.dtype, hbm_gbytes_per_s: float, feedback: 
 
 
 def load_codec_table(path: str) -> dict:
-    """``{spec or family: {"encode_gbps": x, "decode_gbps": y}}`` (GB/s of input values; YAML or JSON; a list of
-    ``--codec-throughput`` outputs is accepted too)."""
+    """``{spec or family: {"encode_gbps": x, "decode_gbps": y, "ratio": {dtype: {dim: r}}}}``: measured GB/s of
+    input values, and for variable-size codecs (lossless) the measured raw / used bytes per dtype and dimension
+    (their ``encoded_nbytes`` is a capacity, not what travels). Either part may be left out (roofline rates;
+    capacity bytes). YAML or JSON; a list of ``--codec-throughput`` outputs is accepted too."""
     import yaml
 
     with open(path) as f:
@@ -144,18 +146,38 @@ def load_codec_table(path: str) -> dict:
         raise CcollError(f"{path}: codec table must map a codec spec to encode_gbps / decode_gbps")
     out = {}
     for k, v in d.items():
+        e = {}
         try:
-            out[str(k)] = (float(v["encode_gbps"]), float(v["decode_gbps"]))
-        except (KeyError, TypeError, ValueError):
-            raise CcollError(f"{path}: {k}: needs numeric encode_gbps and decode_gbps") from None
+            if "encode_gbps" in v or "decode_gbps" in v:
+                e["rates"] = (float(v["encode_gbps"]), float(v["decode_gbps"]))
+            if "ratio" in v:
+                e["ratio"] = {str(dt): {str(dim): float(r) for dim, r in per.items()} for dt, per in v["ratio"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise CcollError(f"{path}: {k}: needs numeric encode_gbps and decode_gbps, and/or ratio: "
+                             "{dtype: {dim: raw/used}}") from None
+        if not e:
+            raise CcollError(f"{path}: {k}: neither rates nor ratio")
+        out[str(k)] = e
     return out
 
 
-def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) -> tuple[float, float, str]:
+def _entry(codec, table: dict | None) -> dict:
     if table:
         for key in (codec.spec, codec.spec.split(":")[0]):
             if key in table:
-                return (*table[key], "table")
+                return table[key]
+    return {}
+
+
+def measured_ratio(codec, dtype: str, dim: str, table: dict | None) -> float | None:
+    """raw / used bytes measured for a variable-size codec on this dtype and dimension, or None."""
+    return _entry(codec, table).get("ratio", {}).get(dtype, {}).get(dim)
+
+
+def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) -> tuple[float, float, str]:
+    rates = _entry(codec, table).get("rates")
+    if rates:
+        return (*rates, "table")
     return (*roofline_gbps(codec, dtype, node.hbm_gbytes_per_s, feedback), "roofline")
 
 
@@ -179,6 +201,9 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
         dt = DTYPES[f.dtype]
         codec = pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP) if pol else None
         w = wire_nbytes(codec, f.op, f.numel, dt, f.group)
+        r = measured_ratio(codec, f.dtype, f.dim, codec_table) if codec is not None else None
+        if r:  # a variable-size codec: what travels is the measured fraction of the raw bytes
+            w = wire_nbytes(None, f.op, f.numel, dt, f.group) / r
         wire = call_seconds(f.op, w, f.group, pl.k[f.dim], pl.intra[f.dim], node, codec is not None, algorithm)
         cod = 0.0
         if codec is not None:
