@@ -9,7 +9,9 @@ Traffic per optimizer step, per rank, for a GPT of ``L`` layers, hidden ``h``, s
 ZeRO for DP; "elements" are of the activation / gradient dtype):
 
 TP (Megatron column/row-parallel layers, per micro-batch, on a stage holding ``l`` layers):
-    forward:  2 all-reduces per layer (attention output, MLP output) of b*s*h elements
+    forward:  2 all-reduces per layer (attention output, MLP output) of b*s*h elements; 1 with NeoX's
+              parallel residual (``parallel_residual``: both outputs summed, one all-reduce); doubled with
+              activation recomputation (``recompute``: the forward runs again in backward)
     backward: 2 all-reduces per layer (inputs of QKV and of the first MLP linear) of b*s*h elements
     embedding: vocab-parallel: 1 forward all-reduce of b*s*h; replicated: none
     LM head:  column-parallel input: 1 backward all-reduce of b*s*h; output gathered (``gathered``):
@@ -17,18 +19,22 @@ TP (Megatron column/row-parallel layers, per micro-batch, on a stage holding ``l
               3 all-reduces of b*s elements
 PP (per micro-batch and stage boundary, sender side): the activation b*s*h forward and its gradient
     b*s*h backward; every TP rank of a stage sends its full copy (DeepSpeed; ``pp_scatter_gather``
-    divides by tp as Megatron's scatter-gather optimisation does)
+    divides by tp as Megatron's scatter-gather optimisation does); with ``pp_mask`` GPT-NeoX's fp16
+    attention mask [b, 1, s, s] travels with every forward activation
 DP (per step): the gradient reduction of this rank's parameters P_rank (the local shard: sharded
-    weights / tp + replicated ones), as ``all_reduce`` (ZeRO-0/1 here) or ``reduce_scatter``
-    (ZeRO-2); with ZeRO-1/2 the updated parameter partition P_rank/dp is all-gathered
-    (ZeRO-3's per-layer gathers are not modelled)
+    weights / tp + replicated ones), as ``all_reduce`` (ZeRO-0/1 by default) or ``reduce_scatter``
+    (ZeRO-2/3, or ``zero_reduce="reduce_scatter"``: DeepSpeed's ``reduce_scatter: true``), in ``grad_dtype``
+    (fp32 reduction of bf16 training); with ZeRO-1/2 the updated parameter partition P_rank/dp is
+    all-gathered once per step; ZeRO-3 gathers it before every forward and backward of every micro-batch
+    (2m all-gathers; its prefetch/overlap with compute is not modelled)
 
 Raw bytes count what a rank contributes (the tensor it passes to the collective, as ``ccoll.stats``
 does); wire bytes what ccoll's collectives put on the wire for them under the policy (the codec's
 ``encoded_nbytes`` over the same segments/chunks the collectives use; calls the policy keeps native,
 including those below ``min_bytes``, count raw).
 
-Step time (per rank, no overlap unless ``dp_overlap``): compute + TP + PP + DP link time + codec time,
+Flat step time (``step_time`` with a ``Cluster`` of per-GPU rates; ``--validate``, ``--from-run`` and the shaped
+runs use it; the mechanistic one is ``timing.predict``, below) -- per rank, no overlap unless ``dp_overlap``: compute + TP + PP + DP link time + codec time,
 where link time = bytes moved by a bandwidth-optimal algorithm / bandwidth of that dimension
 (all-reduce 2(n-1)/n x size, reduce-scatter / all-gather (n-1)/n x size, p2p 1 x size) and codec time =
 values encoded and decoded / codec throughput. Compute: given, or 6 x parameters x tokens (+ attention)
