@@ -34,6 +34,9 @@ this GPU: HBM GB/s / bytes moved per value (encode: read the input + write the p
 fp32 error-feedback residual when the rule has it; decode: read the payload + write the output). The
 roofline is an upper bound; ZFP's transform is compute-heavier than the block quantisers, so a measured
 table (``make gpu-check``, ``python -m ccoll.model --codec-throughput``) is better for it.
+``hierarchy: node`` (all_reduce): exact inside a node (a group within one node is not compressed at all);
+across nodes an exact intra-node reduce-scatter, the compressed all-reduce of the GPU's 1/k chunk among the
+n/k nodes, an exact intra-node all-gather (ccoll.collectives.hierarchy); codec work on 1/k of the values.
 ccoll pipelines all_reduce (and the spans of reduce_scatter / all_gather) in segments of
 ``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s. A send is not
 segmented: wire + codec.
@@ -200,18 +203,31 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
     for f in flows(lay):
         dt = DTYPES[f.dtype]
         codec = pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP) if pol else None
+        rule = pol.rule(f.dim, _policy_op(f.op)) if codec is not None else None
+        hier = rule is not None and rule.hierarchy == "node" and f.op == "all_reduce"
+        k = pl.k[f.dim]
+        if hier and pl.intra[f.dim]:
+            codec = None  # ``hierarchy: node``: exact inside a node
         w = wire_nbytes(codec, f.op, f.numel, dt, f.group)
         r = measured_ratio(codec, f.dtype, f.dim, codec_table) if codec is not None else None
         if r:  # a variable-size codec: what travels is the measured fraction of the raw bytes
             w = wire_nbytes(None, f.op, f.numel, dt, f.group) / r
-        wire = call_seconds(f.op, w, f.group, pl.k[f.dim], pl.intra[f.dim], node, codec is not None, algorithm)
+        raw = f.numel * dt.itemsize
+        if hier and codec is not None and k > 1 and f.group % k == 0:
+            # ``hierarchy: node`` across nodes: exact reduce-scatter inside the node, the compressed all-reduce
+            # of this GPU's 1/k chunk between the n/k nodes, exact all-gather inside the node
+            intra = 2 * (k - 1) * (node.intra_latency_us * 1e-6 + raw / (k * node.intra_gbps * 1e9 / 8))
+            wire = intra + call_seconds("all_reduce", w / k, f.group // k, 1, False, node, True, algorithm)
+            values, group = raw / k, f.group // k
+        else:
+            wire = call_seconds(f.op, w, f.group, k, pl.intra[f.dim], node, codec is not None, algorithm)
+            values, group = raw, f.group
         cod = 0.0
         if codec is not None:
-            fb = bool(getattr(pol.rule(f.dim, _policy_op(f.op)), "error_feedback", False)) and f.op != "send"
+            fb = bool(rule.error_feedback) and f.op != "send"
             enc_r, dec_r, _ = codec_rates(codec, dt, node, fb, codec_table)
-            enc, dec = _CODEC_PASSES[f.op](f.group)
-            raw = f.numel * dt.itemsize
-            cod = raw * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
+            enc, dec = _CODEC_PASSES[f.op](group)
+            cod = values * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
         elt = dt.itemsize
         nseg = max(1, math.ceil(f.numel * elt / SEGMENT_BYTES)) if f.op != "send" else 1
         both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 else wire + cod

@@ -293,3 +293,26 @@ def test_given_measured_2_rank_shaped_run_when_from_run_4_ranks_expect_the_measu
     assert lo <= measured <= hi
     alone = from_run(small, 4, policy_dir=pol)["policies"]["hybrid"]
     assert alone["predicted_speedup"] > 1.15 * measured  # the core sharing is what it needs, said in the docstring
+
+
+def test_given_hierarchy_node_when_predict_expect_exact_inside_nodes_and_compressed_chunks_between(tmp_path):
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("version: 1\ndefault: {codec: native}\ndp: {codec: int8:block=256}\n")
+    hier = tmp_path / "hier.yaml"
+    hier.write_text("version: 2\ndefault: {codec: native}\ndp: {codec: int8:block=256, hierarchy: node}\n")
+    one_node = Layout(layers=2, hidden=256, heads=4, seq=16, vocab=64, micro_batch=1, micro_batches=1, dp=4,
+                      dtype="float32", zero=0)
+    native = predict(one_node, NODE, None, mfu=0.5)
+    t = predict(one_node, NODE, str(hier), mfu=0.5)
+    assert t["codec_s"] == 0 and t["link_s"]["dp"] == pytest.approx(native["link_s"]["dp"])  # inside: exact
+    two_nodes = dataclasses.replace(one_node, dp=8)  # k = 4 members per node, 2 nodes
+    raw = two_nodes.stage_params(0) * 4
+    t = predict(two_nodes, NODE, str(hier), mfu=0.5)
+    from ccoll.codecs import get_codec
+    from ccoll.model import wire_nbytes
+
+    w = wire_nbytes(get_codec("int8:block=256"), "all_reduce", two_nodes.stage_params(0), torch.float32, 8)
+    intra = 2 * 3 * raw / (4 * 1e11)
+    inter = call_seconds("all_reduce", w / 4, 2, 1, False, NODE, True)
+    assert t["link_s"]["dp"] == pytest.approx(intra + inter)
+    assert 0 < t["codec_s"] < predict(two_nodes, NODE, str(flat), mfu=0.5)["codec_s"]  # 1/k of the values
