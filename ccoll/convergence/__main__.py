@@ -189,8 +189,20 @@ def _run_all(args, spec: dict) -> int:
     write_all(results, args.out, meta)
     with open(os.path.join(args.out, "summary.md")) as f:
         print(f.read())
+    if args.demo:
+        _print_buys(args.out)
     print(f"plot: {os.path.join(args.out, 'loss.png')}   summary: {os.path.join(args.out, 'summary.json')}")
     return 0
+
+
+def _print_buys(out: str) -> None:
+    """After the loss comparison: what the policy would buy on named clusters (ccoll.model.buys)."""
+    import json
+
+    from ..model.buys import print_buys
+
+    with open(os.path.join(out, "summary.json")) as f:
+        print_buys(json.load(f))
 
 
 if __name__ == "__main__":

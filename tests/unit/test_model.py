@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import pathlib
 
@@ -77,14 +78,16 @@ def test_given_hybrid_policy_when_traffic_expect_codec_wire_bytes_and_native_par
 
 def test_given_slow_link_when_step_time_expect_compression_to_pay_and_fast_codec_to_matter():
     lay, cl = PRESETS["neox20b-v100"]
+    lay = dataclasses.replace(lay, micro_batches=4)  # few micro-batches: DP dominates the wire
     hybrid = str(CONFIGS / "hybrid.yaml")
     base = step_time(lay, cl, None)
     assert base["codec_s"] == 0 and base["link_s"]["dp"] > base["link_s"]["tp"]
     fast = step_time(lay, Cluster(**{**cl.__dict__, "codec_gbps": 1e6}), hybrid)
     slow = step_time(lay, Cluster(**{**cl.__dict__, "codec_gbps": 1.0}), hybrid)
     assert fast["total_s"] < base["total_s"] < slow["total_s"]
-    # int4 gradients (3.6x on fp16) but exact ZeRO parameter all-gathers (as much traffic as the gradients)
-    assert fast["link_s"]["dp"] < 0.6 * base["link_s"]["dp"]
+    # int4 gradients (3.6x on fp16) reduce-scattered (NeoX's ZeRO-1 ``reduce_scatter: true``) but exact ZeRO
+    # parameter all-gathers, as much traffic as the gradients: (1/3.6 + 1) / 2 = 0.64 of the DP wire
+    assert fast["link_s"]["dp"] < 0.66 * base["link_s"]["dp"]
 
 
 def test_given_presets_when_cluster_table_expect_native_speedup_one_and_every_policy(capsys):
@@ -131,8 +134,8 @@ def test_given_summary_when_validate_expect_ok_within_tolerance_and_not_beyond(t
 
 
 def test_given_bad_layout_when_modelled_expect_clear_error(capsys):
-    with pytest.raises(CcollError, match="zero stage 3"):
-        traffic(_tiny(zero=3))
+    with pytest.raises(CcollError, match="zero stage 4"):
+        traffic(_tiny(zero=4))
     with pytest.raises(CcollError, match="tp=3"):
         traffic(_tiny(tp=3))
     assert main(["--layers", "1", "--pp", "2"]) == 2

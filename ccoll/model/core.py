@@ -1,59 +1,15 @@
-"""Analytical traffic and step-time model of GPT training per parallel dimension (``python -m ccoll.model``).
-
-Why: a user deciding whether to turn ccoll on needs to know what it buys on *their* cluster; measuring
-every cluster is impossible, but the bytes each dimension moves follow from the layout, and step time
-follows from bytes, link bandwidths, codec throughput and compute time.
-
-Traffic per optimizer step, per rank, for a GPT of ``L`` layers, hidden ``h``, sequence ``s``, vocabulary
-``V``, micro-batch ``b``, ``m`` micro-batches, degrees dp/tp/pp (Megatron TP, DeepSpeed/Megatron PP,
-ZeRO for DP; "elements" are of the activation / gradient dtype):
-
-TP (Megatron column/row-parallel layers, per micro-batch, on a stage holding ``l`` layers):
-    forward:  2 all-reduces per layer (attention output, MLP output) of b*s*h elements
-    backward: 2 all-reduces per layer (inputs of QKV and of the first MLP linear) of b*s*h elements
-    embedding: vocab-parallel: 1 forward all-reduce of b*s*h; replicated: none
-    LM head:  column-parallel input: 1 backward all-reduce of b*s*h; output gathered (``gathered``):
-              1 all-gather of b*s*V/tp per rank, or vocab-parallel cross-entropy (``parallel``):
-              3 all-reduces of b*s elements
-PP (per micro-batch and stage boundary, sender side): the activation b*s*h forward and its gradient
-    b*s*h backward; every TP rank of a stage sends its full copy (DeepSpeed; ``pp_scatter_gather``
-    divides by tp as Megatron's scatter-gather optimisation does)
-DP (per step): the gradient reduction of this rank's parameters P_rank (the local shard: sharded
-    weights / tp + replicated ones), as ``all_reduce`` (ZeRO-0/1 here) or ``reduce_scatter``
-    (ZeRO-2); with ZeRO-1/2 the updated parameter partition P_rank/dp is all-gathered
-    (ZeRO-3's per-layer gathers are not modelled)
-
-Raw bytes count what a rank contributes (the tensor it passes to the collective, as ``ccoll.stats``
-does); wire bytes what ccoll's collectives put on the wire for them under the policy (the codec's
-``encoded_nbytes`` over the same segments/chunks the collectives use; calls the policy keeps native,
-including those below ``min_bytes``, count raw).
-
-Step time (per rank, no overlap unless ``dp_overlap``): compute + TP + PP + DP link time + codec time,
-where link time = bytes moved by a bandwidth-optimal algorithm / bandwidth of that dimension
-(all-reduce 2(n-1)/n x size, reduce-scatter / all-gather (n-1)/n x size, p2p 1 x size) and codec time =
-values encoded and decoded / codec throughput. Compute: given, or 6 x parameters x tokens (+ attention)
-/ (GPUs x peak x MFU), stretched by the pipeline bubble (m + pp - 1) / m.
-
-    python -m ccoll.model --preset neox20b-v100 --policy configs/hybrid.yaml
-    python -m ccoll.model --layers 4 --hidden 128 --heads 4 --seq 128 --vocab 256 --micro-batch 4 \\
-        --micro-batches 2 --dp 2 --pp 2 --tp 1 --zero 1 --dtype float32 --policy configs/hybrid.yaml
-    python -m ccoll.model --clusters --codec-gbps 100         # the table for real clusters
-    python -m ccoll.model --validate results/convergence/summary.json
-"""
+"""The traffic and flat step-time model (see :mod:`ccoll.model` for the formulas)."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
 
-from . import units
-from .errors import CcollError
-from .policy import DENSE_DIMS
+from .. import units
+from ..errors import CcollError
+from ..policy import DENSE_DIMS
 
 DIMS = DENSE_DIMS
 DTYPES = {k: units.DTYPES[k] for k in ("float32", "float16", "bfloat16")}
@@ -85,14 +41,34 @@ class Layout:
     learned_positions: bool = False
     lm_head_bias: bool = False
     pp_scatter_gather: bool = False
+    #: GPT-J/NeoX parallel residual (``gpt_j_residual``): attention and MLP outputs summed before one TP
+    #: all-reduce, so 1 forward all-reduce per layer instead of 2 (backward keeps 2: both branches' inputs)
+    parallel_residual: bool = False
+    #: activation recomputation (``checkpoint-activations``): the forward runs again in backward, with its
+    #: TP all-reduces, and compute is 8 instead of 6 FLOPs per parameter per token
+    recompute: bool = False
+    #: GPT-NeoX / DeepSpeed's pipeline engine sends the attention mask [b, 1, s, s] in fp16 with every
+    #: forward activation: b*s*s elements beside the b*s*h activation, +s/h: +33% forward PP bytes for
+    #: NeoX-20B (s 2048, h 6144); never compressed by a policy that excludes 4-D fp16 tensors
+    pp_mask: bool = False
+    #: ZeRO-1/2 gradient reduction: "" = this module's historical choice (ZeRO-0/1 all-reduce, ZeRO-2
+    #: reduce-scatter), or "all_reduce" / "reduce_scatter" (DeepSpeed's ``reduce_scatter: true``)
+    zero_reduce: str = ""
+    #: dtype the DP gradient reduction runs in: "" = ``dtype``; "float32" = Megatron's fp32 gradient
+    #: accumulation and reduction of bf16 training (``accumulate_allreduce_grads_in_fp32``)
+    grad_dtype: str = ""
 
     def check(self) -> None:
         bad = [f"{k}={getattr(self, k)}" for k in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch",
                                                    "micro_batches", "dp", "tp", "pp") if getattr(self, k) < 1]
         if bad:
             raise CcollError(f"layout: must be >= 1: {', '.join(bad)}")
-        if self.zero not in (0, 1, 2):
-            raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1 or 2)")
+        if self.zero not in (0, 1, 2, 3):
+            raise CcollError(f"layout: zero stage {self.zero} not modelled (0, 1, 2 or 3)")
+        if self.zero_reduce not in ("", "all_reduce", "reduce_scatter"):
+            raise CcollError(f"layout: zero_reduce {self.zero_reduce!r}: '', 'all_reduce' or 'reduce_scatter'")
+        if self.grad_dtype and self.grad_dtype not in DTYPES:
+            raise CcollError(f"layout: grad_dtype {self.grad_dtype!r}; one of {sorted(DTYPES)}")
         if self.dtype not in DTYPES:
             raise CcollError(f"layout: dtype {self.dtype!r}; one of {sorted(DTYPES)}")
         if self.layers < self.pp:
@@ -144,6 +120,7 @@ class Flow:
     group: int
     dtype: str
     stage: int
+    shape: tuple | None = None  #: when the policy must see the tensor's rank (the 4-D attention mask)
 
 
 def flows(lay: Layout) -> list[Flow]:
@@ -153,11 +130,12 @@ def flows(lay: Layout) -> list[Flow]:
     act = b * s * h
     out: list[Flow] = []
     per_stage = lay.dp * lay.tp  # ranks of one pipeline stage
-    grad_dtype = lay.dtype
+    grad_dtype = lay.grad_dtype or lay.dtype
     for st, nl in enumerate(lay.stage_layers()):
         first, last = st == 0, st == lay.pp - 1
         if lay.tp > 1:
-            fwd = 2 * nl + (1 if first and lay.embedding == "vocab_parallel" else 0)
+            per_layer = 1 if lay.parallel_residual else 2
+            fwd = per_layer * nl * (2 if lay.recompute else 1) + (1 if first and lay.embedding == "vocab_parallel" else 0)
             bwd = 2 * nl + (1 if last else 0)
             out.append(Flow("tp", "all_reduce", "activations (forward)", act, fwd * m, per_stage, lay.tp, lay.dtype, st))
             out.append(Flow("tp", "all_reduce", "activation gradients (backward)", act, bwd * m, per_stage, lay.tp,
@@ -171,13 +149,21 @@ def flows(lay: Layout) -> list[Flow]:
             n = act // lay.tp if lay.pp_scatter_gather else act
             if not last:
                 out.append(Flow("pp", "send", "activations", n, m, per_stage, 2, lay.dtype, st))
+                if lay.pp_mask:
+                    out.append(Flow("pp", "send", "attention mask", b * s * s, m, per_stage, 2, "float16", st,
+                                    (b, 1, s, s)))
             if not first:
                 out.append(Flow("pp", "send", "activation gradients", n, m, per_stage, 2, lay.dtype, st))
         if lay.dp > 1:
             p_rank = lay.stage_params(st)
-            op = "reduce_scatter" if lay.zero == 2 else "all_reduce"
+            op = lay.zero_reduce or ("reduce_scatter" if lay.zero >= 2 else "all_reduce")
+            if lay.zero == 3:
+                op = "reduce_scatter"
             out.append(Flow("dp", op, "gradients", p_rank, 1, per_stage, lay.dp, grad_dtype, st))
-            if lay.zero >= 1:
+            if lay.zero == 3:  # parameters gathered before each forward and each backward of every micro-batch
+                out.append(Flow("dp", "all_gather", "parameters (ZeRO-3, per micro-batch)", -(-p_rank // lay.dp),
+                                2 * m, per_stage, lay.dp, lay.dtype, st))
+            elif lay.zero >= 1:
                 out.append(Flow("dp", "all_gather", "parameters (ZeRO)", -(-p_rank // lay.dp), 1, per_stage, lay.dp,
                                 lay.dtype, st))
     return out
@@ -189,7 +175,7 @@ def _policy_op(op: str) -> str:
 
 def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> int:
     """Bytes ccoll's collectives record as sent for one call (mirrors ccoll.collectives' segmenting)."""
-    from .collectives.segments import segments, spans
+    from ..collectives.segments import segments, spans
 
     elt = torch.empty((), dtype=dtype).element_size()
     if codec is None:
@@ -206,13 +192,14 @@ def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> i
 def traffic(lay: Layout, policy=None) -> list[dict]:
     """Per (dim, op, what): calls, raw and wire bytes per step summed over all ranks, the codec, and the
     same per rank of the busiest stage (for step time)."""
-    from .policy import load
+    from ..policy import load
 
     pol = load(policy) if policy is not None else None
     rows = []
     for f in flows(lay):
         dt = DTYPES[f.dtype]
-        codec = pol.resolve(f.dim, _policy_op(f.op), (f.numel, dt), step=_LATE_STEP) if pol is not None else None
+        codec = (pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP)
+                 if pol is not None else None)
         raw = f.numel * torch.empty((), dtype=dt).element_size()
         wire = wire_nbytes(codec, f.op, f.numel, dt, f.group)
         rows.append({"dim": f.dim, "op": f.op, "what": f.what, "stage": f.stage, "codec": codec.spec if codec else "native",
@@ -260,12 +247,21 @@ class Cluster:
     decode_gbps: float | None = None
 
 
+def training_flops(lay: Layout) -> float:
+    """FLOPs of one optimizer step, all GPUs: 6 per parameter per token (forward 2, backward 4), 8 with
+    recomputation (the forward again), plus attention scores 12 x layers x hidden x seq per token (16 with
+    recomputation) -- Narayanan et al., SC'21 (arXiv 2104.04473) eq. 3's accounting."""
+    tokens = lay.micro_batch * lay.micro_batches * lay.dp * lay.seq
+    k = 8 if lay.recompute else 6
+    return k * lay.total_params() * tokens + 2 * k * lay.layers * lay.hidden * lay.seq * tokens
+
+
 def compute_seconds(lay: Layout, cl: Cluster) -> float:
     """Given, or training FLOPs / (GPUs x peak x MFU) x pipeline bubble (m + pp - 1) / m."""
     if cl.compute_s is not None:
         return cl.compute_s
     tokens = lay.micro_batch * lay.micro_batches * lay.dp * lay.seq
-    flops = 6 * lay.total_params() * tokens + 12 * lay.layers * lay.hidden * lay.seq * tokens  # + attention
+    flops = training_flops(lay)
     return flops / (lay.world * cl.peak_tflops * 1e12 * cl.mfu) * (lay.micro_batches + lay.pp - 1) / lay.micro_batches
 
 
@@ -322,7 +318,7 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
     includes the contention the ranks see (run it in as many processes at once as there are ranks)."""
     import time
 
-    from .codecs import get_codec
+    from ..codecs import get_codec
 
     codec = get_codec(spec)
     dt = DTYPES[dtype]
@@ -349,18 +345,17 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
 
 # --- presets and the cluster table ------------------------------------------------------------------
 PRESETS = {
-    # GPT-NeoX-20B (44 layers, 6144 hidden, 64 heads, 2048 tokens, 50432 vocab) on 192 V100, as in the
-    # paper's setting: TP 2 x PP 4 x DP 24, micro-batch 4 x 8, ZeRO-1, fp16; 100 Gbit/s per node shared by
-    # 8 GPUs between nodes (12.5 Gbit/s per GPU), NVLink 2 within (~1200 Gbit/s per GPU); 125 TFLOPS peak
-    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=8,
-                            dp=24, tp=2, pp=4, zero=1, dtype="float16"),
-                     Cluster(tp_gbps=1200.0, inter_gbps=12.5, codec_gbps=100.0, peak_tflops=125.0, mfu=0.35)),
-    # GPT-13B (40 layers, 5120 hidden, 40 heads, 2048 tokens, 50257 vocab) on 32 H800 (COCCL's setting):
-    # TP 8 in a node x DP 4, micro-batch 1 x 16, ZeRO-1, bf16; H800 NVLink ~3200 Gbit/s per GPU, 400 Gbit/s
-    # per node between nodes (50 Gbit/s per GPU); 989 TFLOPS dense bf16 peak
-    "gpt13b-h800": (Layout(layers=40, hidden=5120, heads=40, seq=2048, vocab=50304, micro_batch=1, micro_batches=16,
-                           dp=4, tp=8, pp=1, zero=1, dtype="bfloat16"),
-                    Cluster(tp_gbps=3200.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=989.0, mfu=0.35)),
+    # GPT-NeoX-20B in its published layout (GPT-NeoX configs/20B.yml: TP 2, PP 4, micro-batch 4 x 32, ZeRO-1, fp16,
+    # recomputation, parallel residual) at 192 V100 (DP 24, the seed paper's largest scale) on Lassen figures
+    # (configs/clusters/lassen.yaml: NVLink 2.0 peer pair 600 Gbit/s; 2 x EDR 100 Gbit/s per node of 4 GPUs =
+    # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). This flat
+    # Cluster view is the old per-GPU-rate model; ``--cluster lassen`` / ``--published`` use the mechanistic one.
+    # (The former gpt13b-h800 preset is gone: its NVLink figure was twice the H800's 400 GB/s bidirectional and
+    # its layout had no source; ``--cluster h800`` takes any layout on a sourced H800 node.)
+    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
+                            dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
+                            pp_mask=True, zero_reduce="reduce_scatter"),
+                     Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
 }
 
 #: ccoll.convergence's model: replicated byte embedding with learned positions, gathered logits, fp32
@@ -433,163 +428,3 @@ def _rate_gbps(rate: str | None) -> float | None:
     return units.parse_rate_bits(rate) / 1e9
 
 
-# --- printing ----------------------------------------------------------------------------------------
-_fmt = units.human_nbytes
-
-
-def print_traffic(lay: Layout, policy, file=None) -> None:
-    file = sys.stdout if file is None else file
-    rows = traffic(lay, policy)
-    print(f"# ccoll.model: {lay.layers} layers x {lay.hidden} hidden, {lay.heads} heads, seq {lay.seq}, vocab "
-          f"{lay.vocab}, micro-batch {lay.micro_batch} x {lay.micro_batches}, dp={lay.dp} tp={lay.tp} pp={lay.pp}, "
-          f"ZeRO-{lay.zero}, {lay.dtype}; policy {policy or 'none (native)'}", file=file)
-    print("# bytes per optimizer step: per rank (busiest rank of the stage) and summed over all ranks", file=file)
-    print(f"#{'dim':<4} {'op':<15} {'what':<32} {'stage':>5} {'codec':<26} {'calls/rank':>10} {'raw/rank':>12} "
-          f"{'wire/rank':>12} {'raw total':>12} {'wire total':>12} {'ratio':>6}", file=file)
-    for r in rows:
-        ratio = r["raw"] / r["wire"] if r["wire"] else float("nan")
-        print(f" {r['dim']:<4} {r['op']:<15} {r['what']:<32} {r['stage']:>5} {r['codec']:<26} {r['calls_per_rank']:>10} "
-              f"{_fmt(r['raw_per_rank']):>12} {_fmt(r['wire_per_rank']):>12} {_fmt(r['raw']):>12} {_fmt(r['wire']):>12} "
-              f"{ratio:>6.2f}", file=file)
-    for d, b in per_dim(rows).items():
-        if b["raw"]:
-            print(f"# {d}: raw {_fmt(b['raw'])}, wire {_fmt(b['wire'])} per step (all ranks), {b['raw'] / b['wire']:.2f}x",
-                  file=file)
-
-
-def why_line(lay: Layout, cl: Cluster, policy, target: float) -> str:
-    """One line: what codec throughput ``target`` needs here, or the most any codec could give."""
-    n = codec_gbps_needed(lay, cl, policy, target)
-    if n["codec_gbps"] is None:
-        return (f"{target:g}x is out of reach at these links: even an infinitely fast codec gives "
-                f"{n['max_speedup']:.3f}x (compute and the uncompressed traffic remain)")
-    # the throughput that, for encode and decode alike, costs the step what the given rates cost it
-    unit = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
-    have = unit / step_time(lay, cl, policy)["codec_s"]
-    return (f"{target:g}x needs a codec of >= {n['codec_gbps']:.3f} GB/s (encode and decode; have {have:.3f}); "
-            f"an infinitely fast codec would give {n['max_speedup']:.3f}x")
-
-
-def format_step(t: dict) -> str:
-    """One line decomposing a predicted step: where the time goes (compute, wire per dimension, codec)."""
-    return (f"predicted step {t['total_s']:.3f} s = compute {t['compute_s']:.3f} + wire dp {t['link_s']['dp']:.3f}"
-            f" tp {t['link_s']['tp']:.3f} pp {t['link_s']['pp']:.3f} + codec {t['codec_s']:.3f} s")
-
-
-def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
-    file = sys.stdout if file is None else file
-    rows = []
-    print(f"# predicted step time and speedup over native (codec throughput {codec_gbps:g} GB/s, no DP overlap)",
-          file=file)
-    print(f"#{'preset':<14} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} {'codec s':>8} "
-          f"{'step s':>8} {'speedup':>8}", file=file)
-    for name, (lay, cl) in PRESETS.items():
-        cl = dataclasses.replace(cl, codec_gbps=codec_gbps)
-        base = step_time(lay, cl, None)
-        for pol in [None, *policies]:
-            t = step_time(lay, cl, pol)
-            label = "native" if pol is None else os.path.splitext(os.path.basename(pol))[0]
-            row = {"preset": name, "policy": label, **{f"{d}_s": t["link_s"][d] for d in DIMS},
-                   "compute_s": t["compute_s"], "codec_s": t["codec_s"], "step_s": t["total_s"],
-                   "speedup": base["total_s"] / t["total_s"]}
-            rows.append(row)
-            print(f" {name:<14} {label:<22} {row['compute_s']:>10.3f} {row['tp_s']:>8.3f} {row['pp_s']:>8.3f} "
-                  f"{row['dp_s']:>8.3f} {row['codec_s']:>8.3f} {row['step_s']:>8.3f} {row['speedup']:>7.2f}x", file=file)
-    return rows
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ccoll.model", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a real cluster layout (overrides the layout options)")
-    for k, v in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 128), ("vocab", 256), ("micro-batch", 4),
-                 ("micro-batches", 2), ("dp", 2), ("tp", 1), ("pp", 2), ("zero", 1)):
-        p.add_argument(f"--{k}", type=int, default=v)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--runner", action="store_true", help="ccoll.convergence's model (replicated byte embedding, "
-                                                          "learned positions, gathered logits)")
-    p.add_argument("--policy", action="append", default=[], help="policy YAML (repeatable; traffic uses the first)")
-    p.add_argument("--codec-gbps", type=float, default=100.0, help="codec throughput, GB/s of input values")
-    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput if not --codec-gbps")
-    p.add_argument("--tp-gbps", type=float, default=1200.0, help="TP link, Gbit/s per GPU")
-    p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
-    p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step (default: from FLOPs)")
-    p.add_argument("--peak-tflops", type=float, default=125.0)
-    p.add_argument("--mfu", type=float, default=0.35)
-    p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
-    p.add_argument("--target-speedup", type=float, default=1.25,
-                   help="print the codec throughput this speedup needs (or why no codec reaches it)")
-    p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
-    p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
-    p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
-    p.add_argument("--json", default=None, help="write the result as JSON")
-    p.add_argument("--codec-throughput", metavar="SPEC", help="measure one codec's GB/s on this machine "
-                                                               "(encode_rows with error feedback + decode_rows); JSON on stdout")
-    p.add_argument("--codec-numel", type=int, default=1 << 22, help="--codec-throughput: values per measurement")
-    p.add_argument("--no-feedback", action="store_true", help="--codec-throughput: encode without error feedback")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if args.codec_throughput:
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-            print(json.dumps(codec_throughput(args.codec_throughput, args.codec_numel, feedback=not args.no_feedback)))
-            return 0
-        if args.validate:
-            with open(args.validate) as f:
-                summary = json.load(f)
-            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
-            print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
-                  f"{100 * res['tolerance']:.0f}%")
-            print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
-            for name, e in res["policies"].items():
-                for d, r in e["dims"].items():
-                    print(f" {name:<14} {d:<4} {r['predicted_raw']:>12.0f} {r['measured_raw']:>12.0f} "
-                          f"{r['predicted_wire']:>12.0f} {r['measured_wire']:>12.0f} {'yes' if r['ok'] else 'NO'}")
-            for name, e in res["policies"].items():
-                pred = e.get("predicted_speedup")
-                print(f"# {name}: measured speedup {e['measured_speedup']:.3f}x, predicted "
-                      + (f"{pred:.3f}x at {e['link_gbps']:g} Gbit/s" if pred else "- (no link rate: unshaped run)"))
-                if pred:
-                    print(f"#   {format_step(e['predicted_step'])}; measured step {e['measured_step_s']:.3f} s")
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(res, f, indent=1)
-            return 0 if res["ok"] else 1
-        if args.clusters:
-            rows = cluster_table(args.policy or ["configs/hybrid.yaml"], args.codec_gbps)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(rows, f, indent=1)
-            return 0
-        if args.preset:
-            lay, cl = PRESETS[args.preset]
-            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
-        else:
-            extra = RUNNER if args.runner else {}
-            lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
-                         micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp, tp=args.tp,
-                         pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
-                                                                                 if k not in ("vocab", "zero")}})
-            cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
-                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
-                         dp_overlap=args.dp_overlap)
-        pol = args.policy[0] if args.policy else None
-        print_traffic(lay, pol)
-        base = step_time(lay, cl, None)
-        t = step_time(lay, cl, pol)
-        print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
-              f"pp {t['link_s']['pp']:.4f} s, dp {t['link_s']['dp']:.4f} s, codec {t['codec_s']:.4f} s, "
-              f"total {t['total_s']:.4f} s; native {base['total_s']:.4f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
-        if pol is not None:
-            print(f"# {why_line(lay, cl, pol, args.target_speedup)}")
-        return 0
-    except (CcollError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

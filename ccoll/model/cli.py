@@ -1,0 +1,230 @@
+"""``python -m ccoll.model``'s command line and printing (see :mod:`ccoll.model`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+from .. import units
+from ..errors import CcollError
+from .core import (DIMS, DTYPES, PRESETS, RUNNER, Cluster, Layout, codec_gbps_needed, codec_throughput, per_dim,
+                   step_time, traffic, validate)
+
+# --- printing ----------------------------------------------------------------------------------------
+_fmt = units.human_nbytes
+
+
+def print_traffic(lay: Layout, policy, file=None) -> None:
+    file = sys.stdout if file is None else file
+    rows = traffic(lay, policy)
+    print(f"# ccoll.model: {lay.layers} layers x {lay.hidden} hidden, {lay.heads} heads, seq {lay.seq}, vocab "
+          f"{lay.vocab}, micro-batch {lay.micro_batch} x {lay.micro_batches}, dp={lay.dp} tp={lay.tp} pp={lay.pp}, "
+          f"ZeRO-{lay.zero}, {lay.dtype}; policy {policy or 'none (native)'}", file=file)
+    print("# bytes per optimizer step: per rank (busiest rank of the stage) and summed over all ranks", file=file)
+    print(f"#{'dim':<4} {'op':<15} {'what':<32} {'stage':>5} {'codec':<26} {'calls/rank':>10} {'raw/rank':>12} "
+          f"{'wire/rank':>12} {'raw total':>12} {'wire total':>12} {'ratio':>6}", file=file)
+    for r in rows:
+        ratio = r["raw"] / r["wire"] if r["wire"] else float("nan")
+        print(f" {r['dim']:<4} {r['op']:<15} {r['what']:<32} {r['stage']:>5} {r['codec']:<26} {r['calls_per_rank']:>10} "
+              f"{_fmt(r['raw_per_rank']):>12} {_fmt(r['wire_per_rank']):>12} {_fmt(r['raw']):>12} {_fmt(r['wire']):>12} "
+              f"{ratio:>6.2f}", file=file)
+    for d, b in per_dim(rows).items():
+        if b["raw"]:
+            print(f"# {d}: raw {_fmt(b['raw'])}, wire {_fmt(b['wire'])} per step (all ranks), {b['raw'] / b['wire']:.2f}x",
+                  file=file)
+
+
+def why_line(lay: Layout, cl: Cluster, policy, target: float) -> str:
+    """One line: what codec throughput ``target`` needs here, or the most any codec could give."""
+    n = codec_gbps_needed(lay, cl, policy, target)
+    if n["codec_gbps"] is None:
+        return (f"{target:g}x is out of reach at these links: even an infinitely fast codec gives "
+                f"{n['max_speedup']:.3f}x (compute and the uncompressed traffic remain)")
+    # the throughput that, for encode and decode alike, costs the step what the given rates cost it
+    unit = step_time(lay, dataclasses.replace(cl, codec_gbps=1.0, decode_gbps=None), policy)["codec_s"]
+    have = unit / step_time(lay, cl, policy)["codec_s"]
+    return (f"{target:g}x needs a codec of >= {n['codec_gbps']:.3f} GB/s (encode and decode; have {have:.3f}); "
+            f"an infinitely fast codec would give {n['max_speedup']:.3f}x")
+
+
+def format_step(t: dict) -> str:
+    """One line decomposing a predicted step: where the time goes (compute, wire per dimension, codec)."""
+    return (f"predicted step {t['total_s']:.3f} s = compute {t['compute_s']:.3f} + wire dp {t['link_s']['dp']:.3f}"
+            f" tp {t['link_s']['tp']:.3f} pp {t['link_s']['pp']:.3f} + codec {t['codec_s']:.3f} s")
+
+
+def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
+    file = sys.stdout if file is None else file
+    rows = []
+    print(f"# predicted step time and speedup over native (codec throughput {codec_gbps:g} GB/s, no DP overlap)",
+          file=file)
+    print(f"#{'preset':<14} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} {'codec s':>8} "
+          f"{'step s':>8} {'speedup':>8}", file=file)
+    for name, (lay, cl) in PRESETS.items():
+        cl = dataclasses.replace(cl, codec_gbps=codec_gbps)
+        base = step_time(lay, cl, None)
+        for pol in [None, *policies]:
+            t = step_time(lay, cl, pol)
+            label = "native" if pol is None else os.path.splitext(os.path.basename(pol))[0]
+            row = {"preset": name, "policy": label, **{f"{d}_s": t["link_s"][d] for d in DIMS},
+                   "compute_s": t["compute_s"], "codec_s": t["codec_s"], "step_s": t["total_s"],
+                   "speedup": base["total_s"] / t["total_s"]}
+            rows.append(row)
+            print(f" {name:<14} {label:<22} {row['compute_s']:>10.3f} {row['tp_s']:>8.3f} {row['pp_s']:>8.3f} "
+                  f"{row['dp_s']:>8.3f} {row['codec_s']:>8.3f} {row['step_s']:>8.3f} {row['speedup']:>7.2f}x", file=file)
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ccoll.model", description="Analytical traffic and step-time model of GPT training per parallel dimension.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a real cluster layout (overrides the layout options)")
+    for k, v in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 128), ("vocab", 256), ("micro-batch", 4),
+                 ("micro-batches", 2), ("dp", 2), ("tp", 1), ("pp", 2), ("zero", 1)):
+        p.add_argument(f"--{k}", type=int, default=v)
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--runner", action="store_true", help="ccoll.convergence's model (replicated byte embedding, "
+                                                          "learned positions, gathered logits)")
+    p.add_argument("--policy", action="append", default=[], help="policy YAML (repeatable; traffic uses the first)")
+    p.add_argument("--codec-gbps", type=float, default=100.0, help="codec throughput, GB/s of input values")
+    p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput if not --codec-gbps")
+    p.add_argument("--tp-gbps", type=float, default=1200.0, help="TP link, Gbit/s per GPU")
+    p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
+    p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step (default: from FLOPs)")
+    p.add_argument("--peak-tflops", type=float, default=125.0)
+    p.add_argument("--mfu", type=float, default=0.35)
+    p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
+    p.add_argument("--target-speedup", type=float, default=1.25,
+                   help="print the codec throughput this speedup needs (or why no codec reaches it)")
+    p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
+    p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
+    p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
+    p.add_argument("--json", default=None, help="write the result as JSON")
+    p.add_argument("--cluster", metavar="NAME_OR_YAML",
+                   help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800; or your own YAML with the "
+                        "same fields): the mechanistic step time (placement, rails, alpha-beta, algorithm, overlap)")
+    p.add_argument("--codec-table", metavar="YAML", help="--cluster: measured codec GB/s per spec (default: roofline)")
+    p.add_argument("--algorithm", default="auto", choices=("auto", "ring", "hierarchical"),
+                   help="--cluster: native all-reduce algorithm across nodes")
+    p.add_argument("--published", action="store_true", help="the seed paper's GPT-NeoX-20B runs: published vs "
+                                                              "predicted speedups from the cluster file alone")
+    p.add_argument("--from-run", metavar="SUMMARY_JSON", help="calibrate on a shaped run's summary.json and "
+                                                               "predict --ranks ranks")
+    p.add_argument("--ranks", type=int, default=None, help="--from-run: ranks to predict")
+    p.add_argument("--cpu-cores", type=int, default=None, help="--from-run on a CPU test bed: the cores the ranks "
+                                                                "(of baseline and policy run together) share")
+    p.add_argument("--codec-throughput", metavar="SPEC", help="measure one codec's GB/s on this machine "
+                                                               "(encode_rows with error feedback + decode_rows); JSON on stdout")
+    p.add_argument("--codec-numel", type=int, default=1 << 22, help="--codec-throughput: values per measurement")
+    p.add_argument("--no-feedback", action="store_true", help="--codec-throughput: encode without error feedback")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.codec_throughput:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+            print(json.dumps(codec_throughput(args.codec_throughput, args.codec_numel, feedback=not args.no_feedback)))
+            return 0
+        if args.validate:
+            with open(args.validate) as f:
+                summary = json.load(f)
+            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
+            print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
+                  f"{100 * res['tolerance']:.0f}%")
+            print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
+            for name, e in res["policies"].items():
+                for d, r in e["dims"].items():
+                    print(f" {name:<14} {d:<4} {r['predicted_raw']:>12.0f} {r['measured_raw']:>12.0f} "
+                          f"{r['predicted_wire']:>12.0f} {r['measured_wire']:>12.0f} {'yes' if r['ok'] else 'NO'}")
+            for name, e in res["policies"].items():
+                pred = e.get("predicted_speedup")
+                print(f"# {name}: measured speedup {e['measured_speedup']:.3f}x, predicted "
+                      + (f"{pred:.3f}x at {e['link_gbps']:g} Gbit/s" if pred else "- (no link rate: unshaped run)"))
+                if pred:
+                    print(f"#   {format_step(e['predicted_step'])}; measured step {e['measured_step_s']:.3f} s")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1)
+            return 0 if res["ok"] else 1
+        table = None
+        if args.codec_table:
+            from .timing import load_codec_table
+            table = load_codec_table(args.codec_table)
+        if args.published:
+            from .published import print_published, published
+            rows = published(args.cluster or "lassen", table)
+            print_published(rows)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+            return 0
+        if args.from_run:
+            from .fromrun import from_run
+            with open(args.from_run) as f:
+                summary = json.load(f)
+            if "rates" in summary:  # a ccoll.convergence.shaped report: its (first) rate's summary
+                summary = next(iter(summary["rates"].values()))["summary"]
+            if not args.ranks:
+                raise CcollError("--from-run needs --ranks N")
+            res = from_run(summary, args.ranks, link_gbps=args.link_gbps, cores=args.cpu_cores)
+            print(f"# ccoll.model --from-run {args.from_run}: measured at {res['measured_ranks']} ranks, predicted at "
+                  f"{res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links, CPU slowdown {res['cpu_slowdown']:g}x")
+            for name, e in res["policies"].items():
+                lo, hi = e["interval"]
+                print(f" {name}: measured {e['measured_speedup']:.3f}x at {res['measured_ranks']} ranks (model there "
+                      f"{e['predicted_speedup_measured_scale']:.3f}x); predicted {e['predicted_speedup']:.3f}x at "
+                      f"{res['ranks']} ranks [{lo:.3f}, {hi:.3f}], {e['predicted_samples_per_s']:.2f} samples/s")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1)
+            return 0
+        if args.clusters:
+            rows = cluster_table(args.policy or ["configs/hybrid.yaml"], args.codec_gbps)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+            return 0
+        if args.preset:
+            lay, cl = PRESETS[args.preset]
+            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
+        else:
+            extra = RUNNER if args.runner else {}
+            lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                         micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp, tp=args.tp,
+                         pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
+                                                                                 if k not in ("vocab", "zero")}})
+            cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
+                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
+                         dp_overlap=args.dp_overlap)
+        pol = args.policy[0] if args.policy else None
+        print_traffic(lay, pol)
+        if args.cluster:
+            from .clusters import load_cluster
+            from .timing import predict
+            node = load_cluster(args.cluster)
+            kw = dict(mfu=args.mfu, codec_table=table, algorithm=args.algorithm, dp_overlap=args.dp_overlap > 0)
+            base = predict(lay, node, None, **kw)
+            t = predict(lay, node, pol, **kw)
+            print(f"# on {node.name} ({node.gpus_per_node} x {node.gpu} per node, {node.rails_per_node} x "
+                  f"{node.rail_gbps:g} Gbit/s rails, intra {node.intra_gbps:g} Gbit/s per GPU), MFU {args.mfu:g}, "
+                  f"placement k={t['placement']['k']}")
+            print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+            return 0
+        base = step_time(lay, cl, None)
+        t = step_time(lay, cl, pol)
+        print(f"# step time (busiest stage {t['stage']}): compute {t['compute_s']:.4f} s, tp {t['link_s']['tp']:.4f} s, "
+              f"pp {t['link_s']['pp']:.4f} s, dp {t['link_s']['dp']:.4f} s, codec {t['codec_s']:.4f} s, "
+              f"total {t['total_s']:.4f} s; native {base['total_s']:.4f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+        if pol is not None:
+            print(f"# {why_line(lay, cl, pol, args.target_speedup)}")
+        return 0
+    except (CcollError, OSError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,135 @@
+"""Cluster descriptions from public specifications (``configs/clusters/*.yaml`` or a user's own file).
+
+Why: a prediction is only as good as the link rates behind it, and a rate nobody can trace is a fudge
+factor. Each shipped file cites its source per field; a user's file has the same fields and is checked
+here once, with errors that name the file and the key.
+
+Fields (bandwidths per direction):
+    name, gpu                     strings
+    gpus_per_node                 int >= 1
+    hbm_gbytes_per_s              GPU memory bandwidth, GB/s (the codec roofline's numerator)
+    peak_tflops                   {dtype: dense TFLOPS}; at least the training dtype
+    intra.gbit_per_s_per_gpu      GPU-to-GPU link inside a node, Gbit/s per GPU
+    intra.latency_us              per message
+    inter.rail_gbit_per_s         one NIC port (rail), Gbit/s of data
+    inter.rails_per_node          rails of a node, shared by its GPUs
+    inter.mtu_bytes, header_bytes payload and header bytes per packet (payload efficiency); optional
+    inter.latency_us              per message
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import CcollError
+
+#: where the shipped descriptions live (``--cluster lassen`` = this directory's lassen.yaml)
+CLUSTER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
+                           "clusters")
+
+
+class ClusterError(CcollError):
+    """A cluster description is missing a field or has a value of the wrong type or range."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node type of a cluster (see the module docstring for the fields)."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    hbm_gbytes_per_s: float
+    peak_tflops: dict
+    intra_gbps: float
+    intra_latency_us: float
+    rail_gbps: float
+    rails_per_node: int
+    inter_latency_us: float
+    payload_efficiency: float = 1.0
+    source: str = ""
+
+    @property
+    def node_gbps(self) -> float:
+        """Data Gbit/s a node can send to other nodes: rails x rail rate x packet payload efficiency."""
+        return self.rails_per_node * self.rail_gbps * self.payload_efficiency
+
+    def gpu_share_gbps(self, active: int | None = None) -> float:
+        """Inter-node Gbit/s per GPU when ``active`` GPUs of the node (default: all) send at once: the
+        node's rails divided among them, at most the rails one GPU can reach (its own NIC on a rail-
+        optimised node, all of them where the library stripes a message over rails, as MVAPICH2 and NCCL
+        do; we take striping)."""
+        a = self.gpus_per_node if active is None else max(1, min(active, self.gpus_per_node))
+        return self.node_gbps / a
+
+    def peak(self, dtype: str) -> float:
+        try:
+            return float(self.peak_tflops[dtype])
+        except KeyError:
+            raise ClusterError(f"cluster {self.name}: no peak_tflops for {dtype} (has {sorted(self.peak_tflops)})")
+
+
+def _get(d: dict, key: str, kind, where: str, positive: bool = True):
+    if not isinstance(d, dict) or key not in d:
+        raise ClusterError(f"{where}: missing {key!r}")
+    v = d[key]
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise ClusterError(f"{where}: {key} must be {kind.__name__}, got {v!r}")
+    if positive and kind in (int, float) and not v > 0:
+        raise ClusterError(f"{where}: {key} must be > 0, got {v!r}")
+    return v
+
+
+def node_from_dict(d: dict, where: str = "cluster") -> Node:
+    """Validate a parsed description (see the module docstring) into a :class:`Node`."""
+    if not isinstance(d, dict):
+        raise ClusterError(f"{where}: expected a mapping, got {type(d).__name__}")
+    known = {"name", "gpu", "gpus_per_node", "hbm_gbytes_per_s", "peak_tflops", "intra", "inter"}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ClusterError(f"{where}: unknown keys {extra}; expected {sorted(known)}")
+    peaks = d.get("peak_tflops")
+    if not isinstance(peaks, dict) or not peaks:
+        raise ClusterError(f"{where}: peak_tflops must be a mapping dtype -> TFLOPS")
+    for k in list(peaks):
+        _get(peaks, k, float, f"{where}: peak_tflops")
+    intra, inter = d.get("intra"), d.get("inter")
+    mtu = inter.get("mtu_bytes") if isinstance(inter, dict) else None
+    eff = 1.0
+    if mtu is not None:
+        m = _get(inter, "mtu_bytes", int, f"{where}: inter")
+        hdr = _get(inter, "header_bytes", int, f"{where}: inter", positive=False)
+        eff = m / (m + hdr)
+    return Node(name=_get(d, "name", str, where), gpu=_get(d, "gpu", str, where),
+                gpus_per_node=_get(d, "gpus_per_node", int, where),
+                hbm_gbytes_per_s=_get(d, "hbm_gbytes_per_s", float, where),
+                peak_tflops={k: float(v) for k, v in peaks.items()},
+                intra_gbps=_get(intra, "gbit_per_s_per_gpu", float, f"{where}: intra"),
+                intra_latency_us=_get(intra, "latency_us", float, f"{where}: intra", positive=False),
+                rail_gbps=_get(inter, "rail_gbit_per_s", float, f"{where}: inter"),
+                rails_per_node=_get(inter, "rails_per_node", int, f"{where}: inter"),
+                inter_latency_us=_get(inter, "latency_us", float, f"{where}: inter", positive=False),
+                payload_efficiency=eff, source=where)
+
+
+def load_cluster(name_or_path: str) -> Node:
+    """A shipped cluster by name (``lassen``, ``dgx-a100``, ``dgx-h100``, ``h800``) or a YAML file."""
+    import yaml
+
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(CLUSTER_DIR, f"{name_or_path}.yaml")
+    if not os.path.exists(path):
+        raise ClusterError(f"cluster {name_or_path!r}: no such file; shipped: {', '.join(shipped_clusters())}")
+    with open(path) as f:
+        try:
+            d = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ClusterError(f"{path}: not YAML: {e}") from None
+    return node_from_dict(d, path)
+
+
+def shipped_clusters() -> list[str]:
+    return sorted(os.path.splitext(f)[0] for f in os.listdir(CLUSTER_DIR) if f.endswith(".yaml"))

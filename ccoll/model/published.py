@@ -1,0 +1,130 @@
+"""``python -m ccoll.model --published``: the seed paper's GPT-NeoX-20B runs, published speedups beside the model's
+prediction from the cluster file alone.
+
+Seed: Xu, Anthony, Zhou, Alnaasan, Gulhane, Shafi, Subramoni, Panda, "Accelerating Large Language Model Training
+with Hybrid GPU-based Compression", CCGrid 2024, arXiv 2409.02423 (abstract): GPT-NeoX-20B, 3D parallelism +
+ZeRO-1, up to 192 V100 on LLNL Lassen; naive compression +23.6% samples/s and +22.5% TFLOPS per GPU; hybrid
++12.7% samples/s and +17.3% TFLOPS per GPU. Its schemes: naive = ZFP on every collective; hybrid = aggressive
+ZFP on DP gradients, milder (ZHybrid: a higher ZFP rate) or lossless (MZHybrid: MPC) on TP/PP -- our
+configs/znaive.yaml, zhybrid.yaml, mzhybrid.yaml.
+
+Layout (every field sourced; "assumed" where no source was found):
+    GPT-NeoX configs/20B.yml (github.com/EleutherAI/gpt-neox): 44 layers, hidden 6144, 64 heads, seq 2048,
+        pipe-parallel-size 4, model-parallel-size 2, train_micro_batch_size_per_gpu 4,
+        gradient_accumulation_steps 32, ZeRO stage 1 with ``reduce_scatter: true``, fp16,
+        checkpoint-activations (recomputation), gpt_j_residual (parallel residual), no-weight-tying;
+        vocabulary padded to 50432 (NeoX-20B model card)
+    192 GPUs / (TP 2 x PP 4) = DP 24 (the paper's largest scale)
+    NeoX's PipelineModule sends the fp16 attention mask with each forward activation (pp_mask)
+    MFU 0.30: the V100 figure Megatron-LM reports for a GPT layer on one V100 (Shoeybi et al. 2019,
+        arXiv 1909.08053: 39 TFLOPS = 30% of peak) -- the paper's own baseline TFLOPS were not found
+    gradient_accumulation_steps: the paper's value was not found; 20B.yml's 32 is used, and the prediction
+        is also given at 1 (the largest share of communication the layout allows)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from .core import Layout
+from .clusters import load_cluster
+from .timing import predict
+
+#: published samples/s speedups (arXiv 2409.02423, abstract)
+PUBLISHED = {"naive": 1.236, "hybrid": 1.127}
+#: the paper's TFLOPS per GPU gains (same source), reported beside
+PUBLISHED_TFLOPS = {"naive": 1.225, "hybrid": 1.173}
+#: which shipped policy stands for each scheme: the paper's ZFP schemes, and MZHybrid (lossless on TP/PP; ours
+#: has int4 on DP where the paper has ZFP) -- the abstract does not say which hybrid its +12.7% is, so both
+SCHEMES = [("naive", "configs/znaive.yaml"), ("hybrid", "configs/zhybrid.yaml"), ("hybrid", "configs/mzhybrid.yaml")]
+#: measured raw/used bytes of the variable-size lossless codec (configs/codecs/measured.yaml)
+CODEC_TABLE = "configs/codecs/measured.yaml"
+#: within this of the published ratio counts as reproduced (issue 21's target)
+TARGET = 0.15
+#: see the module docstring
+MFU = 0.30
+
+NEOX20B = Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32, dp=24,
+                 tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True, pp_mask=True,
+                 zero_reduce="reduce_scatter")
+
+
+def _root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def published(cluster: str = "lassen", codec_table: dict | None = None, micro_batches=(32, 1)) -> list[dict]:
+    """One row per (scheme, micro-batches): published and predicted speedup, their ratio, and whether it is
+    within ``TARGET``."""
+    node = load_cluster(cluster)
+    if codec_table is None:
+        from .timing import load_codec_table
+        codec_table = load_codec_table(os.path.join(_root(), CODEC_TABLE))
+    rows = []
+    for m in micro_batches:
+        lay = dataclasses.replace(NEOX20B, micro_batches=m)
+        base = predict(lay, node, None, mfu=MFU, codec_table=codec_table)
+        for scheme, pol in SCHEMES:
+            t = predict(lay, node, os.path.join(_root(), pol), mfu=MFU, codec_table=codec_table)
+            pred = base["total_s"] / t["total_s"]
+            rows.append({"scheme": scheme, "policy": pol, "micro_batches": m, "published": PUBLISHED[scheme],
+                         "predicted": pred, "ratio": pred / PUBLISHED[scheme],
+                         "within_target": abs(pred / PUBLISHED[scheme] - 1) <= TARGET,
+                         "gain_captured": (pred - 1) / (PUBLISHED[scheme] - 1),
+                         "base_step_s": base["total_s"], "base_comm_s": sum(base["link_s"].values()),
+                         "step_s": t["total_s"]})
+    return rows
+
+
+def link_fraction_needed(scheme: str = "naive", policy: str = "configs/znaive.yaml", cluster: str = "lassen",
+                         micro_batches: int = 32, codec_table: dict | None = None) -> float | None:
+    """Diagnostic, not a fit: the fraction of every link's specified rate (intra and inter alike) at which the
+    model would reproduce the published speedup of ``scheme`` -- how far achieved bandwidth would have to be
+    below the specification for the paper's figure to follow. None if no fraction in (0.001, 1] does."""
+    import dataclasses as dc
+
+    from .timing import load_codec_table
+
+    node = load_cluster(cluster)
+    table = codec_table or load_codec_table(os.path.join(_root(), CODEC_TABLE))
+    lay = dc.replace(NEOX20B, micro_batches=micro_batches)
+
+    def speedup(f):
+        n = dc.replace(node, rail_gbps=node.rail_gbps * f, intra_gbps=node.intra_gbps * f)
+        return (predict(lay, n, None, mfu=MFU, codec_table=table)["total_s"]
+                / predict(lay, n, os.path.join(_root(), policy), mfu=MFU, codec_table=table)["total_s"])
+
+    target = PUBLISHED[scheme]
+    lo, hi = 1e-3, 1.0
+    if speedup(hi) >= target or speedup(lo) < target:
+        return None
+    for _ in range(40):  # speedup falls as links get faster: bisect on the fraction
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if speedup(mid) >= target else (lo, mid)
+    return lo
+
+
+def print_published(rows: list[dict], file=None) -> None:
+    file = sys.stdout if file is None else file
+    print("# GPT-NeoX-20B on 192 V100 (Lassen: 4 x V100 per AC922 node, 2 x EDR 100 Gbit/s), TP 2 x PP 4 x DP 24, "
+          "ZeRO-1, fp16, recomputation, parallel residual; MFU 0.30 (Megatron-LM's V100 figure)", file=file)
+    print("# published: Xu et al., CCGrid 2024 (arXiv 2409.02423); layout: GPT-NeoX configs/20B.yml", file=file)
+    print(f"#{'scheme':<7} {'policy':<22} {'m':>3} {'published':>9} {'predicted':>9} {'pred/pub':>8} "
+          f"{'gain seen':>9} {'base step s':>11} {'base comm s':>11} within {100 * TARGET:.0f}%", file=file)
+    for r in rows:
+        print(f" {r['scheme']:<7} {r['policy']:<22} {r['micro_batches']:>3} {r['published']:>8.3f}x "
+              f"{r['predicted']:>8.3f}x {r['ratio']:>8.3f} {100 * r['gain_captured']:>8.0f}% {r['base_step_s']:>11.2f} {r['base_comm_s']:>11.2f} "
+              f"{'yes' if r['within_target'] else 'NO'}", file=file)
+    print("# gain seen = predicted gain / published gain. A ratio within 15% is not a reproduction when the gain "
+          "itself is missed: hybrid's +12.7% leaves 1.00x within 15% of 1.127x.", file=file)
+    if not all(r["within_target"] and r["gain_captured"] > 0.5 for r in rows):
+        print("# target missed with these sourced parameters: from the public specs, communication is a few percent "
+              "of a NeoX-20B step on Lassen (compute-bound: 32 micro-batches, recomputation), so no codec can buy "
+              "+12..24%. The published gains imply communication >= ~20% of the baseline step: an achieved "
+              "bandwidth far below the links' (the paper's MPI library and its collective algorithms, fp16 "
+              "reductions, no overlap) or a smaller batch -- not in the public record, so not modelled.", file=file)
+        f = link_fraction_needed()
+        if f is not None:
+            print(f"# diagnostic: the model gives naive's +23.6% (m=32) only with every link at {100 * f:.1f}% of its "
+                  "specified rate -- the size of the gap, not a parameter.", file=file)

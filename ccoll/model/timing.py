@@ -1,0 +1,263 @@
+"""Step time from mechanisms: placement on nodes, alpha-beta per message, collective algorithm, rails
+shared by a node's GPUs, codec roofline, pipelining of codec work with the wire, the pipeline schedule.
+
+Why: the old ``step_time`` charged every byte at one per-GPU rate; the same bytes cost very different
+time depending on whether a group is inside a node (NVLink), how many of a group's members share a node
+(a ring leaves a node once per group, an all-to-all once per member), and how many GPUs share the node's
+NICs. Each of those is computed here from the cluster file; nothing is fitted.
+
+Placement (Megatron / GPT-NeoX / DeepSpeed topology, axes pipe > data > model, model fastest): a TP group is
+``tp`` consecutive ranks, DP members are ``tp`` apart, PP neighbours ``tp*dp`` apart; nodes hold
+``gpus_per_node`` consecutive ranks. ``k`` = members of one group on a node.
+
+Per call, ``W`` = bytes a rank contributes on the wire, ``n`` = group size, ``B_i`` = intra-node Gbit/s per
+GPU, ``B_n`` = the node's inter-node Gbit/s (rails x rail x payload efficiency), ``g`` = GPUs per node (all
+running the same dimension's collective at once -- true for DP at the end of a step and for TP/PP, whose
+groups are symmetric), ``a`` = per-message latency:
+
+    inside a node (k = n):   all_reduce 2(n-1)(a + W/(n B_i));  reduce_scatter (n-1)(a + W/(n B_i));
+                             all_gather (n-1)(a + W/B_i);        send a + W/B_i
+    across nodes:            time = g x e / B_n + messages x a, with e = bytes one GPU sends off its node:
+      native ring (node-ordered)     all_reduce e = 2(n-1)/n W/k     reduce_scatter (n-1)/n W/k
+                                     all_gather  e = (n-1) W/k (W = the shard)
+      native hierarchical (k > 1)    all_reduce e = 2(n/k-1)/(n/k) W/k  (intra reduce-scatter, inter ring,
+                                     intra all-gather)
+      ccoll compressed all_reduce    all-to-all of encoded chunks (direct: (n-k)/n W off the node) + ring
+                                     all-gather of the reduced chunk ((n-1)/n W/k): e = (n-k)/n W + (n-1)/(n k) W
+      ccoll compressed reduce_scatter  e = (n-k)/n W (all-to-all)
+      send (PP)                      e = W
+    "auto" takes the faster of ring and hierarchical for native calls (what NCCL's and MVAPICH2's tuners do).
+
+Codec seconds per call = values encoded / encode rate + values decoded / decode rate (ccoll's passes per
+value, ``_CODEC_PASSES``). Rates: a ``--codec-table`` file, else the roofline of a memory-bound kernel on
+this GPU: HBM GB/s / bytes moved per value (encode: read the input + write the payload + read and write the
+fp32 error-feedback residual when the rule has it; decode: read the payload + write the output). The
+roofline is an upper bound; ZFP's transform is compute-heavier than the block quantisers, so a measured
+table (``make gpu-check``, ``python -m ccoll.model --codec-throughput``) is better for it.
+``hierarchy: node`` (all_reduce): exact inside a node (a group within one node is not compressed at all);
+across nodes an exact intra-node reduce-scatter, the compressed all-reduce of the GPU's 1/k chunk among the
+n/k nodes, an exact intra-node all-gather (ccoll.collectives.hierarchy); codec work on 1/k of the values.
+ccoll pipelines all_reduce (and the spans of reduce_scatter / all_gather) in segments of
+``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s. A send is not
+segmented: wire + codec.
+
+Step (1F1B pipeline, DeepSpeed's PipelineEngine and Megatron): every micro-batch's compute, TP collectives
+and PP sends are on the critical path and the schedule takes (m + pp - 1) micro-batch slots of the
+slowest stage; DP's gradient reduction runs after the schedule (DeepSpeed's pipeline engine reduces
+gradients in its last instruction, ``ReduceGrads``) and is exposed; with pp = 1 and ``dp_overlap`` it
+hides under the last micro-batch's backward (2/3 of its compute; 3/4 with recomputation), as DDP /
+ZeRO ``overlap_comm`` buckets do.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import CcollError
+from .clusters import Node
+
+DIMS = ("dp", "tp", "pp")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Members of one group of each dimension on a node (``k``) and whether the group fits in a node."""
+
+    k: dict
+    intra: dict
+
+
+def placement(lay, node: Node) -> Placement:
+    g = node.gpus_per_node
+    tp_k = min(lay.tp, g)
+    dp_k = 1 if lay.tp >= g else min(lay.dp, g // lay.tp)
+    pp_k = 1 if lay.tp * lay.dp >= g else min(lay.pp, g // (lay.tp * lay.dp))
+    if lay.tp < g and g % lay.tp:
+        raise CcollError(f"placement: tp={lay.tp} does not divide gpus_per_node={g}")
+    k = {"tp": tp_k, "dp": dp_k, "pp": pp_k}
+    intra = {"tp": lay.tp <= g, "dp": dp_k >= lay.dp, "pp": pp_k >= lay.pp}
+    return Placement(k, intra)
+
+
+def call_seconds(op: str, w: float, n: int, k: int, intra: bool, node: Node, compressed: bool,
+                 algorithm: str = "auto") -> float:
+    """Wire seconds of one call (see the module docstring); ``w`` bytes per rank on the wire."""
+    if n <= 1 and op != "send":
+        return 0.0
+    if intra:
+        b, a = node.intra_gbps * 1e9 / 8, node.intra_latency_us * 1e-6
+        if op == "all_reduce":
+            return 2 * (n - 1) * (a + w / (n * b))
+        if op == "reduce_scatter":
+            return (n - 1) * (a + w / (n * b))
+        if op == "all_gather":
+            return (n - 1) * (a + w / b)
+        return a + w / b
+    bn, a, g = node.node_gbps * 1e9 / 8, node.inter_latency_us * 1e-6, node.gpus_per_node
+    if op == "send":
+        return a + g * w / bn
+    if compressed and op == "all_reduce":
+        return g * ((n - k) / n * w + (n - 1) / (n * k) * w) / bn + 2 * (n - 1) * a
+    if compressed and op == "reduce_scatter":
+        return g * (n - k) / n * w / bn + (n - 1) * a
+    if op == "all_gather":
+        return g * (n - 1) * w / k / bn + (n - 1) * a
+    if op == "reduce_scatter":
+        return g * (n - 1) / n * w / k / bn + (n - 1) * a
+    ring = g * 2 * (n - 1) / n * w / k / bn + 2 * (n - 1) * a
+    if k > 1 and n % k == 0:
+        m = n // k
+        ib = node.intra_gbps * 1e9 / 8
+        hier = (g * 2 * (m - 1) / m * w / k / bn + 2 * (m - 1) * a
+                + 2 * (k - 1) * (node.intra_latency_us * 1e-6 + w / (k * ib)))
+    else:
+        hier = math.inf
+    if algorithm == "ring":
+        return ring
+    if algorithm == "hierarchical":
+        return hier if hier < math.inf else ring
+    return min(ring, hier)
+
+
+# --- codec rates ---------------------------------------------------------------------------------------------
+def roofline_gbps(codec, dtype: torch.dtype, hbm_gbytes_per_s: float, feedback: bool) -> tuple[float, float]:
+    """(encode, decode) GB/s of input values of a memory-bound codec kernel: HBM bandwidth x input bytes per
+    value / bytes moved per value (see the module docstring)."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    n = 1 << 20
+    wire = codec.encoded_nbytes(n, dtype) / n
+    enc = elt + wire + (8 if feedback else 0)
+    dec = wire + elt
+    return hbm_gbytes_per_s * elt / enc, hbm_gbytes_per_s * elt / dec
+
+
+def load_codec_table(path: str) -> dict:
+    """``{spec or family: {"encode_gbps": x, "decode_gbps": y, "ratio": {dtype: {dim: r}}}}``: measured GB/s of
+    input values, and for variable-size codecs (lossless) the measured raw / used bytes per dtype and dimension
+    (their ``encoded_nbytes`` is a capacity, not what travels). Either part may be left out (roofline rates;
+    capacity bytes). YAML or JSON; a list of ``--codec-throughput`` outputs is accepted too."""
+    import yaml
+
+    with open(path) as f:
+        d = yaml.safe_load(f)
+    if isinstance(d, list):
+        d = {e["spec"]: e for e in d}
+    if not isinstance(d, dict):
+        raise CcollError(f"{path}: codec table must map a codec spec to encode_gbps / decode_gbps")
+    out = {}
+    for k, v in d.items():
+        e = {}
+        try:
+            if "encode_gbps" in v or "decode_gbps" in v:
+                e["rates"] = (float(v["encode_gbps"]), float(v["decode_gbps"]))
+            if "ratio" in v:
+                e["ratio"] = {str(dt): {str(dim): float(r) for dim, r in per.items()} for dt, per in v["ratio"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise CcollError(f"{path}: {k}: needs numeric encode_gbps and decode_gbps, and/or ratio: "
+                             "{dtype: {dim: raw/used}}") from None
+        if not e:
+            raise CcollError(f"{path}: {k}: neither rates nor ratio")
+        out[str(k)] = e
+    return out
+
+
+def _entry(codec, table: dict | None) -> dict:
+    if table:
+        for key in (codec.spec, codec.spec.split(":")[0]):
+            if key in table:
+                return table[key]
+    return {}
+
+
+def measured_ratio(codec, dtype: str, dim: str, table: dict | None) -> float | None:
+    """raw / used bytes measured for a variable-size codec on this dtype and dimension, or None."""
+    return _entry(codec, table).get("ratio", {}).get(dtype, {}).get(dim)
+
+
+def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) -> tuple[float, float, str]:
+    rates = _entry(codec, table).get("rates")
+    if rates:
+        return (*rates, "table")
+    return (*roofline_gbps(codec, dtype, node.hbm_gbytes_per_s, feedback), "roofline")
+
+
+# --- the step --------------------------------------------------------------------------------------------------
+def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | None = None, algorithm: str = "auto",
+            dp_overlap: bool = False) -> dict:
+    """Predicted seconds per optimizer step on ``node``s: compute, exposed wire per dimension, exposed codec,
+    total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach."""
+    from .core import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
+    from ..collectives.segments import SEGMENT_BYTES
+    from ..policy import load
+
+    pol = load(policy) if policy is not None else None
+    pl = placement(lay, node)
+    m = lay.micro_batches
+    comp_mb = training_flops(lay) / (lay.world * node.peak(lay.dtype) * 1e12 * mfu) / m
+    per_mb = {}
+    dp_cost = {}
+    detail = {}
+    for f in flows(lay):
+        dt = DTYPES[f.dtype]
+        codec = pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP) if pol else None
+        rule = pol.rule(f.dim, _policy_op(f.op)) if codec is not None else None
+        hier = rule is not None and rule.hierarchy == "node" and f.op == "all_reduce"
+        k = pl.k[f.dim]
+        if hier and pl.intra[f.dim]:
+            codec = None  # ``hierarchy: node``: exact inside a node
+        w = wire_nbytes(codec, f.op, f.numel, dt, f.group)
+        r = measured_ratio(codec, f.dtype, f.dim, codec_table) if codec is not None else None
+        if r:  # a variable-size codec: what travels is the measured fraction of the raw bytes
+            w = wire_nbytes(None, f.op, f.numel, dt, f.group) / r
+        raw = f.numel * dt.itemsize
+        if hier and codec is not None and k > 1 and f.group % k == 0:
+            # ``hierarchy: node`` across nodes: exact reduce-scatter inside the node, the compressed all-reduce
+            # of this GPU's 1/k chunk between the n/k nodes, exact all-gather inside the node
+            intra = 2 * (k - 1) * (node.intra_latency_us * 1e-6 + raw / (k * node.intra_gbps * 1e9 / 8))
+            wire = intra + call_seconds("all_reduce", w / k, f.group // k, 1, False, node, True, algorithm)
+            values, group = raw / k, f.group // k
+        else:
+            wire = call_seconds(f.op, w, f.group, k, pl.intra[f.dim], node, codec is not None, algorithm)
+            values, group = raw, f.group
+        cod = 0.0
+        if codec is not None:
+            fb = bool(rule.error_feedback) and f.op != "send"
+            enc_r, dec_r, _ = codec_rates(codec, dt, node, fb, codec_table)
+            enc, dec = _CODEC_PASSES[f.op](group)
+            cod = values * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
+        elt = dt.itemsize
+        nseg = max(1, math.ceil(f.numel * elt / SEGMENT_BYTES)) if f.op != "send" else 1
+        both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 else wire + cod
+        key = (f.stage, f.dim)
+        acc = dp_cost if f.dim == "dp" else per_mb
+        w_s, c_s = acc.get(key, (0.0, 0.0))
+        acc[key] = (w_s + wire * f.calls, c_s + (both - wire) * f.calls)
+        detail.setdefault(f.dim, []).append({"what": f.what, "op": f.op, "stage": f.stage,
+                                             "codec": codec.spec if codec else "native", "wire_s": wire,
+                                             "codec_s": both - wire, "calls": f.calls})
+    slots = m + lay.pp - 1
+    stages = range(lay.pp)
+
+    def stage_mb(st):
+        wire = {d: per_mb.get((st, d), (0.0, 0.0))[0] / m for d in ("tp", "pp")}
+        cod = sum(per_mb.get((st, d), (0.0, 0.0))[1] / m for d in ("tp", "pp"))
+        return comp_mb + sum(wire.values()) + cod, wire, cod
+
+    slow = max(stages, key=lambda st: stage_mb(st)[0])
+    _, wire_mb, cod_mb = stage_mb(slow)
+    dps = [sum(dp_cost.get((st, "dp"), (0.0, 0.0))) for st in stages]
+    dp_stage = max(stages, key=lambda st: dps[st])
+    dp_w, dp_c = dp_cost.get((dp_stage, "dp"), (0.0, 0.0))
+    hidden = 0.0
+    if dp_overlap and lay.pp == 1:
+        hidden = min(dp_w + dp_c, comp_mb * (0.75 if lay.recompute else 2 / 3))
+    scale = 1.0 - hidden / (dp_w + dp_c) if dp_w + dp_c else 1.0
+    link = {"tp": slots * wire_mb["tp"], "pp": slots * wire_mb["pp"], "dp": dp_w * scale}
+    codec_s = slots * cod_mb + dp_c * scale
+    compute = slots * comp_mb
+    return {"stage": slow, "compute_s": compute, "link_s": link, "codec_s": codec_s,
+            "total_s": compute + sum(link.values()) + codec_s, "bubble": (lay.pp - 1) / m,
+            "placement": dataclasses.asdict(pl), "detail": detail}
