@@ -48,6 +48,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .once import once
+
 
 class CudaApi:
     """The stream/event primitives :class:`Call` uses, on torch.cuda."""
@@ -220,28 +222,13 @@ class _SideWork:
         return self.work.get_future()
 
 
-class _Devices:
-    """The one :class:`CudaApi` of this process, made on the first CUDA call (so CPU-only runs never
-    touch torch.cuda)."""
-
-    def __init__(self) -> None:
-        self.cuda: CudaApi | None = None
-        self.lock = threading.Lock()
-
-    def cuda_api(self) -> CudaApi:
-        with self.lock:
-            if self.cuda is None:
-                self.cuda = CudaApi()
-            return self.cuda
-
-
-_devices = _Devices()
+_cuda_api = once(lambda: CudaApi())  # made on the first CUDA call: CPU-only runs never touch torch.cuda
 
 
 def _api_for(device: torch.device) -> Any:
     """The device API for ``device``: :class:`CudaApi` for CUDA tensors, None (no streams) otherwise.
     Tests replace this to drive :class:`Call` with a recording fake on CPU."""
-    return _devices.cuda_api() if device.type == "cuda" else None
+    return _cuda_api() if device.type == "cuda" else None
 
 
 class Caller:

@@ -100,14 +100,8 @@ class Transport:
     def native_broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
         return self.broadcast(_bytes(tensor), src, async_op)
 
-    def native_all_to_all(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int] | None = None,
-        input_split_sizes: list[int] | None = None,
-        async_op: bool = False,
-    ) -> Handle | None:
+    def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None, async_op: bool = False) -> Handle | None:
         raise NotImplementedError
 
     def native_isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:

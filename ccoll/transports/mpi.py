@@ -32,6 +32,7 @@ import torch
 
 from ..errors import TransportError
 from ..log import logger
+from ..once import once
 from .base import Transport, check_bytes
 from .handle import Handle
 
@@ -54,46 +55,26 @@ def _find_libmpi() -> str | None:
     return None
 
 
-class _CudaAwareness:
-    """The answer to "does this MPI take CUDA buffers?", detected once per process (the library does
-    not change under a running job) and logged once."""
-
-    def __init__(self) -> None:
-        self.value: bool | None = None
-        self.lock = threading.Lock()
-
-    def get(self) -> bool:
-        with self.lock:
-            if self.value is None:
-                self.value = self._detect()
-            return self.value
-
-    @staticmethod
-    def _detect() -> bool:
-        env = os.environ.get("CCOLL_MPI_CUDA_AWARE")
-        if env in ("0", "1"):
-            aware, how = env == "1", "CCOLL_MPI_CUDA_AWARE"
-        else:
-            aware, how = False, "MPIX_Query_cuda_support not found"
-            path = _find_libmpi()
-            if path:
-                try:
-                    fn = ctypes.CDLL(path).MPIX_Query_cuda_support
-                    fn.restype = ctypes.c_int
-                    aware, how = bool(fn()), f"MPIX_Query_cuda_support() in {path}"
-                except (OSError, AttributeError):
-                    pass
-        logger.info("ccoll: MPI CUDA-aware: %s (%s); %s", aware, how,
-                    "device buffers go to MPI directly" if aware else "CUDA tensors are staged through host memory")
-        return aware
-
-
-_cuda_awareness = _CudaAwareness()
-
-
+@once
 def cuda_aware() -> bool:
-    """Whether the MPI library accepts CUDA device buffers (detected once, logged once)."""
-    return _cuda_awareness.get()
+    """Whether the MPI library accepts CUDA device buffers: detected once per process (the library does
+    not change under a running job) and logged once."""
+    env = os.environ.get("CCOLL_MPI_CUDA_AWARE")
+    if env in ("0", "1"):
+        aware, how = env == "1", "CCOLL_MPI_CUDA_AWARE"
+    else:
+        aware, how = False, "MPIX_Query_cuda_support not found"
+        path = _find_libmpi()
+        if path:
+            try:
+                fn = ctypes.CDLL(path).MPIX_Query_cuda_support
+                fn.restype = ctypes.c_int
+                aware, how = bool(fn()), f"MPIX_Query_cuda_support() in {path}"
+            except (OSError, AttributeError):
+                pass
+    logger.info("ccoll: MPI CUDA-aware: %s (%s); %s", aware, how,
+                "device buffers go to MPI directly" if aware else "CUDA tensors are staged through host memory")
+    return aware
 
 
 #: how often the progress thread enters MPI while requests are outstanding
@@ -323,14 +304,8 @@ class MPITransport(Transport):
             async_op, fin, (s, d),
         )
 
-    def native_all_to_all(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int] | None = None,
-        input_split_sizes: list[int] | None = None,
-        async_op: bool = False,
-    ) -> Handle | None:
+    def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None, async_op: bool = False) -> Handle | None:
         p = self.world_size
         if not output_split_sizes and not input_split_sizes:
             return self.all_to_all(output.reshape(-1).view(torch.uint8), input.reshape(-1).view(torch.uint8), async_op)

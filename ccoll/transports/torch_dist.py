@@ -117,14 +117,8 @@ class TorchTransport(Transport):
         work = c10d.broadcast(tensor, self.global_rank(src), group=self.group, async_op=async_op)
         return self._finish(work, async_op, None)
 
-    def native_all_to_all(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int] | None = None,
-        input_split_sizes: list[int] | None = None,
-        async_op: bool = False,
-    ) -> Handle | None:
+    def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None, async_op: bool = False) -> Handle | None:
         return self._all_to_all(output, input, output_split_sizes, input_split_sizes, async_op)
 
     def native_isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
