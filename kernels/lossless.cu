@@ -113,6 +113,20 @@ LL_HD ll_u32 ll_load(const typename Tr::storage* src, ll_i64 numel, ll_i64 i) {
     return i < numel ? (ll_u32)src[i] : 0u;
 }
 
+// the descriptor of the block holding group g of one payload row: its exponent base and width, and the
+// first 32-bit word of group g's packed exponents in the exp section (shared by pack and decode)
+struct LlBlock {
+    ll_u32 base, width;
+    ll_i64 exp_word;
+    LL_HD LlBlock(const ll_u8* p, const LlLayout& L, ll_i64 g, ll_i64 block) {
+        const ll_i64 b = g * 32 / block;
+        const ll_u32 desc = reinterpret_cast<const ll_u32*>(p + L.desc)[b];
+        base = desc & 0xffu;
+        width = (desc >> 8) & 0xffu;
+        exp_word = reinterpret_cast<const ll_u32*>(p + L.offs)[b] + (g - b * (block / 32)) * (ll_i64)width;
+    }
+};
+
 // pass 1: min | max << 16 of the exponents of group g of row `row`
 template <class Tr>
 LL_HD void ll_range_group(const typename Tr::storage* src, ll_i64 numel, ll_i64 row_numel, ll_i64 row, ll_i64 g,
@@ -144,19 +158,15 @@ LL_HD void ll_pack_group(const typename Tr::storage* src, ll_i64 numel, ll_i64 r
         for (int j = 0; j < count; ++j) raw[g * 32 + j] = (typename Tr::storage)ll_load<Tr>(src, numel, first + j);
         return;
     }
-    const ll_i64 b = g * 32 / block;
-    const ll_u32 desc = reinterpret_cast<const ll_u32*>(p + L.desc)[b];
-    const ll_u32 base = desc & 0xffu, width = (desc >> 8) & 0xffu;
-    const ll_u32 off = reinterpret_cast<const ll_u32*>(p + L.offs)[b];
+    const LlBlock B(p, L, g, block);
     ll_u32 e[32], r[32];
     for (int j = 0; j < 32; ++j) {
-        const ll_u32 v = j < count ? ll_rotl<Tr>(ll_load<Tr>(src, numel, first + j)) : base << R;
-        e[j] = (v >> R) - base;
+        const ll_u32 v = j < count ? ll_rotl<Tr>(ll_load<Tr>(src, numel, first + j)) : B.base << R;
+        e[j] = (v >> R) - B.base;
         r[j] = v & ((1u << R) - 1u);
     }
     ll_pack32(r, R, reinterpret_cast<ll_u32*>(p + L.rem) + g * R);
-    if (width)
-        ll_pack32(e, (int)width, reinterpret_cast<ll_u32*>(p + L.exp) + off + (g - b * (block / 32)) * width);
+    if (B.width) ll_pack32(e, (int)B.width, reinterpret_cast<ll_u32*>(p + L.exp) + B.exp_word);
 }
 
 // decode group g of payload row `row` into y (flat index row * row_numel + j, clipped at numel)
@@ -176,17 +186,13 @@ LL_HD void ll_decode_group(const ll_u8* payloads, ll_i64 row_nbytes, ll_i64 row_
         for (ll_i64 j = 0; j < count; ++j) y[first + j] = raw[g * 32 + j];
         return;
     }
-    const ll_i64 b = g * 32 / block;
-    const ll_u32 desc = reinterpret_cast<const ll_u32*>(p + L.desc)[b];
-    const ll_u32 base = desc & 0xffu, width = (desc >> 8) & 0xffu;
-    const ll_u32 off = reinterpret_cast<const ll_u32*>(p + L.offs)[b];
+    const LlBlock B(p, L, g, block);
     ll_u32 e[32], r[32];
     ll_unpack32(reinterpret_cast<const ll_u32*>(p + L.rem) + g * R, R, r);
-    if (width)
-        ll_unpack32(reinterpret_cast<const ll_u32*>(p + L.exp) + off + (g - b * (block / 32)) * width, (int)width, e);
+    if (B.width) ll_unpack32(reinterpret_cast<const ll_u32*>(p + L.exp) + B.exp_word, (int)B.width, e);
     const ll_u32 emask = (1u << Tr::E) - 1u;
     for (ll_i64 j = 0; j < count; ++j) {
-        const ll_u32 ex = ((width ? e[j] : 0u) + base) & emask;
+        const ll_u32 ex = ((B.width ? e[j] : 0u) + B.base) & emask;
         y[first + j] = (typename Tr::storage)ll_rotr<Tr>(ex << R | r[j]);
     }
 }
