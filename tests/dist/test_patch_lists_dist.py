@@ -15,6 +15,7 @@ from launch import run_gloo  # noqa: E402
 
 NUMEL = 512
 INT8_ALL = {"version": 1, "default": {"codec": "int8:block=64", "min_bytes": 0}}
+LOSSLESS_ALL = {"version": 1, "default": {"codec": "lossless", "min_bytes": 0}}
 
 
 def _attempt(fn):
@@ -180,6 +181,29 @@ def _disagreements(rank: int, world: int) -> dict:
 
     out["complex_send_recv"] = _attempt(lambda: p2p(cplx))
     out["int_send_recv"] = _attempt(lambda: p2p(ints))
+    # group ranks that are not the global ones: group rank 0 is global rank 1
+    swapped = dist.new_group([1, 0], sort_ranks=False)
+    if rank == 0:
+        dist.send(x, group=swapped, group_dst=0)
+        h = dist.isend(x, group=swapped, group_dst=0)
+    else:
+        got, got_async = torch.empty(NUMEL), torch.empty(NUMEL)
+        dist.recv(got, group=swapped, group_src=1)
+        h = dist.irecv(got_async, group=swapped, group_src=1)
+    h.wait()
+    out["group_src"] = (got, got_async) if rank == 1 else x
+    return out
+
+
+def _refusals(rank: int, world: int) -> dict:
+    """A variable-size codec's size-then-payload cannot be paired up by an any-source receive."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    if rank == 1:
+        out["any_source_variable_size"] = _attempt(lambda: dist.recv(torch.empty(NUMEL)))
+    dist.barrier()
     return out
 
 
@@ -196,8 +220,10 @@ def _job(rank: int, world: int) -> dict:
         ccoll.reset_stats()
         disagree = _disagreements(rank, world)
         disagree_stats = {(r["op"], r["codec"].split(":")[0]): r["calls"] for r in ccoll.stats()}
+    with patch.installed(Policy.from_dict(LOSSLESS_ALL), resolver=lambda group, op: "dp", step_counter="manual"):
+        refusals = _refusals(rank, world)
     return {"native": native, "lists": lists, "list_stats": list_stats, "disagree": disagree,
-            "disagree_stats": disagree_stats}
+            "disagree_stats": disagree_stats, "refusals": refusals}
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +267,16 @@ def test_given_paths_where_ranks_could_decide_differently_when_compressing_expec
                      "quantized_broadcast", "complex_send_recv", "int_send_recv"):
             assert _same(d[name], nd[name]), (rank, name, d[name], nd[name])
         assert d["sparse_all_reduce"][0] == "ok" and d["complex_send_recv"][0] == "ok"
+
+
+def test_given_send_recv_by_group_ranks_on_a_reordered_group_when_compressing_expect_decoded_from_the_named_peer(results):
+    import torch
+
+    sent = results[0]["disagree"]["group_src"]
+    for got in results[1]["disagree"]["group_src"]:  # recv(group_src=), irecv(group_src=)
+        assert torch.allclose(got, sent, atol=0.05) and not torch.equal(got, sent)
+
+
+def test_given_any_source_recv_with_a_variable_size_codec_when_compressing_expect_typed_refusal(results):
+    got = results[1]["refusals"]["any_source_variable_size"]
+    assert got[:2] == ("error", "TransportError") and "src=" in got[2], got
