@@ -13,6 +13,11 @@ working) and which of its parameters are the tensor, group, reduce op and async 
 compressed at all (any reduce op but SUM/AVG, uneven all_to_all splits and mixed dtypes stay native;
 an any-source recv decides like its sender: :mod:`ccoll.patch.anysource`); the MPI transport's native
 call; and the collective. ``batch_isend_irecv`` has its own shape (:mod:`ccoll.patch.batch`).
+
+Rows with ``exact`` set (list forms, rooted, object and barrier calls) never decide: the same shape
+resolves their dimension, runs torch's function and counts it as native (``size`` says the bytes).
+Every public torch.distributed function and ccoll's verdict on it: docs/TORCH_CONTRACTS.md (a unit test
+keeps it equal to these rows).
 """
 from __future__ import annotations
 

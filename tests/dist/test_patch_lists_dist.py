@@ -158,6 +158,10 @@ def _disagreements(rank: int, world: int) -> dict:
         splits = mine if rank == 0 else None
         dist.all_to_all_single(o, x, splits, splits)
         out[f"a2a_{name}"] = o
+    # one reduce op, spelled differently per rank
+    t = x.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.RedOpType.SUM)
+    out["sum_spellings"] = t
     # a P2POp without a peer (any source in a batch): torch refuses it, patched or not
     out["p2pop_any_source"] = _attempt(lambda: dist.P2POp(dist.irecv, torch.empty(4)))
     # tensors a codec must not touch: exact through every wrapped entry point
@@ -262,6 +266,9 @@ def test_given_paths_where_ranks_could_decide_differently_when_compressing_expec
             assert torch.allclose(d[name], nd[name], atol=0.05), (rank, name)
             assert not torch.equal(d[name], nd[name]), (rank, name)
         assert r["disagree_stats"][("all_to_all", "int8")] == 2, r["disagree_stats"]
+        assert r["disagree_stats"][("all_reduce", "int8")] == 1, r["disagree_stats"]  # the two SUM spellings
+        assert torch.allclose(d["sum_spellings"], nd["sum_spellings"], atol=0.1)
+        assert torch.equal(d["sum_spellings"], results[1 - rank]["disagree"]["sum_spellings"])
         assert d["p2pop_any_source"][0] == "error" and d["p2pop_any_source"] == nd["p2pop_any_source"]
         for name in ("sparse_all_reduce", "complex_all_reduce", "complex_broadcast", "int_all_reduce",
                      "quantized_broadcast", "complex_send_recv", "int_send_recv"):
