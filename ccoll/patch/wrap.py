@@ -359,7 +359,9 @@ def _bytes(ts: Any) -> int:
 
 def _exact_row(op: str, stat_op: str, params: str, why: str, size: Callable, async_op: str = "async_op") -> Row:
     """A function ccoll keeps exact: resolved under policy op ``op`` (the resolver's question), run as
-    torch's own, counted as ``stat_op`` / "native". Run busy (``reenters``): torch's object collectives
+    torch's own, counted as ``stat_op`` / "native". ``stat_op`` is torch's name, with ``_list`` where
+    that name is a policy op (``all_gather_list``): a policy op's native row keeps meaning "the tensor
+    form, not compressed this time" (weight_delta refreshes, warm-up, min_bytes). Run busy (``reenters``): torch's object collectives
     call other wrapped functions (``send_object_list`` -> ``send`` -> ``isend``), which must neither count
     nor compress the same call a second time."""
     return Row(op, params, _never, tensor="None", async_op=async_op, stat_op=stat_op, reenters=True, exact=why,
@@ -383,16 +385,16 @@ def _objects(*args) -> int:
 
 #: torch.distributed's list-form, rooted, object and synchronising collectives: kept exact, counted
 _EXACT_ROWS: dict[str, Row] = {
-    "all_gather": _exact_row("all_gather", "all_gather", "tensor_list, tensor, group=None, async_op=False", _LISTS,
+    "all_gather": _exact_row("all_gather", "all_gather_list", "tensor_list, tensor, group=None, async_op=False", _LISTS,
                              lambda tensor_list, tensor, *_: _bytes(tensor)),
-    "all_gather_coalesced": _exact_row("all_gather", "all_gather", "output_tensor_lists, input_tensor_list, group=None, "
+    "all_gather_coalesced": _exact_row("all_gather", "all_gather_coalesced", "output_tensor_lists, input_tensor_list, group=None, "
                                        "async_op=False", _LISTS, lambda out, inp, *_: _bytes(inp)),
-    "reduce_scatter": _exact_row("reduce_scatter", "reduce_scatter", "output, input_list, op=_SUM, group=None, "
+    "reduce_scatter": _exact_row("reduce_scatter", "reduce_scatter_list", "output, input_list, op=_SUM, group=None, "
                                  "async_op=False", _LISTS, lambda output, input_list, *_: _bytes(input_list)),
-    "all_to_all": _exact_row("all_to_all", "all_to_all", "output_tensor_list, input_tensor_list, group=None, "
+    "all_to_all": _exact_row("all_to_all", "all_to_all_list", "output_tensor_list, input_tensor_list, group=None, "
                              "async_op=False", _LISTS + " (per-peer sizes are uneven in MoE dispatch)",
                              lambda out, inp, *_: _bytes(inp)),
-    "all_reduce_coalesced": _exact_row("all_reduce", "all_reduce", "tensors, op=_SUM, group=None, async_op=False",
+    "all_reduce_coalesced": _exact_row("all_reduce", "all_reduce_coalesced", "tensors, op=_SUM, group=None, async_op=False",
                                        "deprecated in torch; one reduce over several tensors of possibly different "
                                        "dtypes", lambda tensors, *_: _bytes(tensors)),
     "reduce": _exact_row("all_reduce", "reduce", "tensor, dst=None, op=_SUM, group=None, async_op=False, "

@@ -139,7 +139,8 @@ def _lists(rank: int, world: int) -> dict:
 
 #: (stats op, calls) each rank counts as native for one _lists() pass (2 ranks)
 def _expected_native(rank: int) -> dict:
-    return {"all_gather": 3, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 1, "reduce": 1, "gather": 1,
+    return {"all_gather_list": 2, "all_gather_coalesced": 1, "reduce_scatter_list": 1, "all_to_all_list": 1,
+            "all_reduce_coalesced": 1, "reduce": 1, "gather": 1,
             "scatter": 1, "all_gather_object": 1, "gather_object": 1, "broadcast_object_list": 1,
             "scatter_object_list": 1, ("send_object_list" if rank == 0 else "recv_object_list"): 1, "barrier": 2}
 
