@@ -159,6 +159,9 @@ def _disagreements(rank: int, world: int) -> dict:
         splits = mine if rank == 0 else None
         dist.all_to_all_single(o, x, splits, splits)
         out[f"a2a_{name}"] = o
+    # output and input of different dtypes: torch refuses on the rank itself, before anything is sent
+    for name, n_out in (("all_gather_into_tensor", NUMEL * world), ("reduce_scatter_tensor", NUMEL // world)):
+        out[f"mixed_{name}"] = _attempt(lambda: getattr(dist, name)(torch.empty(n_out, dtype=torch.bfloat16), x))[:2]
     # one reduce op, spelled differently per rank
     t = x.clone()
     dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.RedOpType.SUM)
@@ -271,6 +274,8 @@ def test_given_paths_where_ranks_could_decide_differently_when_compressing_expec
         assert torch.allclose(d["sum_spellings"], nd["sum_spellings"], atol=0.1)
         assert torch.equal(d["sum_spellings"], results[1 - rank]["disagree"]["sum_spellings"])
         assert d["p2pop_any_source"][0] == "error" and d["p2pop_any_source"] == nd["p2pop_any_source"]
+        for name in ("mixed_all_gather_into_tensor", "mixed_reduce_scatter_tensor"):
+            assert d[name] == nd[name] == ("error", "RuntimeError"), (name, d[name], nd[name])
         for name in ("sparse_all_reduce", "complex_all_reduce", "complex_broadcast", "int_all_reduce",
                      "quantized_broadcast", "complex_send_recv", "int_send_recv"):
             assert _same(d[name], nd[name]), (rank, name, d[name], nd[name])
