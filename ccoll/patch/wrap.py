@@ -296,21 +296,12 @@ def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_si
                                             min_bytes=c.rule.min_bytes, salt=c.salt)
 
 
-def _even(splits: Any, rows: int) -> bool:
-    """Whether torch splits ``rows`` evenly for these split sizes: None and ``[]`` (torch treats both as
-    "even"), or explicit sizes that are all equal and add up to ``rows``."""
-    if not splits:
-        return True
-    first = splits[0]
-    return all(s == first for s in splits) and first * len(splits) == rows
-
-
 def _all_to_all_even(output, input, output_split_sizes, input_split_sizes, group, async_op):
-    """Even exchanges only, whichever way a rank spells them: a rank passing ``[n/p] * p`` or ``[]``
-    and a peer passing None make the same call in torch, so they must make the same decision (deciding
-    on ``is None`` made the first stay native while its peer sent it payload bytes)."""
-    return (output.dtype == input.dtype and _even(output_split_sizes, output.shape[0] if output.dim() else 0)
-            and _even(input_split_sizes, input.shape[0] if input.dim() else 0))
+    """Whether the call may compress: splits left to torch (None, or ``[]``, which torch reads as None)
+    on both sides, one dtype. Decided on how the splits are spelled, never on their values: explicit
+    sizes are data (MoE routing), and a rank whose sizes happen to come out even must decide as its
+    peers whose sizes do not (all exact). Ranks must spell the call alike, as they run the same code."""
+    return not output_split_sizes and not input_split_sizes and output.dtype == input.dtype
 
 
 def _all_to_all_mpi(comm, output, input, output_split_sizes, input_split_sizes, group, async_op):
@@ -361,9 +352,9 @@ def _exact_row(op: str, stat_op: str, params: str, why: str, size: Callable, asy
     """A function ccoll keeps exact: resolved under policy op ``op`` (the resolver's question), run as
     torch's own, counted as ``stat_op`` / "native". ``stat_op`` is torch's name, with ``_list`` where
     that name is a policy op (``all_gather_list``): a policy op's native row keeps meaning "the tensor
-    form, not compressed this time" (weight_delta refreshes, warm-up, min_bytes). Run busy (``reenters``): torch's object collectives
-    call other wrapped functions (``send_object_list`` -> ``send`` -> ``isend``), which must neither count
-    nor compress the same call a second time."""
+    form, not compressed this time" (weight_delta refreshes, warm-up, min_bytes). Run busy
+    (``reenters``): torch's object collectives call other wrapped functions (``send_object_list`` ->
+    ``send`` -> ``isend``), which must neither count nor compress the same call a second time."""
     return Row(op, params, _never, tensor="None", async_op=async_op, stat_op=stat_op, reenters=True, exact=why,
                size=size)
 
@@ -379,7 +370,7 @@ _LISTS = ("list form: entries may differ in shape per rank (uneven gathers), and
           "metrics, predictions and objects; the compressed form is the tensor form")
 
 
-def _objects(*args) -> int:
+def _no_bytes(*args) -> int:  # objects (pickled inside torch), barriers
     return 0
 
 
@@ -404,22 +395,22 @@ _EXACT_ROWS: dict[str, Row] = {
     "scatter": _exact_row("broadcast", "scatter", "tensor, scatter_list=None, src=None, group=None, async_op=False, "
                           "group_src=None", _ROOTED, lambda tensor, *_: _bytes(tensor)),
     "all_gather_object": _exact_row("all_gather", "all_gather_object", "object_list, obj, group=None", _OBJECTS,
-                                    _objects, async_op="False"),
+                                    _no_bytes, async_op="False"),
     "gather_object": _exact_row("all_gather", "gather_object", "obj, object_gather_list=None, dst=None, group=None, "
-                                "group_dst=None", _OBJECTS, _objects, async_op="False"),
+                                "group_dst=None", _OBJECTS, _no_bytes, async_op="False"),
     "broadcast_object_list": _exact_row("broadcast", "broadcast_object_list", "object_list, src=None, group=None, "
-                                        "device=None, group_src=None", _OBJECTS, _objects, async_op="False"),
+                                        "device=None, group_src=None", _OBJECTS, _no_bytes, async_op="False"),
     "scatter_object_list": _exact_row("broadcast", "scatter_object_list", "scatter_object_output_list, "
                                       "scatter_object_input_list=None, src=None, group=None, group_src=None",
-                                      _OBJECTS, _objects, async_op="False"),
+                                      _OBJECTS, _no_bytes, async_op="False"),
     "send_object_list": _exact_row("send_recv", "send_object_list", "object_list, dst=None, group=None, device=None, "
-                                   "group_dst=None, use_batch=False", _OBJECTS, _objects, async_op="False"),
+                                   "group_dst=None, use_batch=False", _OBJECTS, _no_bytes, async_op="False"),
     "recv_object_list": _exact_row("send_recv", "recv_object_list", "object_list, src=None, group=None, device=None, "
-                                   "group_src=None, use_batch=False", _OBJECTS, _objects, async_op="False"),
+                                   "group_src=None, use_batch=False", _OBJECTS, _no_bytes, async_op="False"),
     "barrier": _exact_row("all_reduce", "barrier", "group=None, async_op=False, device_ids=None, timeout=None",
-                          "no data", _objects),
+                          "no data", _no_bytes),
     "monitored_barrier": _exact_row("all_reduce", "barrier", "group=None, timeout=None, wait_all_ranks=False", "no data",
-                                    _objects, async_op="False"),
+                                    _no_bytes, async_op="False"),
 }
 
 #: torch.distributed attribute -> its row (torch 2.13's old and new names)

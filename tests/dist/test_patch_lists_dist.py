@@ -153,12 +153,17 @@ def _disagreements(rank: int, world: int) -> dict:
     g = torch.Generator().manual_seed(9 + rank)
     x = torch.randn(NUMEL, generator=g)
     out = {}
-    # all_to_all_single: even splits spelled [n/p]*p, [] or None on different ranks: one torch call
-    for name, mine in (("explicit", [NUMEL // world] * world), ("empty", [])):
-        o = torch.empty(NUMEL)
-        splits = mine if rank == 0 else None
-        dist.all_to_all_single(o, x, splits, splits)
-        out[f"a2a_{name}"] = o
+    # all_to_all_single, splits left to torch spelled [] on one rank and None on the other: one call
+    o = torch.empty(NUMEL)
+    dist.all_to_all_single(o, x, [] if rank == 0 else None, [] if rank == 0 else None)
+    out["a2a_empty"] = o
+    # explicit splits on every rank (MoE routing), even on rank 0 by chance, uneven on rank 1: all exact
+    half = NUMEL // 2
+    splits = [half, half] if rank == 0 else [half, half // 2]
+    n = sum(splits)
+    o = torch.empty(n)
+    dist.all_to_all_single(o, x[:n].contiguous(), splits, splits)
+    out["a2a_routed"] = o
     # output and input of different dtypes: torch refuses on the rank itself, before anything is sent
     for name, n_out in (("all_gather_into_tensor", NUMEL * world), ("reduce_scatter_tensor", NUMEL // world)):
         out[f"mixed_{name}"] = _attempt(lambda: getattr(dist, name)(torch.empty(n_out, dtype=torch.bfloat16), x))[:2]
@@ -266,10 +271,11 @@ def test_given_paths_where_ranks_could_decide_differently_when_compressing_expec
 
     for rank, r in enumerate(results):
         d, nd = r["disagree"], r["native"]["disagree"]
-        for name in ("a2a_explicit", "a2a_empty"):  # both ranks compressed: close to torch's, not payload bytes
-            assert torch.allclose(d[name], nd[name], atol=0.05), (rank, name)
-            assert not torch.equal(d[name], nd[name]), (rank, name)
-        assert r["disagree_stats"][("all_to_all", "int8")] == 2, r["disagree_stats"]
+        # [] and None: both ranks compressed, close to torch's result, not payload bytes
+        assert torch.allclose(d["a2a_empty"], nd["a2a_empty"], atol=0.05) and not torch.equal(d["a2a_empty"], nd["a2a_empty"])
+        assert torch.equal(d["a2a_routed"], nd["a2a_routed"]), rank  # explicit splits: exact on both ranks
+        assert r["disagree_stats"][("all_to_all", "int8")] == 1, r["disagree_stats"]
+        assert r["disagree_stats"][("all_to_all", "native")] == 1, r["disagree_stats"]
         assert r["disagree_stats"][("all_reduce", "int8")] == 1, r["disagree_stats"]  # the two SUM spellings
         assert torch.allclose(d["sum_spellings"], nd["sum_spellings"], atol=0.1)
         assert torch.equal(d["sum_spellings"], results[1 - rank]["disagree"]["sum_spellings"])
