@@ -63,3 +63,16 @@ def test_given_contracts_table_when_naming_tests_expect_each_named_test_to_exist
     for path, test in sorted(named):
         with open(os.path.join(REPO, path)) as f:
             assert re.search(rf"^def {test}\(", f.read(), re.M), f"{path}::{test} does not exist"
+
+
+def test_given_contracts_table_when_reading_its_summary_expect_counts_equal_to_the_rows():
+    table, public = _table(), _public_functions()
+    with open(DOC) as f:
+        text = " ".join(f.read().split())
+    m = re.search(r"Summary: (\d+) public functions compressed \(\+(\d+) private old names\), (\d+) exact, "
+                  r"(\d+) refused as a whole .*?, (\d+) untouched — (\d+) public functions", text)
+    assert m, "the summary line changed shape"
+    counts = {v: sum(1 for n, (verdict, _, _) in table.items() if n in public and verdict == v) for v in VERDICTS}
+    private = sum(1 for n in table if n not in public)
+    assert [int(g) for g in m.groups()] == [counts["compressed"], private, counts["exact"], counts["refused"],
+                                            counts["untouched"], len(public)]
