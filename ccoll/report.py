@@ -115,8 +115,9 @@ def diagnose(st: Any) -> str | None:
                           f"resolver=...) (ccoll.resolvers.TopologyResolver / RankSetResolver) for groups built "
                           f"another way")
         elif any(r["codec"] == "native" for r in rows):
-            causes.append("every call was under min_bytes, of an integer dtype or reduce op kept exact, or on a "
-                          "dimension/op the policy keeps native")
+            causes.append("every call was under min_bytes, of an integer dtype or reduce op kept exact, on a "
+                          "dimension/op the policy keeps native, or of a kind ccoll always keeps exact (list-form, "
+                          "rooted and object collectives, barrier: see docs/TORCH_CONTRACTS.md)")
         else:
             causes.append("no collective reached torch.distributed's Python functions and no DDP / FSDP2 model "
                           "was built while ccoll was installed")

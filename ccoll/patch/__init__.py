@@ -9,6 +9,14 @@ torch 2.13) with wrappers:
     broadcast -> "broadcast"; all_to_all_single -> "all_to_all";
     send, recv, isend, irecv, batch_isend_irecv                   -> "send_recv"
 
+and, kept exact but counted (codec "native", stats op = torch's name, ``_list`` added where it is a
+policy op's: ``all_gather_list``): the list forms (``all_gather``,
+``all_gather_coalesced``, ``reduce_scatter``, ``all_to_all``, ``all_reduce_coalesced``), the rooted
+ones (``reduce``, ``gather``, ``scatter``), the object ones (``all_gather_object``, ``gather_object``,
+``broadcast_object_list``, ``scatter_object_list``, ``send_object_list``, ``recv_object_list``) and
+``barrier`` / ``monitored_barrier``. docs/TORCH_CONTRACTS.md lists every public torch.distributed
+function with ccoll's verdict and its test.
+
 GPT-NeoX's mpu and DeepSpeed's ``deepspeed.comm`` look these attributes up at call time, except the two
 functions DeepSpeed's TorchBackend caches at construction (``all_gather_function``,
 ``reduce_scatter_function``) and the ones Megatron(-core) modules bind at import

@@ -13,6 +13,11 @@ working) and which of its parameters are the tensor, group, reduce op and async 
 compressed at all (any reduce op but SUM/AVG, uneven all_to_all splits and mixed dtypes stay native;
 an any-source recv decides like its sender: :mod:`ccoll.patch.anysource`); the MPI transport's native
 call; and the collective. ``batch_isend_irecv`` has its own shape (:mod:`ccoll.patch.batch`).
+
+Rows with ``exact`` set (list forms, rooted, object and barrier calls) never decide: the same shape
+resolves their dimension, runs torch's function and counts it as native (``size`` says the bytes).
+Every public torch.distributed function and ccoll's verdict on it: docs/TORCH_CONTRACTS.md (a unit test
+keeps it equal to these rows).
 """
 from __future__ import annotations
 
@@ -67,6 +72,8 @@ class Row:
     returns: bool = False  # a sync compressed call returns what ``collective`` returned (recv: the peer)
     outputs: Callable | None = None  # (*torch args) -> what an async handle's result() returns; None: [args[0]]
     event: str = ""  # the profiler event torch records for this call (a compressed call records it too)
+    exact: str = ""  # why ccoll never compresses this function: the row only resolves, runs torch's and counts
+    size: Callable | None = None  # (*torch args) -> bytes counted for a native call; None: the tensor's bytes
 
 
 def decide(st: State, dim: str, op: str, tensor: torch.Tensor):
@@ -104,7 +111,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
     op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
     same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
     outputs = row.outputs or (lambda first, *_: [first])
-    event = row.event
+    event, never, size = row.event, bool(row.exact), row.size
     sending = stat_op == "send" if row.stat_op is not None else None
     run_native = native.run
 
@@ -119,7 +126,9 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
             return torch_fn(*args)
         # decide
         red = None
-        if reduces:
+        if never:
+            codec = None
+        elif reduces:
             red = reduce_name(reduce_op)
             codec = decide(st, dim, op, tensor) if red else None
         elif compressible is None or compressible(*args):
@@ -134,7 +143,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         comm = mpi_comm(rule, group) if mpi is not None else None
         # native: torch's function, or the MPI transport's uncompressed call; counted
         if codec is None:
-            nbytes = tensor.numel() * tensor.element_size()
+            nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)
             if comm is not None:
                 via = mpi(comm, *args)
                 if via is not None:
@@ -288,7 +297,11 @@ def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_si
 
 
 def _all_to_all_even(output, input, output_split_sizes, input_split_sizes, group, async_op):
-    return output_split_sizes is None and input_split_sizes is None and output.dtype == input.dtype
+    """Whether the call may compress: splits left to torch (None, or ``[]``, which torch reads as None)
+    on both sides, one dtype. Decided on how the splits are spelled, never on their values: explicit
+    sizes are data (MoE routing), and a rank whose sizes happen to come out even must decide as its
+    peers whose sizes do not (all exact). Ranks must spell the call alike, as they run the same code."""
+    return not output_split_sizes and not input_split_sizes and output.dtype == input.dtype
 
 
 def _all_to_all_mpi(comm, output, input, output_split_sizes, input_split_sizes, group, async_op):
@@ -328,6 +341,78 @@ _REDUCE_SCATTER = Row("reduce_scatter", "output, input, op=_SUM, group=None, asy
                       tensor="input", reduce="op", same_dtype=True, mpi=_reduce_scatter_mpi,
                       event="c10d::_reduce_scatter_base_")
 
+def _bytes(ts: Any) -> int:
+    """Bytes of a tensor or of the tensors in a (nested) list: what a native list-form call counts."""
+    if isinstance(ts, torch.Tensor):
+        return ts.numel() * ts.element_size()
+    return sum(_bytes(t) for t in ts) if isinstance(ts, (list, tuple)) else 0
+
+
+def _exact_row(op: str, stat_op: str, params: str, why: str, size: Callable, async_op: str = "async_op") -> Row:
+    """A function ccoll keeps exact: resolved under policy op ``op`` (the resolver's question), run as
+    torch's own, counted as ``stat_op`` / "native". ``stat_op`` is torch's name, with ``_list`` where
+    that name is a policy op (``all_gather_list``): a policy op's native row keeps meaning "the tensor
+    form, not compressed this time" (weight_delta refreshes, warm-up, min_bytes). Run busy
+    (``reenters``): torch's object collectives call other wrapped functions (``send_object_list`` ->
+    ``send`` -> ``isend``), which must neither count nor compress the same call a second time."""
+    return Row(op, params, _never, tensor="None", async_op=async_op, stat_op=stat_op, reenters=True, exact=why,
+               size=size)
+
+
+def _never(c: Compressed, *args):  # an exact row has no compressed path (shape never decides for it)
+    raise AssertionError("ccoll: an exact row reached its collective")
+
+
+_OBJECTS = ("objects are pickled inside torch (their bytes are not known before); a lossy codec would "
+            "corrupt the pickle")
+_ROOTED = "rooted (one rank's result): ccoll has no rooted algorithm, and the non-roots' buffers must stay as torch leaves them"
+_LISTS = ("list form: entries may differ in shape per rank (uneven gathers), and its callers gather "
+          "metrics, predictions and objects; the compressed form is the tensor form")
+
+
+def _no_bytes(*args) -> int:  # objects (pickled inside torch), barriers
+    return 0
+
+
+#: torch.distributed's list-form, rooted, object and synchronising collectives: kept exact, counted
+_EXACT_ROWS: dict[str, Row] = {
+    "all_gather": _exact_row("all_gather", "all_gather_list", "tensor_list, tensor, group=None, async_op=False", _LISTS,
+                             lambda tensor_list, tensor, *_: _bytes(tensor)),
+    "all_gather_coalesced": _exact_row("all_gather", "all_gather_coalesced", "output_tensor_lists, input_tensor_list, group=None, "
+                                       "async_op=False", _LISTS, lambda out, inp, *_: _bytes(inp)),
+    "reduce_scatter": _exact_row("reduce_scatter", "reduce_scatter_list", "output, input_list, op=_SUM, group=None, "
+                                 "async_op=False", _LISTS, lambda output, input_list, *_: _bytes(input_list)),
+    "all_to_all": _exact_row("all_to_all", "all_to_all_list", "output_tensor_list, input_tensor_list, group=None, "
+                             "async_op=False", _LISTS + " (per-peer sizes are uneven in MoE dispatch)",
+                             lambda out, inp, *_: _bytes(inp)),
+    "all_reduce_coalesced": _exact_row("all_reduce", "all_reduce_coalesced", "tensors, op=_SUM, group=None, async_op=False",
+                                       "deprecated in torch; one reduce over several tensors of possibly different "
+                                       "dtypes", lambda tensors, *_: _bytes(tensors)),
+    "reduce": _exact_row("all_reduce", "reduce", "tensor, dst=None, op=_SUM, group=None, async_op=False, "
+                         "group_dst=None", _ROOTED, lambda tensor, *_: _bytes(tensor)),
+    "gather": _exact_row("all_gather", "gather", "tensor, gather_list=None, dst=None, group=None, async_op=False, "
+                         "group_dst=None", _ROOTED, lambda tensor, *_: _bytes(tensor)),
+    "scatter": _exact_row("broadcast", "scatter", "tensor, scatter_list=None, src=None, group=None, async_op=False, "
+                          "group_src=None", _ROOTED, lambda tensor, *_: _bytes(tensor)),
+    "all_gather_object": _exact_row("all_gather", "all_gather_object", "object_list, obj, group=None", _OBJECTS,
+                                    _no_bytes, async_op="False"),
+    "gather_object": _exact_row("all_gather", "gather_object", "obj, object_gather_list=None, dst=None, group=None, "
+                                "group_dst=None", _OBJECTS, _no_bytes, async_op="False"),
+    "broadcast_object_list": _exact_row("broadcast", "broadcast_object_list", "object_list, src=None, group=None, "
+                                        "device=None, group_src=None", _OBJECTS, _no_bytes, async_op="False"),
+    "scatter_object_list": _exact_row("broadcast", "scatter_object_list", "scatter_object_output_list, "
+                                      "scatter_object_input_list=None, src=None, group=None, group_src=None",
+                                      _OBJECTS, _no_bytes, async_op="False"),
+    "send_object_list": _exact_row("send_recv", "send_object_list", "object_list, dst=None, group=None, device=None, "
+                                   "group_dst=None, use_batch=False", _OBJECTS, _no_bytes, async_op="False"),
+    "recv_object_list": _exact_row("send_recv", "recv_object_list", "object_list, src=None, group=None, device=None, "
+                                   "group_src=None, use_batch=False", _OBJECTS, _no_bytes, async_op="False"),
+    "barrier": _exact_row("all_reduce", "barrier", "group=None, async_op=False, device_ids=None, timeout=None",
+                          "no data", _no_bytes),
+    "monitored_barrier": _exact_row("all_reduce", "barrier", "group=None, timeout=None, wait_all_ranks=False", "no data",
+                                    _no_bytes, async_op="False"),
+}
+
 #: torch.distributed attribute -> its row (torch 2.13's old and new names)
 ROWS: dict[str, Row] = {
     "all_reduce": Row("all_reduce", "tensor, op=_SUM, group=None, async_op=False", _all_reduce, reduce="op",
@@ -341,4 +426,5 @@ ROWS: dict[str, Row] = {
                              "group=None, async_op=False", _all_to_all, tensor="input",
                              compressible=_all_to_all_even, mpi=_all_to_all_mpi, event="c10d::alltoall_base_"),
     **{name: _p2p_row(name) for name in ("send", "recv", "isend", "irecv")},
+    **_EXACT_ROWS,
 }

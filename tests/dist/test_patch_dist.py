@@ -89,7 +89,7 @@ def _job_passthrough_and_compression(rank: int, world: int):
     if rank == 1:
         assert rets["recv"] == 0  # like torch: the sender's global rank
     gathered = [torch.empty(8192) for _ in range(world)]
-    dist.all_gather(gathered, outs["all_reduce"])  # not wrapped: the list form
+    dist.all_gather(gathered, outs["all_reduce"])  # the list form: kept exact
     assert all(torch.equal(x, gathered[0]) for x in gathered), "compressed all_reduce differs across ranks"
     gathered = [torch.empty(world * 4096) for _ in range(world)]
     dist.all_gather(gathered, outs["all_gather_into_tensor"])

@@ -57,3 +57,36 @@ def test_given_compressed_async_calls_when_asking_result_and_profiling_expect_wh
         assert ("all_reduce", "bf16") in res["codecs"] and ("all_gather", "bf16") in res["codecs"]
         assert res["compressed"] == res["native"]
         assert res["events"]
+
+
+def _job_work(rank: int, world: int):
+    import torch
+    import torch.distributed as dist
+
+    from ccoll import patch
+    from ccoll.policy import Policy
+
+    patch.install(Policy.from_dict({"version": 1, "dp": {"codec": "bf16", "min_bytes": 0}}),
+                  resolver=lambda group, op: "dp", step_counter="manual")
+    try:
+        x = torch.ones(NUMEL)
+        h = dist.all_reduce(x, async_op=True)
+        is_work = isinstance(h, dist.Work)
+        code = h.get_future_result().wait()
+        h.synchronize()
+        done = h.is_success() and h.exception() is None and h.wait() and h.is_completed()
+        p2p = dist.isend(x, 1) if rank == 0 else dist.irecv(torch.empty(NUMEL), 0)
+        p2p_is_work = isinstance(p2p, dist.Work)
+        p2p.wait()
+    finally:
+        patch.uninstall()
+    return {"is_work": is_work and p2p_is_work, "code": code, "done": done, "sum": x[0].item()}
+
+
+def test_given_compressed_async_handle_when_checked_as_torch_work_expect_isinstance_and_every_work_method_answering():
+    import torch
+
+    success = int(torch._C._distributed_c10d.WorkResult.SUCCESS.value)
+    for res in run_gloo(2, _job_work, timeout_s=120):
+        assert res["is_work"] and res["done"] and res["sum"] == 2.0
+        assert res["code"] == success

@@ -25,7 +25,7 @@ QMAX = 7
 
 
 def _all_equal(t) -> bool:
-    """Bit-wise comparison across ranks (the list all_gather: neither ccoll nor the patch touches it)."""
+    """Bit-wise comparison across ranks (the list all_gather: the patch keeps it exact)."""
     import torch
     import torch.distributed as dist
 

@@ -59,7 +59,7 @@ def _flat_params(module):
 
 
 def _replicas_identical(flat, dp_group) -> bool:
-    """Bit-wise comparison across DP ranks through the list all_gather (not wrapped by ccoll)."""
+    """Bit-wise comparison across DP ranks through the list all_gather (kept exact by ccoll)."""
     import torch
     import torch.distributed as dist
 

@@ -137,7 +137,7 @@ def _neox_job(rank: int, world: int, neox: str):
             losses = [engine.train_batch(data_iter=data).item() for _ in range(STEPS)]
             flat = torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
             got = [torch.empty_like(flat) for _ in range(dp)]
-            dist.all_gather(got, flat, group=mpu.get_data_parallel_group())  # list form: not wrapped by ccoll
+            dist.all_gather(got, flat, group=mpu.get_data_parallel_group())  # list form: kept exact by ccoll
             return {"losses": losses, "masks_ok": bool(masks_ok) and all(masks_ok),
                     "replicas_identical": all(torch.equal(g.view(torch.int32), got[0].view(torch.int32)) for g in got)}
 

@@ -61,7 +61,7 @@ def _job(rank: int, world: int):
             master = opt.single_partition_of_fp32_groups[0].detach()
             flat = torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
             got = [torch.empty_like(flat) for _ in range(world)]
-            dist.all_gather(got, flat)  # the list form: not wrapped by ccoll
+            dist.all_gather(got, flat)  # the list form: exact, counted as all_gather_list
             return {"losses": losses, "identical": all(torch.equal(t, got[0]) for t in got),
                     "master_err": (own - master).abs().max().item(),
                     "stats": {(r["op"], r["codec"]): r["calls"] for r in ccoll.stats() if r["dim"] == "dp"}}
