@@ -61,6 +61,7 @@ from ..feedback import ErrorFeedback
 from ..transports import Handle, for_group, op_name
 from . import flat, hierarchy as _hierarchy, nodes, varsize
 from .call import Run, check_tensor, contig, copy_back, decide, nbytes
+from .phases import labelled
 
 
 def _check_hierarchy(hierarchy: Any) -> None:
@@ -96,6 +97,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
         buf = contig(t)
         return run.native(async_op, tr.native_all_reduce(buf, opn, async_op), lambda: copy_back(t, buf), nbytes(t),
                           [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:  # exact codecs: nothing to feed back, nothing to gain from a hierarchy
         return varsize.all_reduce(run, c, tr, tensor, opn, async_op)
     _check_feedback(error_feedback, key, "all_reduce")
@@ -131,6 +133,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = "
         obuf = contig(out)
         return run.native(async_op, tr.native_reduce_scatter(obuf, contig(inp), opn, async_op),
                           lambda: copy_back(out, obuf), nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.reduce_scatter_tensor(run, c, tr, output, input, opn, async_op)
     _check_feedback(error_feedback, key, "reduce_scatter_tensor")
@@ -164,6 +167,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
         obuf = contig(out)
         return run.native(async_op, tr.native_all_gather(obuf, contig(inp), async_op), lambda: copy_back(out, obuf),
                           nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.all_gather_into_tensor(run, c, tr, output, input, async_op)
     lay = _layout(hierarchy, group)
@@ -188,6 +192,7 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = No
         buf = contig(t)
         return run.native(async_op, tr.native_broadcast(buf, root, async_op), lambda: copy_back(t, buf), nbytes(t),
                           [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.broadcast(run, c, tr, tensor, root, async_op)
     return flat.broadcast(run, c, tr, tensor, root, async_op, salt)
@@ -226,6 +231,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group: Any = No
             output_split_sizes = input_split_sizes = None
         work = tr.native_all_to_all(obuf, contig(inp), output_split_sizes, input_split_sizes, async_op)
         return run.native(async_op, work, lambda: copy_back(out, obuf), nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     return flat.all_to_all_single(run, c, tr, output, input, async_op, salt)
 
 
@@ -243,6 +249,7 @@ def isend(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, 
     if c is None:
         buf = contig(t)
         return run.native(True, tr.native_isend(buf, peer, tag), lambda: buf, nbytes(t), [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.isend(run, c, tr, tensor, peer, tag)
     return flat.isend(run, c, tr, tensor, peer, tag, salt)
@@ -264,6 +271,7 @@ def irecv(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, 
     if c is None:
         buf = contig(t)
         return run.native(True, tr.native_irecv(buf, peer, tag), lambda: copy_back(t, buf), nbytes(t), [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.irecv(run, c, tr, tensor, peer, tag)
     return flat.irecv(run, c, tr, tensor, peer, tag)
