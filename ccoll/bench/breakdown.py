@@ -10,8 +10,8 @@ their time at the link rate. Then one line splits the call's wall time:
     wall = idle_codec + idle_host + in_flight
     in_flight = wire (bytes sent / link rate: the ideal) + slow (exchanges in flight longer than that)
 
-``in_flight`` is the union of the intervals from each exchange's issue to the end of its wait (an
-exchange that finished before its wait was called counts until the wait: an upper bound);
+``in_flight`` is the union of the intervals from each exchange's issue to when it was first seen
+complete (polled at every phase boundary, else the end of its wait: an upper bound within a phase);
 ``idle_codec`` / ``idle_host`` are the times when no exchange was in flight and this rank's calling
 thread was in codec calls / anything else (Python, copies, allocation). ``% of ideal`` = wire / wall.
 Without ``--link-rate`` the wire and slow columns are n/a.
@@ -84,8 +84,8 @@ def decompose(events: list, t0: float, t1: float, link_bps: float | None) -> dic
         if label.startswith("ccoll.exchange."):
             pending[(label[len("ccoll.exchange."):], n)] = a
             sent += nbytes
-        elif label.startswith("ccoll.wait."):
-            start = pending.pop((label[len("ccoll.wait."):], n), None)
+        elif label.startswith("ccoll.done.") or label.startswith("ccoll.wait."):
+            start = pending.pop((label.split(".", 2)[2], n), None)  # the first of done / wait ends it
             if start is not None:
                 flights.append((start, b))
     for (op, n), start in pending.items():  # never waited inside the call: in flight to its end
@@ -150,6 +150,8 @@ def format_breakdown(row: dict, bd: dict, link_bps: float | None) -> list[str]:
     lines = [f"# breakdown {row['collective']} {row['size_bytes']} B {row['codec']} (rank 0, mean of {bd['calls']} calls)",
              "#   phase                       #  start(ms)  host(ms)  sent(B)  wire(ms)"]
     for label, n, start, dur, nbytes in bd["phases"]:
+        if label.startswith("ccoll.done."):
+            continue
         wire = f"{nbytes * 8 / link_bps * ms:.1f}" if link_bps and nbytes else ""
         lines.append(f"#   {label:<26} {n:>2} {start * ms:>10.1f} {dur * ms:>9.1f} {nbytes if nbytes else '':>8} {wire:>9}")
     pct = (s["wire"] / s["wall"] * 100) if s.get("wire") and s["wall"] > 0 else None

@@ -72,12 +72,29 @@ class _Phases:
     """One call's phases: a profiler range each (when the profiler runs) and a recorded interval
     (when a recorder is installed), numbered per label in issue order."""
 
-    __slots__ = ("events", "counts", "profiling")
+    __slots__ = ("events", "counts", "profiling", "pending")
 
     def __init__(self, rec: "Recorder | None") -> None:
         self.events = rec.new_call() if rec is not None else None
         self.counts: dict[str, int] = {}
         self.profiling = torch.autograd._profiler_enabled()
+        self.pending: list[_Wait] = []  # recorded exchanges not yet seen complete
+
+    def poll(self) -> None:
+        """Record ``ccoll.done.<op>`` for each exchange now complete (checked at every phase boundary,
+        so an exchange that finished while this thread encoded is not counted in flight until its
+        wait: the breakdown's in-flight time is then within one phase of the truth)."""
+        now, still = time.perf_counter(), []
+        for w in self.pending:
+            try:
+                done = w._work.is_completed()
+            except Exception:  # noqa: BLE001 - a request that cannot say: its wait() ends its flight
+                done = False
+            if done:
+                self.events.append(("ccoll.done." + w._label[len("ccoll.wait."):], w._n, now, now, 0))
+            else:
+                still.append(w)
+        self.pending = still
 
     def run(self, label: str, fn: Any, *args: Any, sent: int = 0, **kwargs: Any) -> Any:
         n = self.counts.get(label, 0)
@@ -90,6 +107,7 @@ class _Phases:
             out = fn(*args, **kwargs)
         if self.events is not None:
             self.events.append((label, n, t0, time.perf_counter(), sent))
+            self.poll()
         return out
 
 
@@ -142,8 +160,14 @@ class _Transport:
                 sent = sent_of(args[0], args[1], p)
             except (IndexError, AttributeError, TypeError):
                 sent = 0
+            n = phases.counts.get("ccoll.exchange." + name, 0)
             work = phases.run("ccoll.exchange." + name, attr, *args, sent=sent, **kwargs)
-            return work if work is None else _Wait(work, phases, "ccoll.wait." + name)
+            if work is None:
+                return None
+            w = _Wait(work, phases, "ccoll.wait." + name, n)
+            if phases.events is not None:
+                phases.pending.append(w)
+            return w
 
         return issue
 
@@ -151,14 +175,17 @@ class _Transport:
 class _Wait:
     """A transport request whose ``wait()`` is a labelled phase; everything else passes through."""
 
-    def __init__(self, work: Any, phases: _Phases, label: str) -> None:
-        self._work, self._phases, self._label = work, phases, label
+    def __init__(self, work: Any, phases: _Phases, label: str, n: int) -> None:
+        self._work, self._phases, self._label, self._n = work, phases, label, n
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return self._phases.run(self._label, self._work.wait, *args, **kwargs)
+        phases = self._phases
+        if self in phases.pending:
+            phases.pending.remove(self)
+        return phases.run(self._label, self._work.wait, *args, **kwargs)
 
 
 __all__ = ["Recorder", "labelled", "recording"]
