@@ -335,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         if (args.iters is not None and args.iters < 1) or (args.warmup is not None and args.warmup < 0):
             raise BenchError("-n must be >= 1 and -w >= 0")
         _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
+        if args.link_rate is not None:
+            try:
+                if parse_rate(args.link_rate) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise BenchError(f"--link-rate {args.link_rate!r}: give a rate as tc writes it (1gbit, 100mbit)") from None
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
         if args.backend == "mpi" and launch.under_mpi(env):
