@@ -2,7 +2,8 @@
 
 Every compressed call runs the same few kinds of work: codec calls (``ccoll.encode``,
 ``ccoll.decode``, ``ccoll.decode_sum``), the issue of each exchange (``ccoll.exchange.<op>``, e.g.
-``ccoll.exchange.all_to_all``) and the wait for it (``ccoll.wait.<op>``). Rather than label each
+``ccoll.exchange.all_to_all``) and the wait for it (``ccoll.wait.<op>``; a blocking exchange, as the
+variable-size path's, is all in its ``ccoll.exchange.<op>`` range). Rather than label each
 call site of each algorithm, :func:`labelled` wraps the call's codec and transport in thin proxies
 that label every one of those calls, so every algorithm that takes ``(c, tr)`` is labelled by the
 one line in :class:`~ccoll.collectives.call.Run` that asks for them.

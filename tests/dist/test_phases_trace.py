@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import ccoll
@@ -76,3 +77,45 @@ def test_given_no_profiler_when_labelling_expect_the_call_own_codec_and_transpor
 
     c, tr = object(), object()
     assert labelled(c, tr) == (c, tr)
+
+
+
+def _every_collective(rank: int, group, spec: str, results: dict) -> list:
+    """Each compressed collective once (send/recv between rank pairs); its results."""
+    p = group.size()
+    x = data(7, rank, 4 * p * 256)
+    ar = x.clone()
+    ccoll.all_reduce(ar, "sum", group, spec, min_bytes=0)
+    rs = torch.empty(x.numel() // p)
+    ccoll.reduce_scatter_tensor(rs, x.clone(), "sum", group, spec, min_bytes=0)
+    ag = torch.empty(x.numel() * p)
+    ccoll.all_gather_into_tensor(ag, x.clone(), group, spec, min_bytes=0)
+    bc = x.clone()
+    ccoll.broadcast(bc, 0, group, spec, min_bytes=0)
+    pr = x.clone()
+    if rank % 2 == 0:
+        ccoll.send(pr, rank + 1, group, spec, min_bytes=0)
+    else:
+        ccoll.recv(pr, rank - 1, group, spec, min_bytes=0)
+    return [ar, rs, ag, bc, pr]
+
+
+@pytest.mark.parametrize("spec", ["int8:block=256", "lossless"])
+def test_given_phase_recorder_when_every_collective_runs_in_simulated_world_expect_same_results_and_phases(spec):
+    """The proxies the profiler and the breakdown run through (the same ones; the profiler only adds
+    record_function ranges) change no result, on the fixed-size and the variable-size paths."""
+    from ccoll.collectives.phases import Recorder, recording
+    from ccoll.testing import simulated_world
+
+    plain = simulated_world(4, _every_collective, spec, {}, timeout_s=120)
+    rec = Recorder()
+    with recording(rec):
+        labelled = simulated_world(4, _every_collective, spec, {}, timeout_s=120)
+    for a, b in zip(plain, labelled):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len(rec.calls) == 4 * 5  # every call of every rank went through the proxies
+    labels = {e[0] for call in rec.calls for e in call}
+    assert {"ccoll.exchange.all_gather", "ccoll.exchange.broadcast"} <= labels, labels
+    if spec != "lossless":  # the variable-size path exchanges its sizes and payloads blocking: no wait range
+        assert {"ccoll.wait.all_gather", "ccoll.wait.all_to_all"} <= labels, labels
+    assert "ccoll.encode" in labels and ("ccoll.decode" in labels or "ccoll.decode_sum" in labels), labels
