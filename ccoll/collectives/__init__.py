@@ -19,9 +19,12 @@ The path of one compressed all_reduce, ``ccoll.all_reduce(grad, "avg", group, "i
    the caller's stream;
 3. :func:`.call.decide` turns the spec into the cached codec and applies the passthrough rules (world
    size 1, non-float/sparse/complex/tiny tensors, MAX/MIN, dtypes the codec does not take -> native);
+   :func:`.phases.labelled` then wraps codec and transport so each phase is a profiler range, only
+   while a ``torch.profiler`` (or the bench's ``--breakdown``) listens;
 4. no hierarchy and a fixed-size codec: :func:`.flat.all_reduce` encodes each segment's p chunks
-   (one ``encode_rows``, with error feedback if given), all-to-alls them, decodes-and-sums its own
-   chunk in fp32, re-encodes it and all-gathers it, pipelined over segments, all on the side stream;
+   (one ``encode_rows``, with error feedback if given; with two ranks only the peer's chunk), all-to-alls
+   them, decodes-and-sums its own chunk in fp32, re-encodes it and all-gathers it, pipelined over
+   segments, all on the side stream;
 5. :meth:`.call.Run.compressed` finishes it: decodes the gathered rows into ``grad`` (side stream),
    records the done event, makes the caller's stream wait for it and records the stats row -- now
    (sync) or in the handle's ``wait()`` (``async_op=True``).
