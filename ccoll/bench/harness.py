@@ -57,6 +57,7 @@ from .. import launch
 from ..codecs import example_specs
 from ..errors import BenchError
 from ..units import DTYPES, dtype_name, nbytes_arg, parse_nbytes
+from .breakdown import format_breakdown, measure_breakdown, parse_rate, write_trace
 from .cases import COLLECTIVES, Collective
 from .measure import codec_error_rel, measure
 from .worlds import MPIWorld, TorchWorld, World
@@ -196,6 +197,7 @@ def run_rank(args) -> int:
                 "min_bytes": args.min_bytes, "header": head,
                 "loadavg_start": os.getloadavg(), "netem": os.environ.get("CCOLL_NETEM")}
         rows: list[dict] = []
+        link_bps = parse_rate(args.link_rate) if args.link_rate else None
         if w.rank == 0:
             print("\n".join(head))
             print("#" + _fmt_row(COLUMNS)[1:])
@@ -230,8 +232,16 @@ def run_rank(args) -> int:
                     rows.append(row)
                     if w.rank == 0:
                         print(_fmt_row(_cells(row)), flush=True)
-                        if args.json:
-                            _write_json(args.json, meta, rows)
+                    if args.trace:
+                        write_trace(w, coll, case, codec, args.min_bytes, args.trace,
+                                    f"{coll.name}-{nbytes}-{label.replace(':', '_').replace(',', '_')}")
+                    if args.breakdown and codec is not None:
+                        bd = measure_breakdown(w, coll, case, codec, args.min_bytes, link_bps)
+                        row["breakdown"] = bd
+                        if w.rank == 0:
+                            print("\n".join(format_breakdown(row, bd, link_bps)), flush=True)
+                    if w.rank == 0 and args.json:
+                        _write_json(args.json, meta, rows)
                 del case
         if w.rank == 0:
             bad = sum(r["wrong"] for r in rows)
@@ -310,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ccoll's native-below threshold (default 0: every size compressed, so each row is what it says)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before hung ranks are stopped")
+    p.add_argument("--breakdown", action="store_true",
+                   help="after each compressed row, a few extra calls split into phases (encode, exchanges, "
+                        "waits, decode) and the wall time into idle codec / idle host / in flight (see "
+                        "ccoll.bench.breakdown)")
+    p.add_argument("--link-rate", default=None, metavar="RATE",
+                   help="per-rank link rate for --breakdown's ideal (tc units: 1gbit, 100mbit)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write a Chrome trace (torch.profiler) of one extra call per row and rank to DIR")
     p.add_argument("--json", default=None, metavar="PATH", help="also write rows + metadata as JSON (rank 0)")
     return p
 
@@ -322,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         if (args.iters is not None and args.iters < 1) or (args.warmup is not None and args.warmup < 0):
             raise BenchError("-n must be >= 1 and -w >= 0")
         _resolve_codecs(split_codecs(args.codec), DTYPES[args.dtype])  # fail here, not in N ranks
+        if args.link_rate is not None:
+            try:
+                if parse_rate(args.link_rate) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise BenchError(f"--link-rate {args.link_rate!r}: give a rate as tc writes it (1gbit, 100mbit)") from None
         size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         env = os.environ
         if args.backend == "mpi" and launch.under_mpi(env):

@@ -19,9 +19,12 @@ The path of one compressed all_reduce, ``ccoll.all_reduce(grad, "avg", group, "i
    the caller's stream;
 3. :func:`.call.decide` turns the spec into the cached codec and applies the passthrough rules (world
    size 1, non-float/sparse/complex/tiny tensors, MAX/MIN, dtypes the codec does not take -> native);
+   :func:`.phases.labelled` then wraps codec and transport so each phase is a profiler range, only
+   while a ``torch.profiler`` (or the bench's ``--breakdown``) listens;
 4. no hierarchy and a fixed-size codec: :func:`.flat.all_reduce` encodes each segment's p chunks
-   (one ``encode_rows``, with error feedback if given), all-to-alls them, decodes-and-sums its own
-   chunk in fp32, re-encodes it and all-gathers it, pipelined over segments, all on the side stream;
+   (one ``encode_rows``, with error feedback if given; with two ranks only the peer's chunk), all-to-alls
+   them, decodes-and-sums its own chunk in fp32, re-encodes it and all-gathers it, pipelined over
+   segments, all on the side stream;
 5. :meth:`.call.Run.compressed` finishes it: decodes the gathered rows into ``grad`` (side stream),
    records the done event, makes the caller's stream wait for it and records the stats row -- now
    (sync) or in the handle's ``wait()`` (``async_op=True``).
@@ -61,6 +64,7 @@ from ..feedback import ErrorFeedback
 from ..transports import Handle, for_group, op_name
 from . import flat, hierarchy as _hierarchy, nodes, varsize
 from .call import Run, check_tensor, contig, copy_back, decide, nbytes
+from .phases import labelled
 
 
 def _check_hierarchy(hierarchy: Any) -> None:
@@ -96,6 +100,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
         buf = contig(t)
         return run.native(async_op, tr.native_all_reduce(buf, opn, async_op), lambda: copy_back(t, buf), nbytes(t),
                           [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:  # exact codecs: nothing to feed back, nothing to gain from a hierarchy
         return varsize.all_reduce(run, c, tr, tensor, opn, async_op)
     _check_feedback(error_feedback, key, "all_reduce")
@@ -131,6 +136,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = "
         obuf = contig(out)
         return run.native(async_op, tr.native_reduce_scatter(obuf, contig(inp), opn, async_op),
                           lambda: copy_back(out, obuf), nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.reduce_scatter_tensor(run, c, tr, output, input, opn, async_op)
     _check_feedback(error_feedback, key, "reduce_scatter_tensor")
@@ -164,6 +170,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
         obuf = contig(out)
         return run.native(async_op, tr.native_all_gather(obuf, contig(inp), async_op), lambda: copy_back(out, obuf),
                           nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.all_gather_into_tensor(run, c, tr, output, input, async_op)
     lay = _layout(hierarchy, group)
@@ -188,6 +195,7 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = No
         buf = contig(t)
         return run.native(async_op, tr.native_broadcast(buf, root, async_op), lambda: copy_back(t, buf), nbytes(t),
                           [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.broadcast(run, c, tr, tensor, root, async_op)
     return flat.broadcast(run, c, tr, tensor, root, async_op, salt)
@@ -226,6 +234,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group: Any = No
             output_split_sizes = input_split_sizes = None
         work = tr.native_all_to_all(obuf, contig(inp), output_split_sizes, input_split_sizes, async_op)
         return run.native(async_op, work, lambda: copy_back(out, obuf), nbytes(inp), [output])
+    c, tr = labelled(c, tr)
     return flat.all_to_all_single(run, c, tr, output, input, async_op, salt)
 
 
@@ -243,6 +252,7 @@ def isend(tensor: torch.Tensor, dst: int, group: Any = None, codec: Any = None, 
     if c is None:
         buf = contig(t)
         return run.native(True, tr.native_isend(buf, peer, tag), lambda: buf, nbytes(t), [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.isend(run, c, tr, tensor, peer, tag)
     return flat.isend(run, c, tr, tensor, peer, tag, salt)
@@ -264,6 +274,7 @@ def irecv(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, 
     if c is None:
         buf = contig(t)
         return run.native(True, tr.native_irecv(buf, peer, tag), lambda: copy_back(t, buf), nbytes(t), [tensor])
+    c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.irecv(run, c, tr, tensor, peer, tag)
     return flat.irecv(run, c, tr, tensor, peer, tag)

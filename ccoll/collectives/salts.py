@@ -53,6 +53,7 @@ _counters = _Counters()
 
 def salts(salt: int | None, tr: Transport) -> Callable[[int, int], int]:
     """``salt_of(phase, segment)`` for one call on this rank (nonzero: 0 means "no salt" to codecs)."""
+    tr = getattr(tr, "unlabelled", tr)  # a profiled call's transport counts as the group's own
     if salt is None:
         base = mix64(_counters.next(tr) ^ (tr.global_rank(0) << 40) ^ (tr.world_size << 20))
     else:
