@@ -22,13 +22,13 @@ of one extra call, where ccoll's phase labels show as ranges on the threads that
 from __future__ import annotations
 
 import os
-import time
 from collections import defaultdict
 
 import torch
 
 from ..collectives.phases import Recorder, recording
 from .cases import Case, Collective
+from .measure import timed_call
 from .worlds import World
 
 CODEC_LABELS = ("ccoll.encode", "ccoll.decode", "ccoll.decode_sum")
@@ -109,13 +109,7 @@ def measure_breakdown(w: World, coll: Collective, case: Case, codec, min_bytes: 
     spans = []
     with recording(rec):
         for _ in range(calls):
-            if case.in_place:
-                case.out.copy_(case.inp)
-            w.barrier()
-            t0 = time.perf_counter()
-            coll.run(w, case, codec, min_bytes)
-            w.sync()
-            spans.append((t0, time.perf_counter()))
+            spans.append(timed_call(w, coll, case, codec, min_bytes))
     per_call = [c for c in rec.calls if c]
     parts: dict[str, float] = defaultdict(float)
     phases: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])

@@ -172,17 +172,22 @@ def _run_all_to_all(w: World, case: Case, codec, min_bytes: int) -> None:
         _cc().all_to_all_single(case.out, case.inp, group=w.group, codec=codec, min_bytes=min_bytes)
 
 
+def _p2p(w: World, codec, min_bytes: int, *names: str) -> list:
+    """The point-to-point functions ``names`` as ``fn(tensor, peer)``: the backend's own (native) or ccoll's
+    with ``codec``."""
+    if codec is None:
+        return [w.native(name) for name in names]
+    cc = _cc()
+    return [lambda t, p, fn=getattr(cc, name): fn(t, p, group=w.group, codec=codec, min_bytes=min_bytes)
+            for name in names]
+
+
 def _run_sendrecv(w: World, case: Case, codec, min_bytes: int) -> None:
     """Ping-pong between ranks 2k and 2k+1 (an odd last rank idles): even ranks send first."""
     peer = _sendrecv_peer(w)
     if peer is None:
         return
-    if codec is None:
-        send, recv = w.native("send"), w.native("recv")
-    else:
-        cc = _cc()
-        send = lambda t, p: cc.send(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-        recv = lambda t, p: cc.recv(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
+    send, recv = _p2p(w, codec, min_bytes, "send", "recv")
     if w.rank % 2 == 0:
         send(case.inp, peer)
         recv(case.out, peer)
@@ -197,12 +202,7 @@ def _run_sendrecv_bw(w: World, case: Case, codec, min_bytes: int) -> None:
     peer = _sendrecv_peer(w)
     if peer is None:
         return
-    if codec is None:
-        isend, irecv = w.native("isend"), w.native("irecv")
-    else:
-        cc = _cc()
-        isend = lambda t, p: cc.isend(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
-        irecv = lambda t, p: cc.irecv(t, p, group=w.group, codec=codec, min_bytes=min_bytes)  # noqa: E731
+    isend, irecv = _p2p(w, codec, min_bytes, "isend", "irecv")
     ack = torch.zeros(1, dtype=torch.float32, device=w.device)
     n = _bw_window(case.inp.numel() * case.inp.element_size())
     if w.rank % 2 == 0:

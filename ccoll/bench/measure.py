@@ -81,6 +81,18 @@ def _recorded(spec: str) -> tuple[int, int]:
     return sum(r["raw_bytes"] for r in rows), sum(r["wire_bytes"] for r in rows)
 
 
+def timed_call(w: World, coll: Collective, case: Case, codec, min_bytes) -> tuple[float, float]:
+    """One call, OSU style: inputs restored (in-place collectives overwrite them), a barrier, then the
+    host clock around the call and the device sync; (start, end)."""
+    if case.in_place:
+        case.out.copy_(case.inp)
+    w.barrier()
+    t0 = time.perf_counter()
+    coll.run(w, case, codec, min_bytes)
+    w.sync()
+    return t0, time.perf_counter()
+
+
 def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: int, min_bytes: int) -> dict:
     times: list[float] = []
     before = _recorded(codec.spec) if codec is not None else (0, 0)
@@ -88,13 +100,7 @@ def measure(w: World, coll: Collective, case: Case, codec, iters: int, warmup: i
     for it in range(warmup + iters):
         if it == warmup and codec is not None:
             recorded_after_warmup = _recorded(codec.spec)
-        if case.in_place:
-            case.out.copy_(case.inp)
-        w.barrier()
-        t0 = time.perf_counter()
-        coll.run(w, case, codec, min_bytes)
-        w.sync()
-        t1 = time.perf_counter()
+        t0, t1 = timed_call(w, coll, case, codec, min_bytes)
         if it >= warmup:
             times.append(t1 - t0)
     ratio = _wire_ratio(codec, recorded_after_warmup)

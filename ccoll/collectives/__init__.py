@@ -110,6 +110,17 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
     return flat.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
 
 
+def _pair(op: str, output: torch.Tensor, input: torch.Tensor, p: int, whole: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, input) detached, once the ``whole`` side is known to hold p x the other side, same dtype:
+    a mismatch would otherwise surface as a wrong-size message on the wire, on another rank."""
+    out, inp = output.detach(), input.detach()
+    big, small, part = (inp, out, "output") if whole == "input" else (out, inp, "input")
+    if big.numel() != p * small.numel() or inp.dtype != out.dtype:
+        raise TransportError(f"{op}: {whole} must hold {p} x {part} ({small.numel()} x {small.dtype}), "
+                             f"got {big.numel()} x {big.dtype}")
+    return out, inp
+
+
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = "sum", group: Any = None,
                           codec: Any = None, async_op: bool = False, *, error_feedback: ErrorFeedback | None = None,
                           key: Hashable = None, min_bytes: int | None = None, salt: int | None = None,
@@ -123,13 +134,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = "
     if tr.rank < 0:
         return None
     _check_hierarchy(hierarchy)
-    p = tr.world_size
-    out, inp = output.detach(), input.detach()
-    if inp.numel() != p * out.numel() or inp.dtype != out.dtype:
-        raise TransportError(
-            f"reduce_scatter_tensor: input must hold {p} x output ({out.numel()} x {out.dtype}), "
-            f"got {inp.numel()} x {inp.dtype}"
-        )
+    out, inp = _pair("reduce_scatter_tensor", output, input, tr.world_size, whole="input")
     run = Run("reduce_scatter", inp.device)
     c = decide(codec, inp, op=opn, min_bytes=min_bytes, transport=tr)
     if c is None:
@@ -157,13 +162,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
     if tr.rank < 0:
         return None
     _check_hierarchy(hierarchy)
-    p = tr.world_size
-    out, inp = output.detach(), input.detach()
-    if out.numel() != p * inp.numel() or inp.dtype != out.dtype:
-        raise TransportError(
-            f"all_gather_into_tensor: output must hold {p} x input ({inp.numel()} x {inp.dtype}), "
-            f"got {out.numel()} x {out.dtype}"
-        )
+    out, inp = _pair("all_gather_into_tensor", output, input, tr.world_size, whole="output")
     run = Run("all_gather", inp.device)
     c = decide(codec, inp, min_bytes=min_bytes, transport=tr)
     if c is None:

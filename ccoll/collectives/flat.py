@@ -14,7 +14,7 @@ stay bit-identical. Codec calls are the batched API only (one call per phase and
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -241,12 +241,19 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
             c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
+    return run.compressed(async_op, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
+                          [tensor])
+
+
+def _decoding(c: Codec, payload: torch.Tensor, t: torch.Tensor, row_numel: int) -> Callable[[], None]:
+    """The completion of a call that receives payload rows for ``t``: decode them into it (through a
+    contiguous buffer when ``t`` is not)."""
     def body() -> None:
         obuf = output_flat(t)
-        c.decode_rows(payload, obuf, n)
+        c.decode_rows(payload, obuf, row_numel)
         copy_back(t, obuf)
 
-    return run.compressed(async_op, [inner], body, c, n * t.element_size(), payload.numel(), [tensor])
+    return body
 
 
 def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, input: torch.Tensor,
@@ -263,10 +270,10 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
 
+    decode = _decoding(c, recv, out, m)
+
     def body() -> None:
-        obuf = output_flat(out)
-        c.decode_rows(recv, obuf, m)
-        copy_back(out, obuf)
+        decode()
         del send_alive[:]
 
     return run.compressed(async_op, [inner], body, c, inp.numel() * inp.element_size(), send.numel(), [output])
@@ -298,12 +305,8 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
         payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
         inner = side.wrap(tr.irecv(payload.view(-1), peer, tag))
 
-    def body() -> None:
-        obuf = output_flat(t)
-        c.decode_rows(payload, obuf, n)
-        copy_back(t, obuf)
-
-    return run.compressed(True, [inner], body, c, n * t.element_size(), payload.numel(), [tensor])
+    return run.compressed(True, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
+                          [tensor])
 
 
 __all__ = ["all_gather_into_tensor", "all_reduce", "all_to_all_single", "broadcast", "irecv", "isend",
