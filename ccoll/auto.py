@@ -30,6 +30,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from ._activate.ccoll_after_import import AfterImport
 from .errors import PolicyError
 from .log import tell
 
@@ -264,9 +265,9 @@ def install(policy: Any) -> None:
             logger.debug("ccoll.auto: DDP not wrapped (%s)", e)
         if _FSDP_STATE in sys.modules:
             _wrap_fsdp_safely()
-        elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        elif not any(isinstance(f, AfterImport) for f in sys.meta_path):
             # importing FSDP2 costs ~1 s: wrap it when the process imports it, not before
-            sys.meta_path.insert(0, _AfterImport(_FSDP_STATE, _wrap_fsdp_safely))
+            sys.meta_path.insert(0, AfterImport(_FSDP_STATE, _wrap_fsdp_safely))
 
 
 _FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
@@ -282,32 +283,6 @@ def _wrap_fsdp_safely() -> None:
             from .log import logger
 
             logger.debug("ccoll.auto: FSDP2 not wrapped (%s)", e)
-
-
-class _AfterImport:
-    """Meta-path finder that runs ``then()`` right after module ``name`` has been executed."""
-
-    def __init__(self, name: str, then: Callable[[], None]):
-        self.name, self.then = name, then
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then(module):
-            exec_module(module)
-            sys.modules[name] = module
-            self.then()
-
-        spec.loader.exec_module = exec_then
-        return spec
 
 
 def uninstall() -> None:

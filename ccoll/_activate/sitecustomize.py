@@ -57,35 +57,16 @@ def _install() -> None:
     ccoll.patch.install(os.environ["CCOLL_POLICY"])
 
 
-class _AfterTorch:
-    """Meta-path finder that lets the normal finders locate ``torch`` and runs :func:`_install` right after
-    torch's own ``__init__`` has finished (torch.distributed and torch.optim are then complete)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_install(module):
-            exec_module(module)
-            sys.modules[name] = module  # what the import system does right after; ccoll imports torch
-            _install()
-
-        spec.loader.exec_module = exec_then_install
-        return spec
-
-
 def _activate() -> None:
     if not os.environ.get("CCOLL_POLICY"):
         return
     if "torch" in sys.modules:
         _install()
     else:
-        sys.meta_path.insert(0, _AfterTorch())
+        from ccoll_after_import import AfterImport  # this directory is on sys.path: no ccoll import yet
+
+        # right after torch's own __init__ (torch.distributed and torch.optim are then complete)
+        sys.meta_path.insert(0, AfterImport("torch", _install))
 
 
 _chain()
