@@ -53,7 +53,13 @@ class Attached:
 
 
 _lock = threading.RLock()
-_policy = None
+class _Installed:
+    """The policy models built from now on are attached with (None: ccoll.patch is not installed)."""
+
+    policy = None
+
+
+_installed = _Installed()
 _models: list[Attached] = []
 _by_ddp: "weakref.WeakKeyDictionary[Any, Attached]" = weakref.WeakKeyDictionary()
 _pending: dict[tuple[str, int], dict] = {}  # loaded state of models not attached yet
@@ -166,7 +172,7 @@ def _ddp_attach_cancel(entry: Attached) -> None:
 
 
 def _on_ddp(ddp: Any, register: Callable) -> None:
-    pol = _policy
+    pol = _installed.policy
     if pol is None:
         return
     rule = pol.rule("dp", "all_reduce")
@@ -198,7 +204,7 @@ def _wrap_fsdp() -> None:
     def _lazy_init(self) -> None:
         first = self._is_root is None
         lazy_init(self)
-        if first and self._is_root and _policy is not None:
+        if first and self._is_root and _installed.policy is not None:
             _on_fsdp_root(self._modules[0])
 
     _originals.append((FSDPState, "_lazy_init", lazy_init))
@@ -209,7 +215,7 @@ def _on_fsdp_root(root: Any) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-    pol = _policy
+    pol = _installed.policy
     rs, ag = pol.rule("dp", "reduce_scatter"), pol.rule("dp", "all_gather")
     if not pol.attach["fsdp"]:
         _add("fsdp", "opted out", "attach: {fsdp: false}")
@@ -252,9 +258,8 @@ def _on_fsdp_root(root: Any) -> None:
 def install(policy: Any) -> None:
     """Called by ``ccoll.patch.install``: wrap DDP and FSDP2 (once) and use ``policy`` for models built
     from now on. FSDP2 is wrapped if ``torch.distributed.fsdp`` is importable (it is imported here)."""
-    global _policy
     with _lock:
-        _policy = policy
+        _installed.policy = policy
         if _originals:
             return
         try:
@@ -275,7 +280,7 @@ _FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
 
 def _wrap_fsdp_safely() -> None:
     with _lock:
-        if _policy is None or any(owner.__name__ == "FSDPState" for owner, _, _ in _originals):
+        if _installed.policy is None or any(owner.__name__ == "FSDPState" for owner, _, _ in _originals):
             return
         try:
             _wrap_fsdp()
@@ -287,9 +292,8 @@ def _wrap_fsdp_safely() -> None:
 
 def uninstall() -> None:
     """Put DDP's and FSDP2's methods back; models already attached keep their hooks."""
-    global _policy
     with _lock:
-        _policy = None
+        _installed.policy = None
         for owner, name, orig in reversed(_originals):
             setattr(owner, name, orig)
         _originals.clear()

@@ -33,7 +33,13 @@ _announced: set[str] = set()
 # that this one compresses nothing) and whether a process group was seen
 _baseline: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _current: list = []  # [the latest _State] (weakly: a replaced installation is forgotten)
-_joined = False
+class _Seen:
+    """Whether this process joined a process group (then its stats file is written, also when empty)."""
+
+    joined = False
+
+
+_seen = _Seen()
 
 
 def _compressed_calls(rows: list[dict]) -> int:
@@ -61,11 +67,10 @@ def _mib(n: int) -> str:
 def on_step(st: Any) -> None:
     """After step ``st.steps``: announce dimensions that started compressing; at the warning step, warn if
     nothing was compressed."""
-    global _joined
     import torch.distributed as dist
 
-    if not _joined and dist.is_available() and dist.is_initialized():
-        _joined = True
+    if not _seen.joined and dist.is_available() and dist.is_initialized():
+        _seen.joined = True
     warmup = _max_warmup(st.policy)
     if st.steps <= warmup + REPORT_STEPS:
         _announce(st.steps)
@@ -146,7 +151,7 @@ def summary() -> dict | None:
     from . import auto
 
     dist = sys.modules.get("torch.distributed")
-    joined = _joined or bool(auto.attached()) or (dist is not None and dist.is_available() and dist.is_initialized())
+    joined = _seen.joined or bool(auto.attached()) or (dist is not None and dist.is_available() and dist.is_initialized())
     rows = _stats.stats()
     if not joined and not rows:
         return None

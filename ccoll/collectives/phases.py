@@ -26,7 +26,13 @@ from typing import Any
 import torch
 
 #: the breakdown recorder in effect (None: nothing records); set by :func:`recording`
-_recorder: "Recorder | None" = None
+class _Listening:
+    """The bench's recorder while ``recording`` is active in this process (None otherwise)."""
+
+    recorder: "Recorder | None" = None
+
+
+_listening = _Listening()
 
 
 class Recorder:
@@ -51,21 +57,19 @@ class recording:
         self.rec = rec
 
     def __enter__(self) -> Recorder:
-        global _recorder
-        _recorder = self.rec
+        _listening.recorder = self.rec
         return self.rec
 
     def __exit__(self, *exc: Any) -> None:
-        global _recorder
-        _recorder = None
+        _listening.recorder = None
 
 
 def labelled(c: Any, tr: Any) -> tuple[Any, Any]:
     """``(c, tr)`` as they are when no profiler and no recorder listens (the common case: one branch),
     else proxies that label and time each phase of this one call."""
-    if _recorder is None and not torch.autograd._profiler_enabled():
+    if _listening.recorder is None and not torch.autograd._profiler_enabled():
         return c, tr
-    phases = _Phases(_recorder)
+    phases = _Phases(_listening.recorder)
     return _Codec(c, phases), (tr if tr is None else _Transport(tr, phases))
 
 
