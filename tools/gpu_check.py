@@ -215,10 +215,12 @@ def _gpu_seconds(torch, fn, iters: int) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
-def throughput(torch, nbytes: int, iters: int, report: Report) -> None:
+def throughput(torch, nbytes: int, iters: int, report: Report, device="cuda", backend: str = "cupy",
+               seconds=_gpu_seconds) -> None:
     """GB/s of input bytes: encode reads nbytes, decode writes nbytes, decode_sum decodes TP_ROWS payloads
     of nbytes each (counted TP_ROWS * nbytes); the device copy of the same tensor counts its nbytes once
-    too (it reads and writes them). ``*_of_copy``: the fraction of that copy bandwidth, measured in this run."""
+    too (it reads and writes them). ``*_of_copy``: the fraction of that copy bandwidth, measured in this run.
+    ``device`` / ``backend`` / ``seconds`` (the timer) default to the GPU; the unit tests run it on the CPU."""
     import ccoll
     from ccoll.errors import CcollError
 
@@ -227,14 +229,14 @@ def throughput(torch, nbytes: int, iters: int, report: Report) -> None:
     specs = _registry_specs()
     for dtype in (torch.float32, torch.bfloat16):
         numel = nbytes // torch.tensor([], dtype=dtype).element_size()
-        x = torch.randn(numel, device="cuda").to(dtype)
+        x = torch.randn(numel, device=device).to(dtype)
         dst = torch.empty_like(x)
-        copy = nbytes / _gpu_seconds(torch, lambda: dst.copy_(x), iters) / 1e9  # input bytes, as the codecs'
+        copy = nbytes / seconds(torch, lambda: dst.copy_(x), iters) / 1e9  # input bytes, as the codecs'
         phase["rows"].append({"codec": "device copy", "dtype": _dtype_name(dtype), "copy_GBps": copy})
         del dst
         for spec in specs:
             row = {"codec": spec, "dtype": _dtype_name(dtype)}
-            codec = ccoll.get_codec(spec, backend="cupy")
+            codec = ccoll.get_codec(spec, backend=backend)
             if dtype not in codec.dtypes:
                 continue
             phase["rows"].append(row)
@@ -244,10 +246,10 @@ def throughput(torch, nbytes: int, iters: int, report: Report) -> None:
             try:
                 payload = codec.encode(x)
                 payloads = payload.unsqueeze(0).expand(TP_ROWS, -1).contiguous()
-                acc = torch.empty(numel, dtype=torch.float32, device="cuda")
-                enc = nbytes / _gpu_seconds(torch, lambda: codec.encode(x), iters) / 1e9
-                dec = nbytes / _gpu_seconds(torch, lambda: codec.decode(payload, numel, dtype), iters) / 1e9
-                dsum = TP_ROWS * nbytes / _gpu_seconds(
+                acc = torch.empty(numel, dtype=torch.float32, device=device)
+                enc = nbytes / seconds(torch, lambda: codec.encode(x), iters) / 1e9
+                dec = nbytes / seconds(torch, lambda: codec.decode(payload, numel, dtype), iters) / 1e9
+                dsum = TP_ROWS * nbytes / seconds(
                     torch, lambda: codec.decode_sum(payloads, numel, dtype, out=acc), iters) / 1e9
             except CcollError as e:
                 row.update(status="failed", error=f"{type(e).__name__}: {str(e)[:500]}")
@@ -257,7 +259,8 @@ def throughput(torch, nbytes: int, iters: int, report: Report) -> None:
             del payload, payloads, acc
             report.write(force=False)
         del x
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     statuses = {r.get("status") for r in phase["rows"] if "status" in r}
     phase["status"] = "failed" if "failed" in statuses else "partial" if "not run" in statuses else "done"
     report.write()

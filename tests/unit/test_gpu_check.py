@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,26 @@ def test_given_a_bundled_cubin_expect_it_loaded_instead_of_nvrtc_and_a_source_ed
     (src / f"{name}.cu").write_text((src / f"{name}.cu").read_text() + "\n// edited\n")
     assert kernels.bundle_key(name, "sm_90") != key
     assert kernels.bundle_key(name, "sm_80") != kernels.bundle_key(name, "sm_90")
+
+
+def _wall_seconds(torch_, fn, iters):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return max(time.perf_counter() - t0, 1e-9) / iters
+
+
+def test_given_the_throughput_phase_on_cpu_tensors_expect_copy_first_every_registry_codec_and_the_rest_not_run():
+    report = gpu_check.Report(None, gpu_check.Deadline(None))
+    gpu_check.throughput(torch, 1 << 16, 1, report, device="cpu", backend="torch", seconds=_wall_seconds)
+    rows = report.phase("throughput")["rows"]
+    assert report.phase("throughput")["status"] == "done" and rows[0]["codec"] == "device copy"
+    assert {r["codec"] for r in rows if r.get("status") == "measured"} == set(gpu_check._registry_specs())
+    assert all(r["encode_of_copy"] > 0 for r in rows if r.get("status") == "measured")
+    late = gpu_check.Report(None, gpu_check.Deadline(0.0))
+    gpu_check.throughput(torch, 1 << 16, 1, late, device="cpu", backend="torch", seconds=_wall_seconds)
+    assert late.phase("throughput")["status"] == "partial"
+    assert "not run" in "\n".join(gpu_check.summary_lines(late.data))
 
 
 @pytest.mark.slow
