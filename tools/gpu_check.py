@@ -460,19 +460,21 @@ def run(torch, device, backend: str, out, deadline: Deadline, expected: dict, sp
     print(f"# gpu-check: {json.dumps(report.data['environment'], default=str)}", flush=True)
     from ccoll import kernels
 
-    def modules() -> None:  # where each loaded kernel module came from: the carried bundle, or NVRTC here
+    def modules(done: str | None = None) -> None:  # where each kernel module came from: the bundle, or NVRTC
         report.data["kernel_modules"] = {n: o for (n, _), o in kernels.module_origin.items()}
+        if done:
+            print(f"# {done}: {report.phase(done)['status']} at {deadline.elapsed():.0f} s", flush=True)
 
     if device.type == "cuda":
         throughput(torch, tp_nbytes, iters, report)
     else:
         report.phase("throughput").update(status="skipped", reason="no CUDA device (CPU self-test)")
-    modules()
+    modules("throughput")
     report.write()
     compare_bytes(torch, backend, device, expected, report, specs)
-    modules()
+    modules("bytes")
     compare_collectives(torch, device, expected, report, specs, world_sizes, sim_numel)
-    modules()
+    modules("collectives")
     report.finish()
     return report
 
