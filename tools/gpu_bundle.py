@@ -46,15 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         built = list(pool.map(lambda job: build_one(*job), jobs))
     keep = {b["file"] for b in built}
-    for old in kernels.BUNDLE_DIR.glob("*.cubin"):
+    for old in kernels.bundle_dir().glob("*.cubin"):
         if old.name not in keep:
             old.unlink()
     manifest = {"nvrtc": ".".join(map(str, kernels.nvrtc().version)), "archs": archs, "cubins": built,
                 "total_bytes": sum(b["bytes"] for b in built)}
-    (kernels.BUNDLE_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (kernels.bundle_dir() / "manifest.json").write_text(json.dumps(manifest, indent=1))
     for b in built:
         print(f"{b['file']:60s} {b['bytes']:>10d} B")
-    print(f"# gpu-bundle: {len(built)} cubins, {manifest['total_bytes'] / 2**20:.1f} MiB in {kernels.BUNDLE_DIR}")
+    print(f"# gpu-bundle: {len(built)} cubins, {manifest['total_bytes'] / 2**20:.1f} MiB in {kernels.bundle_dir()}")
     return 0
 
 

@@ -439,7 +439,7 @@ def environment(torch, device_type: str) -> dict:
 
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "device_type": device_type}
-    manifest = kernels.BUNDLE_DIR / "manifest.json"
+    manifest = kernels.bundle_dir() / "manifest.json"
     env["bundle"] = json.loads(manifest.read_text()) if manifest.exists() else "none (build/gpu/manifest.json)"
     if device_type == "cuda":
         import cupy

@@ -287,8 +287,10 @@ def _cached_build(name: str, arch: str) -> bytes:
 # --------------------------------------------------------------------------------------------------
 # the carried bundle: cubins built off the GPU machine (``make gpu-bundle``), so a GPU session compiles nothing
 
-#: where ``make gpu-bundle`` writes ``<name>-<arch>-<key>.cubin`` (ignored under build/; a device call carries it)
-BUNDLE_DIR = BUILD_DIR / "gpu"
+def bundle_dir() -> Path:
+    """Where ``make gpu-bundle`` writes ``<name>-<arch>-<key>.cubin`` (ignored under build/; a device call
+    carries it); read at call time, so whoever moves BUILD_DIR moves it too."""
+    return BUILD_DIR / "gpu"
 
 
 def bundle_key(name: str, arch: str) -> str:
@@ -304,7 +306,7 @@ def bundle_key(name: str, arch: str) -> str:
 
 
 def bundle_path(name: str, arch: str) -> Path:
-    return BUNDLE_DIR / f"{name}-{arch}-{bundle_key(name, arch)}.cubin"
+    return bundle_dir() / f"{name}-{arch}-{bundle_key(name, arch)}.cubin"
 
 
 #: (name, device index) -> where the loaded module came from ("bundle <file>" or "nvrtc <target>")

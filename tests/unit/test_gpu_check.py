@@ -107,7 +107,7 @@ def test_given_a_phase_ends_expect_the_report_on_disk_to_show_it(tmp_path, expec
 
 
 def test_given_a_bundled_cubin_expect_it_loaded_instead_of_nvrtc_and_a_source_edit_to_change_its_key(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernels, "BUNDLE_DIR", tmp_path / "gpu")
+    monkeypatch.setattr(kernels, "BUILD_DIR", tmp_path)
     name = kernels.kernel_names()[0]
     path = kernels.bundle_path(name, "sm_90")
     path.parent.mkdir()
