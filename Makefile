@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check clean
+.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check gpu-expected gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,13 +101,23 @@ bench-nodes: venv kernels-host
 bench-two-transports: venv
 	$(BIN)/mpiexec --allow-run-as-root --oversubscribe -n 4 $(PY) -m ccoll.bench.two_transports --calls 1000 --wait-order rank
 
-# On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy, pytest preinstalled;
-# no network): never installs anything, never builds .venv. Bytes of cupy vs emulated vs torch for every
-# deterministic codec, GB/s beside the device copy bandwidth, simulated-world all_reduce, gloo on CUDA
-# tensors; one JSON report. Exit 0 all equal, 1 a mismatch, 2 no CUDA. e.g. make gpu-check PYTHON=python3
-GPU_CHECK_REPORT ?= results/gpu_check.json
+# On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy; no network, no zfpy,
+# no nvcc needed): never installs anything, never builds .venv, compiles nothing when build/gpu/ is carried.
+# Throughput beside the device copy bandwidth, then bytes against tools/gpu_expected.json, then collectives on
+# the simulated world; the report in $(GPU_CHECK_OUT)/gpu_check.json after every phase. Exit 0 passed,
+# 1 a mismatch or missing digest, 2 no CUDA, 3 the deadline left something not run. See README.
+# e.g. make gpu-check PYTHON=python3 GPU_CHECK_ARGS="--out $$OUT"
+GPU_CHECK_OUT ?= results/gpu_check
 gpu-check:
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) tools/gpu_check.py --report $(GPU_CHECK_REPORT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# The expected digests gpu-check compares with (torch backend, zfp through zfpy): commit the file it writes
+gpu-expected: venv
+	$(PY) tools/gpu_expected.py
+
+# Cubins of kernels/*.cu for sm_80 and sm_90 into build/gpu/ (NVRTC wheel), carried to a GPU machine
+gpu-bundle: venv
+	$(PY) tools/gpu_bundle.py
 
 clean:
 	rm -rf build .pytest_cache results

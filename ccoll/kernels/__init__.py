@@ -285,25 +285,75 @@ def _cached_build(name: str, arch: str) -> bytes:
 
 
 # --------------------------------------------------------------------------------------------------
+# the carried bundle: cubins built off the GPU machine (``make gpu-bundle``), so a GPU session compiles nothing
+
+def bundle_dir() -> Path:
+    """Where ``make gpu-bundle`` writes ``<name>-<arch>-<key>.cubin`` (ignored under build/; a device call
+    carries it); read at call time, so whoever moves BUILD_DIR moves it too."""
+    return BUILD_DIR / "gpu"
+
+
+def bundle_key(name: str, arch: str) -> str:
+    """What a bundled cubin of kernels/<name>.cu for ``arch`` was built from: the options (the include path
+    as the relative "kernels", since the checkout's path differs between machines) and every source's bytes.
+    Any edit to a .cu/.cuh file or to the options gives a new key, so a stale cubin is never loaded. The
+    NVRTC version is not in the key: a cubin for sm_XY runs on any sm_XY device whose driver loads it."""
+    options = tuple("-Ikernels" if o == f"-I{KERNEL_DIR}" else o for o in nvrtc_options(arch))
+    key = hashlib.sha256(repr(options).encode())
+    for dep in sorted(_deps(name)):
+        key.update(dep.name.encode() + b"\0" + dep.read_bytes())
+    return key.hexdigest()[:20]
+
+
+def bundle_path(name: str, arch: str) -> Path:
+    return bundle_dir() / f"{name}-{arch}-{bundle_key(name, arch)}.cubin"
+
+
+#: (name, device index) -> where the loaded module came from ("bundle <file>" or "nvrtc <target>")
+module_origin: dict[tuple[str, int], str] = {}
+
+
+def _module_image(name: str, capability: tuple[int, int]) -> tuple[bytes, str]:
+    """The bundled cubin for this device's sm_XY when one matches the sources, else an NVRTC build."""
+    arch = f"sm_{capability[0] * 10 + capability[1]}"
+    bundled = bundle_path(name, arch)
+    if bundled.exists():
+        return bundled.read_bytes(), f"bundle {bundled.name}"
+    target = device_target(capability)
+    return _cached_build(name, target), f"nvrtc {target}"
+
+
+# --------------------------------------------------------------------------------------------------
 # loading and launching on a GPU (CuPy imported here only)
 
 _modules: dict[tuple[str, int], object] = {}
 
 
 def cupy_module(name: str, device_index: int):
-    """kernels/<name>.cu as a CuPy ``Module`` on CUDA device ``device_index``: NVRTC with
-    ``nvrtc_options(device_target(capability))``, loaded with cuModuleLoadData. Once per process and device."""
+    """kernels/<name>.cu as a CuPy ``Module`` on CUDA device ``device_index``: the carried cubin of
+    ``make gpu-bundle`` when one matches the sources (``bundle_path``), else NVRTC with
+    ``nvrtc_options(device_target(capability))``; loaded with cuModuleLoadData. Once per process and device."""
     with _lock:
         mod = _modules.get((name, device_index))
         if mod is None:
             import torch
 
             cupy = _cupy()
-            image = _cached_build(name, device_target(torch.cuda.get_device_capability(device_index)))
+            capability = torch.cuda.get_device_capability(device_index)
+            image, origin = _module_image(name, capability)
             with cupy.cuda.Device(device_index):
                 mod = cupy.cuda.function.Module()
-                mod.load(image)
+                try:
+                    mod.load(image)
+                except Exception:  # noqa: BLE001 - a bundled cubin this driver refuses: build it here
+                    if not origin.startswith("bundle"):
+                        raise
+                    target = device_target(capability)
+                    origin = f"nvrtc {target} (the bundled cubin did not load)"
+                    mod = cupy.cuda.function.Module()
+                    mod.load(_cached_build(name, target))
             _modules[(name, device_index)] = mod
+            module_origin[(name, device_index)] = origin
         return mod
 
 
