@@ -56,7 +56,7 @@ shared with the host build):
 
 Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
 kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
-with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS); all plain kernels are at 27..64 registers,
+with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS); all plain kernels are at 32..64 registers,
 0 bytes local, so >= 4 CTAs of 256 threads = 32 warps (50% occupancy) per SM; encode_rows is capped there
 by __launch_bounds__(256, 4).
   bytes per value (q payload, + 4/B or 1/B scale bytes; feedback adds 8 B: residual read + write):
@@ -66,7 +66,7 @@ by __launch_bounds__(256, 4).
     with MUFU.RCP + FCHK, FRND + F2I, clamp 2, pack 3, per-word addressing / count ~3), fp8 ~16 (no
     division: a multiply and integer rounding), stochastic +~12 (two mix32 hashes, floor, add), bf16/f16
     input +1..3 (unpack; f16 -> f32 in integer code ~6). decode_rows ~6..10 (extract, I2F, multiply,
-    pack), decode_sum ~8 per row.
+    pack), decode_sum ~8 per row (its row loop unrolled by 4: four rows' loads in flight).
   H200 (132 SMs, ~1.98 GHz, 4.8 TB/s): issue limit ~33e12 thread-instructions/s; conversions (FRND, F2I,
     I2F) and MUFU at 16/clk/SM, ~4.2e12/s. Streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s, i.e. a
     budget of ~35 instructions per value (f32 encode) and ~21 (bf16 encode, 3 B/value).
@@ -74,9 +74,9 @@ by __launch_bounds__(256, 4).
     against a 35 budget and ~2 conversions/value against 4.4 available; 2 x 16 B loads in flight per
     thread at 1024 threads/SM ~ 32 KB/SM, about what ~800 ns of HBM latency needs (~29 KB/SM). bf16/f16
     encode: ~22..26 instr/value against 21..28 at 75..100% -- at the edge (~65..80%); stochastic bf16
-    below (~50..60%): instruction-bound by the hash. decode_rows / decode_sum: few instructions, but one
-    4-byte q load per thread in flight (~6 KB/SM): latency-bound unless occupancy stays high; expected
-    ~70..90%. Rotate kernels (95..127 registers, 128..256 B stack): not streaming kernels, ~25..40%.
+    below (~50..60%): instruction-bound by the hash. decode_rows: few instructions (32..42 registers, up to
+    48 warps/SM), but one 4-byte q load per thread in flight (~6 KB/SM, about what its 1/5 read share of
+    the bandwidth needs): expected ~70..90%; decode_sum (4 rows in flight) ~75..90%. Rotate kernels (95..127 registers, 128..256 B stack): not streaming kernels, ~25..40%.
   What would lift the edge cases: 16-byte payload groups per thread (4 q words per lane: 4x the bytes in
     flight for decode, one 16-B store), a cheaper correctly rounded division (int formats), fp16 -> fp32
     through the hardware conversion (bit-identical for finite values, NaN payload aside).
