@@ -26,8 +26,9 @@ venv: $(STAMP)
 kernels-host: venv
 	$(PY) -m ccoll.kernels build
 
-# nvcc (sm_80, sm_90) and NVRTC from the nvidia-cuda-nvrtc wheel (compute_80, compute_90) with exactly the
-# cupy backend's options (kernels.NVRTC_OPTIONS); every kernel the codecs launch must be in the module
+# nvcc (sm_80, sm_90) and NVRTC from the nvidia-cuda-nvrtc wheel (sm_80, sm_90 cubins) with exactly the
+# cupy backend's options (kernels.NVRTC_OPTIONS); every kernel the codecs launch must be in the module; prints
+# registers / local memory per kernel (ptxas -v) and fails a plain quant kernel above 64 registers or with a stack
 kernels-check: venv
 	$(PY) -m ccoll.kernels check
 

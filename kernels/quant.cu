@@ -30,6 +30,8 @@ r = c - decode (the decode rounded to the input type), non-finite residuals -> 0
 
 Optional rotate=hadamard (all formats): each whole block is replaced by H D x before quantizing and
 rotated back after decoding (CqRot below); decode_sum rotates each payload's block back before adding it.
+It is a compile-time choice: every op has a plain kernel and a `_rot` kernel (CqEncodeRows<.., ROT>, the
+decodes' team_block), so the plain kernels contain no rotation code, no per-lane block arrays and no stack.
 
 Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
   [scales: nblocks fp32 (int) or E8M0 bytes (fp8), zero-padded to a multiple of 16 bytes]
@@ -42,12 +44,43 @@ Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
 Thread mapping (GPU; each `__global__` only maps threads to work, the per-block / per-word functions are
 shared with the host build):
   encode_rows: a "team" of T lanes (T = min(32, next_pow2(B / G)), a power of two, so teams never straddle a
-          warp) per quant block of any row (grid over rows * blocks_per_row blocks); each lane handles whole 32-bit q words (G consecutive inputs, one 16- or
-          32-byte vector load when aligned), absmax by __shfl_xor_sync within the team, then a second pass
-          over the same (L1/L2-resident) inputs writes the q words. Coalesced: consecutive lanes touch
-          consecutive words, consecutive teams consecutive blocks.
+          warp) per quant block of any row (grid over rows * blocks_per_row blocks); each lane handles whole
+          32-bit q words (G consecutive inputs, one 16- or 32-byte vector load when aligned) in chunks of
+          8 values held in registers (unrolled), absmax by __shfl_xor_sync within the team, then the q words.
+          A block of <= 8 T values (B <= 256: int8/int4 at the default block, every MX block) is read once;
+          a larger one is read again for the quantize pass (L1/L2-resident). Coalesced: consecutive lanes
+          touch consecutive words, consecutive teams consecutive blocks.
   decode_rows: one thread per q word of any row (G outputs, vector store when aligned); pure streaming.
   decode_sum: one thread per q word of the output, looping over the p payload rows in order 0..p-1.
+  _rot kernels: one team per block for every op; the team holds the whole block in registers (CqRot).
+
+Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
+kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
+with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS); all plain kernels are at 32..64 registers,
+0 bytes local, so >= 4 CTAs of 256 threads = 32 warps (50% occupancy) per SM; encode_rows is capped there
+by __launch_bounds__(256, 4).
+  bytes per value (q payload, + 4/B or 1/B scale bytes; feedback adds 8 B: residual read + write):
+    encode f32 4 + 1 = 5 B (int4: 4.5), bf16/f16 2 + 1 = 3 B (int4: 2.5); decode_rows 1 + 4 / 1 + 2 B;
+    decode_sum p + 4 B. A copy of the same dtype moves 8 B (f32) / 4 B (bf16) per value.
+  instructions per value (SASS estimate): encode int8 nearest ~20 (abs/max 2, div.rn.f32 fast path ~8
+    with MUFU.RCP + FCHK, FRND + F2I, clamp 2, pack 3, per-word addressing / count ~3), fp8 ~16 (no
+    division: a multiply and integer rounding), stochastic +~12 (two mix32 hashes, floor, add), bf16/f16
+    input +1..3 (unpack; f16 -> f32 in integer code ~6). decode_rows ~6..10 (extract, I2F, multiply,
+    pack), decode_sum ~8 per row (its row loop unrolled by 4: four rows' loads in flight).
+  H200 (132 SMs, ~1.98 GHz, 4.8 TB/s): issue limit ~33e12 thread-instructions/s; conversions (FRND, F2I,
+    I2F) and MUFU at 16/clk/SM, ~4.2e12/s. Streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s, i.e. a
+    budget of ~35 instructions per value (f32 encode) and ~21 (bf16 encode, 3 B/value).
+  Expected: f32 encode (int8/int4/fp8, nearest) memory-bound, >= 75% of copy bandwidth: ~20 instr/value
+    against a 35 budget and ~2 conversions/value against 4.4 available; 2 x 16 B loads in flight per
+    thread at 1024 threads/SM ~ 32 KB/SM, about what ~800 ns of HBM latency needs (~29 KB/SM). bf16/f16
+    encode: ~22..26 instr/value against 21..28 at 75..100% -- at the edge (~65..80%); stochastic bf16
+    below (~50..60%): instruction-bound by the hash. decode_rows: few instructions (32..42 registers, up to
+    48 warps/SM), but one 4-byte q load per thread in flight (~6 KB/SM, about what its 1/5 read share of
+    the bandwidth needs): expected ~70..90%; decode_sum (4 rows in flight) ~75..90%. Rotate kernels (95..127 registers, 128..256 B stack): not streaming kernels, ~25..40%.
+  What would lift the edge cases: 16-byte payload groups per thread (4 q words per lane: 4x the bytes in
+    flight for decode, one 16-B store), a cheaper correctly rounded division (int formats), fp16 -> fp32
+    through the hardware conversion (bit-identical for finite values, NaN payload aside).
+
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
 which is exact: max is associative).
@@ -348,9 +381,16 @@ typedef CqInt<4> CqInt4;
 typedef CqFp8<4, 3, 8> CqE4M3;
 typedef CqFp8<5, 2, 15> CqE5M2;
 
-// G inputs starting at global element index i0 (count valid ones) -> one q word
-template <class F>
-CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool stochastic, cq_u32 seed, cq_i64 i0) {
+// the identity on a value to encode (cq_encode_word's default)
+struct CqAsIs {
+    CQ_HD float operator()(float v) const { return v; }
+};
+
+// G inputs starting at global element index i0 (count valid ones) -> one q word; each input is passed through
+// `sent` right before it is quantized (one converted value live at a time)
+template <class F, class Sent = CqAsIs>
+CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool stochastic, cq_u32 seed, cq_i64 i0,
+                            const Sent& sent = Sent()) {
     constexpr int G = F::G;
     cq_u32 key = stochastic ? cq_stream_key(seed, (cq_u64)i0) : 0u;
     cq_u32 w = 0;
@@ -361,7 +401,7 @@ CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool st
             if (stochastic && k > 0 && ((cq_u64)(i0 + k) >> 32) != ((cq_u64)i0 >> 32))
                 key = cq_stream_key(seed, (cq_u64)(i0 + k));
             const float u = stochastic ? cq_uniform(key, (cq_u64)(i0 + k)) : 0.0f;
-            w |= F::quantize(v[k], b, stochastic, u) << (F::BITS * k);
+            w |= F::quantize(sent(v[k]), b, stochastic, u) << (F::BITS * k);
         }
     }
     return w;
@@ -457,16 +497,6 @@ CQ_HD void cq_store_word(typename Tr::storage* y, cq_i64 i0, int count, bool vec
 
 CQ_HD cq_i64 cq_min(cq_i64 a, cq_i64 b) { return a < b ? a : b; }
 
-// the padding words after the last scale and after the last q word are zero (deterministic bytes)
-template <class F>
-CQ_HD void cq_zero_padding(cq_u8* payload, cq_i64 numel, cq_i64 block) {
-    constexpr int G = F::G;
-    const cq_i64 sbytes = cq_scale_nbytes<F>(numel, block);
-    for (cq_i64 i = F::SCALE_BYTES * cq_nblocks(numel, block); i < sbytes; ++i) payload[i] = 0;
-    cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + sbytes);
-    for (cq_i64 i = (numel + G - 1) / G; i < cq_q_nbytes<F>(numel) / 4; ++i) qwords[i] = 0;
-}
-
 // n / d without a 64-bit division per call: a shift when d is a power of two, else a 32-bit division
 // while n fits (always, below 2^32 words or blocks)
 struct CqDiv {
@@ -512,6 +542,13 @@ struct CqRows {
           row_nbytes(cq_scale_nbytes<F>(row_numel_, block_) + cq_q_nbytes<F>(row_numel_)) {}
     // every row starts on a q word of the tensor: whole words are aligned vector accesses
     CQ_HD bool word_aligned() const { return row_numel % F::G == 0; }
+    // the padding after the last scale and after the last q word of a payload row is zero (deterministic
+    // bytes); from the row's precomputed sizes: no 64-bit division in the kernels
+    CQ_HD void zero_padding(cq_u8* payload) const {
+        for (cq_i64 i = F::SCALE_BYTES * blocks_per_row; i < scale_nbytes; ++i) payload[i] = 0;
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + scale_nbytes);
+        for (cq_i64 i = words_per_row; i < (row_nbytes - scale_nbytes) / 4; ++i) qwords[i] = 0;
+    }
 };
 
 // quant block `unit` of a batch of rows (row = unit / blocks_per_row); a unit past `nunits` is invalid
@@ -641,7 +678,8 @@ struct CqRot {
     }
 };
 
-template <class Tr, class F>
+// ROT: rotate=hadamard (a separate instantiation, so the plain kernels carry no rotation code)
+template <class Tr, class F, bool ROT>
 struct CqEncodeRows {
     typedef typename Tr::storage S;
     static constexpr int G = F::G;
@@ -653,15 +691,14 @@ struct CqEncodeRows {
     bool stochastic;
     cq_u32 seed;
     bool vec_x, vec_fb;
-    bool rotate;
     CqRot rot;
 
     CQ_HD CqEncodeRows(const S* x_, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int stochastic_,
-                       cq_u32 seed_, float* feedback_, cq_u8* out_, int rotate_, cq_u32 rot_seed)
+                       cq_u32 seed_, float* feedback_, cq_u8* out_, cq_u32 rot_seed)
         : x(x_), feedback(feedback_), out(out_), g(numel, rows, row_numel, block),
           row_of_block(cq_nblocks(row_numel, block)), stochastic(stochastic_ != 0), seed(seed_),
           vec_x(cq_aligned16(x_) && g.word_aligned()), vec_fb(cq_aligned16(feedback_) && g.word_aligned()),
-          rotate(rotate_ != 0), rot(rot_seed, block) {}
+          rot(rot_seed, block) {}
 
     CQ_HD cq_i64 nunits() const { return g.rows * g.blocks_per_row; }
 
@@ -697,45 +734,86 @@ struct CqEncodeRows {
     }
 
     CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
-        if (rotate) block_rotated(unit, t);
+        if constexpr (ROT) block_rotated(unit, t);
         else block(unit, t);
     }
 
-    // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max
+    // what is encoded from c (x, or x + residual in fp32): c itself, or c rounded to the input type
+    struct Sent {
+        bool round;
+        CQ_HD float operator()(float c) const { return round ? Tr::to_f(Tr::from_f(c)) : c; }
+    };
+
+    // q word w of the block at padded index e0 (count values c, see load): quantize, store, and the residuals
+    CQ_HD void encode_word(cq_i64 e0, cq_i64 w, int count, const CqBlock& bp, cq_u32* qwords, cq_i64 start,
+                           const float* c) const {
+        const cq_i64 e = e0 + w * G;
+        const cq_u32 word = cq_encode_word<F>(c, count, bp, stochastic, seed, e, Sent{feedback != nullptr});
+        qwords[start / G + w] = word;
+        if (feedback != nullptr) {
+            float r[G];
+            cq_decode_word<F>(word, bp.scale, r);
+            store_residual(e, count, c, r);
+        }
+    }
+
+    // q words per lane held in registers at a time: NREG * G = 8 values
+    static constexpr int NREG = 8 / G > 0 ? 8 / G : 1;
+
+    // the q words of chunk `chunk` of a lane (words lane + (chunk * NREG + j) * T, j < NREG) into c (x, or
+    // x + residual in fp32; see load); the absmax of what is encoded from them joins `absmax`
+    CQ_HD void load_chunk(cq_i64 e0, cq_i64 len, int chunk, const CqTeam& t, float* c, cq_u32& absmax) const {
+#pragma unroll
+        for (int j = 0; j < NREG; ++j) {
+            const int w = t.lane + (chunk * NREG + j) * t.size;  // < 2^18: block <= 2^20
+            const int count = (int)cq_min(G, len - w * G);
+            if (count > 0) {
+                float sent[G];
+                load(e0 + w * G, count, c + j * G, sent);
+#pragma unroll
+                for (int k = 0; k < G; ++k) {
+                    const cq_u32 a = cq_abs_bits(sent[k]);
+                    absmax = a > absmax ? a : absmax;
+                }
+            }
+        }
+    }
+
+    // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max.
+    // Lane l handles words l, l + T, l + 2T, ... in chunks of NREG words held in registers: a block of at
+    // most T * NREG words (256 values: the default int block, every MX block) is read once; a larger one
+    // is read twice (absmax, then quantize; the second read hits L1/L2).
     CQ_HD void block(cq_i64 unit, const CqTeam& t) const {
         const CqUnit u(g, row_of_block, unit, nunits());
         const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
+        // chunks per lane: depends on the block and the team only (uniform over the launch)
+        const int chunks = (int)((g.block / G + (cq_i64)NREG * t.size - 1) / ((cq_i64)NREG * t.size));
         cq_u32 absmax = 0;
-        for (cq_i64 w = t.lane; w * G < len; w += t.size) {
-            float c[G], sent[G];
-            load(e0 + w * G, (int)cq_min(G, len - w * G), c, sent);
-#pragma unroll
-            for (int k = 0; k < G; ++k) {
-                const cq_u32 a = cq_abs_bits(sent[k]);
-                absmax = a > absmax ? a : absmax;
-            }
-        }
-        absmax = t.max(absmax);
-        if (len == 0) return;
-        const CqBlock bp = F::params(absmax);
+        float c[NREG * G];
+        CqBlock bp;
         cq_u8* payload = out + row * g.row_nbytes;
         cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
-        if (t.lane == 0) {
-            F::store_scale(payload, b, bp);
-            if (b == g.blocks_per_row - 1) cq_zero_padding<F>(payload, g.row_numel, g.block);
-        }
-        for (cq_i64 w = t.lane; w * G < len; w += t.size) {
-            const cq_i64 e = e0 + w * G;
-            const int count = (int)cq_min(G, len - w * G);
-            float c[G], sent[G];
-            load(e, count, c, sent);
-            const cq_u32 word = cq_encode_word<F>(sent, count, bp, stochastic, seed, e);
-            qwords[start / G + w] = word;
-            if (feedback != nullptr) {
-                float r[G];
-                cq_decode_word<F>(word, bp.scale, r);
-                store_residual(e, count, c, r);
+        // pass 0: absmax; pass 1: quantize. One copy of the load and of the quantization in the code keeps
+        // the register count down; a single chunk is not reloaded.
+        for (int pass = 0; pass < 2; ++pass) {
+            for (int chunk = 0; chunk < chunks; ++chunk) {
+                if (pass == 0 || chunks > 1) load_chunk(e0, len, chunk, t, c, absmax);
+                if (pass == 0) continue;
+#pragma unroll
+                for (int j = 0; j < NREG; ++j) {
+                    const int w = t.lane + (chunk * NREG + j) * t.size;
+                    const int count = (int)cq_min(G, len - w * G);
+                    if (count > 0) encode_word(e0, w, count, bp, qwords, start, c + j * G);
+                }
+            }
+            if (pass == 1) break;
+            absmax = t.max(absmax);  // every lane of the warp: pass 0 ends at the same point for all
+            if (len == 0) return;
+            bp = F::params(absmax);
+            if (t.lane == 0) {
+                F::store_scale(payload, b, bp);
+                if (b == g.blocks_per_row - 1) g.zero_padding(payload);
             }
         }
     }
@@ -771,7 +849,7 @@ struct CqEncodeRows {
         cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
         if (len > 0 && t.lane == 0) {
             F::store_scale(payload, b, bp);
-            if (b == g.blocks_per_row - 1) cq_zero_padding<F>(payload, g.row_numel, g.block);
+            if (b == g.blocks_per_row - 1) g.zero_padding(payload);
         }
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
@@ -880,6 +958,8 @@ struct CqDecodeSum {
 #pragma unroll
         for (int k = 0; k < G; ++k) acc[k] = 0.0f;
         const cq_i64 b = block_of_word(w);
+        // unrolled: the q word and scale loads of 4 rows are in flight together (the adds stay in row order)
+#pragma unroll 4
         for (cq_i64 r = 0; r < p; ++r) {
             float v[G];
             cq_decode_row_word<Tr, F>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
@@ -946,29 +1026,44 @@ __device__ void cq_words_kernel(const Op& op) {
         op.word(w);
 }
 
-// extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}_{f32,bf16,f16}
-// (ccoll/codecs/quant.py CUDA_KERNELS lists them). rotate != 0: rotate=hadamard with signs from rot_seed;
-// the decodes then run one team per block (`team` lanes) instead of one thread per word.
+// extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}[_rot]_{f32,bf16,f16}
+// (ccoll/kernels/call.py FAMILIES / SIGNATURES list them). Plain kernels contain no rotation code: the decodes
+// run one thread per q word. The _rot kernels are rotate=hadamard with signs from rot_seed, one team of `team`
+// lanes per block for every op.
+// ptxas keeps a plain kernel within 64 registers at the launch's 256 threads per CTA (ccoll/kernels/call.py
+// FAMILIES["quant"].threads): 4 CTAs, 32 warps per SM
+#define CQ_THREADS 256
+#define CQ_STREAMING __launch_bounds__(CQ_THREADS, 4)
 #define CQ_GLOBALS(FMT, F, NAME, TR)                                                                      \
-    extern "C" __global__ void ccoll_##FMT##_encode_rows_##NAME(                                          \
+    extern "C" __global__ void CQ_STREAMING ccoll_##FMT##_encode_rows_##NAME(                             \
         const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
-        int stochastic, cq_u32 seed, float* feedback, cq_u8* out, int rotate, cq_u32 rot_seed) {          \
-        cq_teams_kernel(CqEncodeRows<TR, F>(x, numel, rows, row_numel, block, stochastic, seed, feedback, out, \
-                                            rotate, rot_seed), team);                                     \
+        int stochastic, cq_u32 seed, float* feedback, cq_u8* out) {                                       \
+        cq_teams_kernel(CqEncodeRows<TR, F, false>(x, numel, rows, row_numel, block, stochastic, seed,    \
+                                                   feedback, out, 0u), team);                             \
+    }                                                                                                     \
+    extern "C" __global__ void ccoll_##FMT##_encode_rows_rot_##NAME(                                      \
+        const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
+        int stochastic, cq_u32 seed, float* feedback, cq_u8* out, cq_u32 rot_seed) {                      \
+        cq_teams_kernel(CqEncodeRows<TR, F, true>(x, numel, rows, row_numel, block, stochastic, seed,     \
+                                                  feedback, out, rot_seed), team);                        \
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_rows_##NAME(                                          \
+        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
+        cq_words_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, 0u));             \
+    }                                                                                                     \
+    extern "C" __global__ void ccoll_##FMT##_decode_rows_rot_##NAME(                                      \
         const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y, \
-        int team, int rotate, cq_u32 rot_seed) {                                                          \
-        const CqDecodeRows<TR, F> op(payloads, rows, row_numel, numel, block, y, rot_seed);               \
-        if (rotate) cq_teams_kernel(op, team);                                                            \
-        else cq_words_kernel(op);                                                                         \
+        int team, cq_u32 rot_seed) {                                                                      \
+        cq_teams_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, rot_seed), team); \
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_sum_##NAME(                                           \
+        const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out) {     \
+        cq_words_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
+    }                                                                                                     \
+    extern "C" __global__ void ccoll_##FMT##_decode_sum_rot_##NAME(                                       \
         const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out,       \
-        int team, int rotate, cq_u32 rot_seed) {                                                          \
-        const CqDecodeSum<TR, F> op(payloads, p, row_nbytes, numel, block, out, rot_seed);                \
-        if (rotate) cq_teams_kernel(op, team);                                                            \
-        else cq_words_kernel(op);                                                                         \
+        int team, cq_u32 rot_seed) {                                                                      \
+        cq_teams_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, rot_seed), team);  \
     }
 
 #define CQ_FORMAT(MACRO, FMT, F) \
@@ -1014,27 +1109,42 @@ static void cq_host_words(const CqDecodeRows<Tr, F>& op) {  // row by row: no di
 #define CQ_HOST(FMT, F, NAME, TR)                                                                         \
     extern "C" void ccoll_host_##FMT##_encode_rows_##NAME(const void* x, cq_i64 numel, cq_i64 rows,       \
                                                           cq_i64 row_numel, cq_i64 block, int stochastic, \
-                                                          cq_u32 seed, void* feedback, void* out,         \
-                                                          int rotate, cq_u32 rot_seed) {                  \
-        cq_host_teams(CqEncodeRows<TR, F>(static_cast<const TR::storage*>(x), numel, rows, row_numel, block, \
-                                          stochastic, seed, static_cast<float*>(feedback),                \
-                                          static_cast<cq_u8*>(out), rotate, rot_seed));                   \
+                                                          cq_u32 seed, void* feedback, void* out) {       \
+        cq_host_teams(CqEncodeRows<TR, F, false>(static_cast<const TR::storage*>(x), numel, rows, row_numel, \
+                                                 block, stochastic, seed, static_cast<float*>(feedback),  \
+                                                 static_cast<cq_u8*>(out), 0u));                          \
+    }                                                                                                     \
+    extern "C" void ccoll_host_##FMT##_encode_rows_rot_##NAME(const void* x, cq_i64 numel, cq_i64 rows,   \
+                                                              cq_i64 row_numel, cq_i64 block,             \
+                                                              int stochastic, cq_u32 seed, void* feedback, \
+                                                              void* out, cq_u32 rot_seed) {               \
+        cq_host_teams(CqEncodeRows<TR, F, true>(static_cast<const TR::storage*>(x), numel, rows, row_numel, \
+                                                block, stochastic, seed, static_cast<float*>(feedback),   \
+                                                static_cast<cq_u8*>(out), rot_seed));                     \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_rows_##NAME(const void* payloads, cq_i64 rows,              \
                                                           cq_i64 row_numel, cq_i64 numel, cq_i64 block,   \
-                                                          void* y, int rotate, cq_u32 rot_seed) {         \
-        const CqDecodeRows<TR, F> op(static_cast<const cq_u8*>(payloads), rows, row_numel, numel, block,  \
-                                     static_cast<TR::storage*>(y), rot_seed);                             \
-        if (rotate) cq_host_teams(op);                                                                    \
-        else cq_host_words(op);                                                                           \
+                                                          void* y) {                                      \
+        cq_host_words(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel,    \
+                                          block, static_cast<TR::storage*>(y), 0u));                      \
+    }                                                                                                     \
+    extern "C" void ccoll_host_##FMT##_decode_rows_rot_##NAME(const void* payloads, cq_i64 rows,          \
+                                                              cq_i64 row_numel, cq_i64 numel,             \
+                                                              cq_i64 block, void* y, cq_u32 rot_seed) {   \
+        cq_host_teams(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel,    \
+                                          block, static_cast<TR::storage*>(y), rot_seed));                \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_sum_##NAME(const void* payloads, cq_i64 p,                  \
                                                          cq_i64 row_nbytes, cq_i64 numel, cq_i64 block,   \
-                                                         void* out, int rotate, cq_u32 rot_seed) {        \
-        const CqDecodeSum<TR, F> op(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel, block,     \
-                                    static_cast<float*>(out), rot_seed);                                  \
-        if (rotate) cq_host_teams(op);                                                                    \
-        else cq_host_words(op);                                                                           \
+                                                         void* out) {                                     \
+        cq_host_words(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,       \
+                                         block, static_cast<float*>(out), 0u));                           \
+    }                                                                                                     \
+    extern "C" void ccoll_host_##FMT##_decode_sum_rot_##NAME(const void* payloads, cq_i64 p,              \
+                                                             cq_i64 row_nbytes, cq_i64 numel,             \
+                                                             cq_i64 block, void* out, cq_u32 rot_seed) {  \
+        cq_host_teams(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,       \
+                                         block, static_cast<float*>(out), rot_seed));                     \
     }
 
 CQ_ALL_FORMATS(CQ_HOST)

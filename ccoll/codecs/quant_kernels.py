@@ -20,14 +20,22 @@ class QuantKernelBackend:
         words = self.block * self.bits // 32
         return min(32, 1 << (words - 1).bit_length())
 
+    def _rot(self) -> tuple:
+        """The rotate=hadamard instantiation's trailing argument (its sign seed); () for the plain kernels."""
+        return (self.params["rotate_seed"],) if self.rotate else ()
+
+    def _op(self, op: str) -> str:
+        """The kernel of ``op``: the plain instantiation, or ``<op>_rot`` for rotate=hadamard."""
+        return f"{op}_rot" if self.rotate else op
+
     def _encode_rows_kernel(self, backend: str, src, out, row_numel, feedback, salt) -> None:
         enc, dst = self._salted(salt), aligned_like(out)
         rows, team = out.shape[0], self._team()
         kernel_call.call(
-            backend, "quant", self.kernel_format, "encode_rows", src.dtype, src.device,
+            backend, "quant", self.kernel_format, self._op("encode_rows"), src.dtype, src.device,
             rows * -(-row_numel // self.block) * team,
             src, src.numel(), rows, row_numel, self.block, team, int(enc.stochastic), enc.params.get("seed", 0),
-            feedback, dst, int(self.rotate), self.params["rotate_seed"],
+            feedback, dst, *self._rot(),
         )
         if dst is not out:
             out.copy_(dst)
@@ -37,22 +45,23 @@ class QuantKernelBackend:
         rows = min(payloads.shape[0], -(-out.numel() // row_numel))
         if self.rotate:  # one team per block
             nthreads = rows * -(-row_numel // self.block) * self._team()
+            rot = (self._team(), self.params["rotate_seed"])
         else:  # one thread per q word
             nthreads = rows * -(-row_numel * self.bits // 32)
+            rot = ()
         kernel_call.call(
-            backend, "quant", self.kernel_format, "decode_rows", out.dtype, out.device, nthreads,
-            payloads, payloads.shape[0], row_numel, out.numel(), self.block, out, self._team(), int(self.rotate),
-            self.params["rotate_seed"],
+            backend, "quant", self.kernel_format, self._op("decode_rows"), out.dtype, out.device, nthreads,
+            payloads, payloads.shape[0], row_numel, out.numel(), self.block, out, *rot,
         )
 
     def _decode_sum_kernel(self, backend: str, payloads: torch.Tensor, numel: int, dtype: torch.dtype,
                            out: torch.Tensor) -> None:
         payloads = aligned(payloads)
         nthreads = -(-numel // self.block) * self._team() if self.rotate else -(-numel * self.bits // 32)
+        rot = (self._team(), self.params["rotate_seed"]) if self.rotate else ()
         kernel_call.call(
-            backend, "quant", self.kernel_format, "decode_sum", dtype, payloads.device, nthreads,
-            payloads, payloads.shape[0], payloads.shape[1], numel, self.block, out, self._team(), int(self.rotate),
-            self.params["rotate_seed"],
+            backend, "quant", self.kernel_format, self._op("decode_sum"), dtype, payloads.device, nthreads,
+            payloads, payloads.shape[0], payloads.shape[1], numel, self.block, out, *rot,
         )
 
     _encode_rows_emulated = functools.partialmethod(_encode_rows_kernel, "emulated")

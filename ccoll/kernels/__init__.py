@@ -36,7 +36,8 @@ from ..errors import KernelError
 ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
 BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
-#: compute capabilities `make kernels-check` compiles for (nvcc: sm_XY device code; NVRTC: compute_XY PTX)
+#: compute capabilities `make kernels-check` compiles for (nvcc: sm_XY device code; NVRTC: sm_XY cubins with
+#: ptxas's resource report, what such a device loads)
 CHECK_ARCHS = ("sm_80", "sm_90")
 
 #: NVRTC options for every kernels/*.cu build, on a GPU and in CI alike (``nvrtc_options`` adds the target).
@@ -53,6 +54,10 @@ NVRTC_OPTIONS = (
     "-prec-div=true",
     "-prec-sqrt=true",
 )
+
+#: what `make kernels-check` adds to ``nvrtc_options`` for a cubin target: ptxas's per-kernel resource report
+#: (registers, stack frame, spills) in the compile log. Verbosity only: the code is the same.
+PTXAS_VERBOSE = "--ptxas-options=-v"
 
 _lock = threading.Lock()
 
@@ -220,6 +225,41 @@ def nvrtc() -> _Nvrtc:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """ptxas's resource usage of one kernel: registers per thread and local memory (bytes per thread)."""
+
+    registers: int
+    stack: int  # stack frame: local arrays and spills live here
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def local_bytes(self) -> int:
+        return max(self.stack, self.spill_stores, self.spill_loads)
+
+
+def parse_ptxas_resources(log: str) -> dict[str, Resources]:
+    """Per-kernel ``Resources`` from a ptxas ``-v`` log (NVRTC with ``PTXAS_VERBOSE``, or nvcc
+    ``--resource-usage``): the "Compiling entry function" / "N bytes stack frame" / "Used N registers" lines."""
+    out: dict[str, Resources] = {}
+    name, frame = None, (0, 0, 0)
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name, frame = m.group(1), (0, 0, 0)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name is not None:
+            frame = tuple(int(x) for x in m.groups())
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name is not None:
+            out[name] = Resources(int(m.group(1)), *frame)
+            name = None
+    return out
+
+
+@dataclass(frozen=True)
 class NvrtcBuild:
     """One NVRTC compile of kernels/<name>.cu: the effective options and what came out."""
 
@@ -236,14 +276,20 @@ class NvrtcBuild:
         return frozenset(re.findall(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)", self.ptx, flags=re.MULTILINE))
 
     @property
+    def resources(self) -> dict[str, Resources]:
+        """Per-kernel registers and local memory, for a cubin built with ``PTXAS_VERBOSE`` ({} otherwise)."""
+        return parse_ptxas_resources(self.log)
+
+    @property
     def image(self) -> bytes:
         """What cuModuleLoadData takes: the cubin, else the NUL-terminated PTX for the driver to JIT."""
         return self.cubin if self.cubin is not None else self.ptx.encode() + b"\0"
 
 
-def compile_nvrtc(name: str, arch: str) -> NvrtcBuild:
-    """Compile kernels/<name>.cu with NVRTC for ``arch`` using exactly ``nvrtc_options(arch)``."""
-    options = nvrtc_options(arch)
+def compile_nvrtc(name: str, arch: str, verbose: bool = False) -> NvrtcBuild:
+    """Compile kernels/<name>.cu with NVRTC for ``arch`` using exactly ``nvrtc_options(arch)`` (``verbose``:
+    plus ``PTXAS_VERBOSE``, so the log reports each kernel's resources; an sm_XY target only)."""
+    options = nvrtc_options(arch) + ((PTXAS_VERBOSE,) if verbose else ())
     path = source(name)
     ptx, cubin, log = nvrtc().compile(path.read_text(), str(path), options)
     return NvrtcBuild(name, arch, options, ptx.rstrip(b"\0").decode(), cubin, log)

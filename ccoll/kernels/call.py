@@ -43,7 +43,9 @@ class Family:
 
 
 FAMILIES = {
-    "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"), ("encode_rows", "decode_rows", "decode_sum"),
+    # the _rot ops are the rotate=hadamard instantiations (kernels/quant.cu): the plain kernels carry no rotation
+    "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"),
+                    ("encode_rows", "decode_rows", "decode_sum", "encode_rows_rot", "decode_rows_rot", "decode_sum_rot"),
                     (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
     "zfp": Family(("zfp",), ("encode_rows", "decode_rows", "decode_sum"),
                   (torch.float32, torch.bfloat16, torch.float16, torch.float64), 128, 2**31 - 1),
@@ -53,12 +55,18 @@ FAMILIES = {
 
 #: (family, op) -> argument kinds, in the CUDA kernel's order (see the module docstring)
 SIGNATURES = {
-    # src, numel, rows, row_numel, block, ~team, stochastic, seed, feedback, out, rotate, rot_seed
-    ("quant", "encode_rows"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "i", "u"),
-    # in, rows, row_numel, numel, block, out, ~team, rotate, rot_seed
-    ("quant", "decode_rows"): ("p", "q", "q", "q", "q", "p", "~i", "i", "u"),
-    # in, rows, row_nbytes, numel, block, out (fp32), ~team, rotate, rot_seed
-    ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p", "~i", "i", "u"),
+    # src, numel, rows, row_numel, block, ~team, stochastic, seed, feedback, out
+    ("quant", "encode_rows"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p"),
+    # in, rows, row_numel, numel, block, out (one thread per q word)
+    ("quant", "decode_rows"): ("p", "q", "q", "q", "q", "p"),
+    # in, rows, row_nbytes, numel, block, out (fp32; one thread per q word)
+    ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p"),
+    # rotate=hadamard: the same, then the sign seed; the decodes run one team per block
+    ("quant", "encode_rows_rot"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u"),
+    # in, rows, row_numel, numel, block, out, ~team, rot_seed
+    ("quant", "decode_rows_rot"): ("p", "q", "q", "q", "q", "p", "~i", "u"),
+    # in, rows, row_nbytes, numel, block, out (fp32), ~team, rot_seed
+    ("quant", "decode_sum_rot"): ("p", "q", "q", "q", "q", "p", "~i", "u"),
     # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
     ("zfp", "encode_rows"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
     # in, row_words, rows, numel, row_numel, dims, maxbits, out

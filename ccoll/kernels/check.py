@@ -1,7 +1,9 @@
 """The CI side of kernels/*.cu: ``python -m ccoll.kernels check|build [names...]`` (make kernels-check /
 kernels-host). ``check`` compiles every source with nvcc for sm_80 and sm_90 (device code) and with NVRTC
-exactly as the GPU path does (``nvrtc_options``), and verifies that each build exports every kernel its
-codec launches and flushes no subnormals; ``build`` makes the host libraries of the emulated backend.
+exactly as the GPU path does (``nvrtc_options``; sm_XY cubins, what an A100 / H100 / H200 loads, with ptxas's
+resource report), and verifies that each build exports every kernel its codec launches, flushes no
+subnormals and stays within ``RESOURCE_LIMITS``; it prints registers and local memory per kernel.
+``build`` makes the host libraries of the emulated backend.
 The runtime (build, load, launch: ccoll/kernels/__init__.py) never imports this module."""
 from __future__ import annotations
 
@@ -9,11 +11,40 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from ..errors import KernelError
 from . import (
-    CHECK_ARCHS, KERNEL_DIR, NVRTC_OPTIONS, NvrtcBuild, _nvcc, build_host, compile_nvrtc, kernel_names, nvrtc, source,
+    CHECK_ARCHS, KERNEL_DIR, NVRTC_OPTIONS, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, compile_nvrtc,
+    kernel_names, nvrtc, source,
 )
+
+
+@dataclass(frozen=True)
+class ResourceLimit:
+    """What every kernel of a source (but those matching ``exempt``) may use per thread: at most
+    ``max_registers`` registers (64: four 256-thread CTAs resident per SM, 50% occupancy, enough warps in
+    flight to stream at memory bandwidth) and no local memory (a stack frame or spills: per-thread arrays
+    that ptxas could not keep in registers, an L1/L2 round trip per access)."""
+
+    max_registers: int
+    exempt: str  # regular expression over kernel names
+
+    def problems(self, name: str, r: Resources) -> list[str]:
+        if re.fullmatch(self.exempt, name):
+            return []
+        out = []
+        if r.registers > self.max_registers:
+            out.append(f"{name}: {r.registers} registers > {self.max_registers}")
+        if r.local_bytes:
+            out.append(f"{name}: local memory ({r.stack} bytes stack frame, {r.spill_stores} bytes spill stores, "
+                       f"{r.spill_loads} bytes spill loads)")
+        return out
+
+
+#: per source: the resource rule of its kernels. quant: the plain kernels are streaming kernels; the
+#: rotate=hadamard ones (``_rot_``) hold a whole block per team in registers and are exempt.
+RESOURCE_LIMITS = {"quant": ResourceLimit(64, r"ccoll_\w+_rot_\w+")}
 
 
 def check_compile(name: str, archs=CHECK_ARCHS) -> None:
@@ -32,17 +63,18 @@ def check_compile(name: str, archs=CHECK_ARCHS) -> None:
 
 
 def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
-    """Compile kernels/<name>.cu with NVRTC for compute_XY of each arch, exactly as the GPU path does, and
-    verify each build (``verify_nvrtc_build``)."""
-    builds = [compile_nvrtc(name, arch.replace("sm_", "compute_")) for arch in archs]
+    """Compile kernels/<name>.cu with NVRTC for each sm_XY, exactly as the GPU path does on such a device
+    (plus ptxas's resource report), and verify each build (``verify_nvrtc_build``)."""
+    builds = [compile_nvrtc(name, arch, verbose=True) for arch in archs]
     for build in builds:
         verify_nvrtc_build(build)
     return builds
 
 
 def verify_nvrtc_build(build: NvrtcBuild) -> None:
-    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build and
-    no instruction of its PTX flushes subnormals (``.ftz``)."""
+    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build, no
+    instruction of its PTX flushes subnormals (``.ftz``) and, for a cubin with ptxas's resource report,
+    every kernel keeps to the source's ``RESOURCE_LIMITS``."""
     problems = [
         f"no entry point matches {pattern!r} (launched by ccoll.codecs.{build.name})"
         for pattern in launched_kernels(build.name)
@@ -51,9 +83,42 @@ def verify_nvrtc_build(build: NvrtcBuild) -> None:
     ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
     if ftz:
         problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
+    problems += resource_problems(build)
     if problems:
         raise KernelError(f"{build.name}.cu built by NVRTC for {build.arch}: " + "; ".join(problems)
                           + f"\nentries: {', '.join(sorted(build.entries))}")
+
+
+def resource_problems(build: NvrtcBuild) -> list[str]:
+    """``RESOURCE_LIMITS`` of build.name broken by the build's kernels; for a verbose cubin build, a kernel
+    missing from ptxas's report is a problem too (the rule must not pass vacuously)."""
+    limit = RESOURCE_LIMITS.get(build.name)
+    if limit is None or build.cubin is None or PTXAS_VERBOSE not in build.options:
+        return []
+    resources = build.resources
+    problems = [f"{e}: not in ptxas's resource report" for e in sorted(build.entries) if e not in resources]
+    for name in sorted(resources):
+        problems += limit.problems(name, resources[name])
+    return problems
+
+
+def resource_report(builds: list[NvrtcBuild]) -> str:
+    """One line per kernel: registers / local memory bytes per thread for each build's arch ("" when no
+    build has ptxas's report)."""
+    builds = [b for b in builds if b.resources]
+    if not builds:
+        return ""
+    names = sorted(set().union(*(b.resources for b in builds)))
+    width = max(len(n) for n in names)
+    head = " | ".join(f"{b.arch} registers / local bytes" for b in builds)
+    lines = [f"{builds[0].name}.cu resources per thread ({head}):"]
+    for n in names:
+        cells = []
+        for b in builds:
+            r = b.resources.get(n)
+            cells.append("-" if r is None else f"{r.registers:4d} / {r.local_bytes}")
+        lines.append(f"  {n:<{width}}  " + " | ".join(cells))
+    return "\n".join(lines)
 
 
 def launched_kernels(name: str) -> list[str]:
@@ -118,9 +183,16 @@ def main(argv: list[str]) -> int:
         nvcc = pool.submit(check_compile, name)
         builds = check_nvrtc(name)
         nvcc.result()
+    report = resource_report(builds)
+    if report:
+        print(report)
     print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
     print(f"{name}.cu compiles with NVRTC {'.'.join(map(str, nvrtc().version))} for "
           f"{', '.join(b.arch for b in builds)}: {len(builds[0].entries)} entry points, every launched "
           f"kernel present ({len(launched_kernels(name))} names/patterns), no .ftz; options: "
           f"{' '.join(NVRTC_OPTIONS)}")
+    limit = RESOURCE_LIMITS.get(name)
+    if limit is not None:
+        print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
+              f"local memory, for {', '.join(b.arch for b in builds)}")
     return 0

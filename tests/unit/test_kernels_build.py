@@ -3,7 +3,8 @@
 `python -m ccoll.kernels check` (also `make kernels-check`) compiles every kernels/*.cu for sm_80 and sm_90
 with nvcc, and with NVRTC (the nvidia-cuda-nvrtc wheel, loaded with ctypes) using exactly the options the
 cupy backend compiles with, so a syntax or type error in GPU code, a kernel the Python side launches but
-the module lacks, or a flush-to-zero build fails CI instead of a user's GPU job.
+the module lacks, a flush-to-zero build, or a plain quant kernel above 64 registers or with local memory
+(ptxas's resource report of the NVRTC cubins) fails CI instead of a user's GPU job.
 """
 from __future__ import annotations
 
@@ -49,12 +50,26 @@ def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_wi
         [sys.executable, "-m", "ccoll.kernels", "check"], capture_output=True, text=True, timeout=900,
         cwd=kernels.ROOT,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
     version = ".".join(map(str, nv.version))
     for name in names:
         assert f"{name}.cu compiles for sm_80, sm_90" in proc.stdout
-        assert f"{name}.cu compiles with NVRTC {version} for compute_80, compute_90" in proc.stdout
+        assert f"{name}.cu compiles with NVRTC {version} for sm_80, sm_90" in proc.stdout
     assert "-ftz=false" in proc.stdout
+    # the resource report: every launched quant kernel, registers / local bytes for sm_80 and sm_90
+    assert "quant.cu resources per thread (sm_80 registers / local bytes | sm_90 registers / local bytes):" \
+        in proc.stdout
+    rows = {m[0]: tuple(map(int, m[1:])) for m in re.findall(
+        r"^  (ccoll_\w+)\s+(\d+) / (\d+) \| +(\d+) / (\d+)$", proc.stdout, flags=re.MULTILINE)}
+    from ccoll.kernels.call import cuda_kernels
+
+    quant = cuda_kernels("quant")
+    assert set(quant) <= set(rows) and len(quant) == 72
+    plain = [k for k in quant if "_rot_" not in k]
+    assert len(plain) == 36
+    for k in plain:
+        regs80, local80, regs90, local90 = rows[k]
+        assert 0 < regs80 <= 64 and 0 < regs90 <= 64 and local80 == local90 == 0, (k, rows[k])
 
 
 def test_given_the_cupy_build_options_expect_no_flush_to_zero_and_one_rounding_per_operation():
@@ -92,6 +107,48 @@ def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifyi
     assert kernels_check.launched_kernels("zfp") == ["ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"]
     with pytest.raises(KernelError, match="ccoll_zfp_encode_f128"):
         kernels_check.verify_nvrtc_build(zfp_build)
+
+
+_PTXAS_LOG = """ptxas info    : 220 bytes gmem
+ptxas info    : Compiling entry function 'ccoll_int8_encode_rows_f32' for 'sm_90'
+ptxas info    : Function properties for ccoll_int8_encode_rows_f32
+ptxas         .     {stack} bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads
+ptxas info    : Used {regs} registers, used 0 barriers, {stack} bytes cumulative stack size, 432 bytes cmem[0]
+ptxas info    : Compiling entry function 'ccoll_int8_encode_rows_rot_f32' for 'sm_90'
+ptxas info    : Function properties for ccoll_int8_encode_rows_rot_f32
+ptxas         .     256 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 127 registers, used 0 barriers, 256 bytes cumulative stack size, 432 bytes cmem[0]
+"""
+
+
+@pytest.mark.parametrize("regs, stack, spill, expect", [
+    (64, 0, 0, []),
+    (65, 0, 0, ["65 registers > 64"]),
+    (40, 16, 0, ["local memory (16 bytes stack frame"]),
+    (64, 8, 8, ["local memory (8 bytes stack frame, 8 bytes spill stores"]),
+])
+def test_given_ptxas_resources_when_checking_quant_expect_plain_kernels_within_64_registers_and_no_local_memory(
+    regs, stack, spill, expect
+):
+    """The failure rule of `make kernels-check`, on ptxas logs (no compile): a plain quant kernel fails above
+    64 registers or with any stack / spill bytes; the rotate=hadamard kernels (``_rot_``) are exempt; a
+    launched kernel missing from the report fails too."""
+    log = _PTXAS_LOG.format(regs=regs, stack=stack, spill=spill)
+    res = kernels.parse_ptxas_resources(log)
+    assert res["ccoll_int8_encode_rows_f32"] == kernels.Resources(regs, stack, spill, spill)
+    assert res["ccoll_int8_encode_rows_rot_f32"].registers == 127
+    ptx = ".visible .entry ccoll_int8_encode_rows_f32(\n.visible .entry ccoll_int8_encode_rows_rot_f32(\n"
+    options = kernels.nvrtc_options("sm_90") + (kernels.PTXAS_VERBOSE,)
+    build = kernels.NvrtcBuild("quant", "sm_90", options, ptx, b"cubin", log)
+    problems = kernels_check.resource_problems(build)
+    assert len(problems) == len(expect) and all(e in p for e, p in zip(expect, problems)), problems
+    assert all("_rot_" not in p for p in problems)
+    missing = kernels.NvrtcBuild("quant", "sm_90", options, ptx + ".visible .entry ccoll_int4_decode_sum_f32(\n",
+                                 b"cubin", log)
+    assert any("ccoll_int4_decode_sum_f32: not in ptxas's resource report" in p
+               for p in kernels_check.resource_problems(missing))
+    report = kernels_check.resource_report([build, kernels.NvrtcBuild("quant", "sm_80", options, ptx, b"c", log)])
+    assert f"  ccoll_int8_encode_rows_f32      {regs:4d} / {max(stack, spill)} | {regs:4d} / {max(stack, spill)}" in report
 
 
 def test_given_a_codec_without_CUDA_KERNELS_expect_its_kernel_name_templates_as_patterns(monkeypatch):

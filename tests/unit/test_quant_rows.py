@@ -225,10 +225,11 @@ def test_property_rows_backends_identical(name, block, rounding, dtype, rows, ro
 
 def test_cuda_kernels_list_names_every_entry_point():
     source = kernels.source("quant").read_text()
-    assert len(quant.CUDA_KERNELS) == 36
+    assert len(quant.CUDA_KERNELS) == 72  # 4 formats x 3 ops x 3 dtypes, plain and rotate=hadamard
     for name in quant.CUDA_KERNELS:
         fmt, op = re.fullmatch(r"ccoll_(int8|int4|fp8e4m3|fp8e5m2)_(\w+)_(?:f32|bf16|f16)", name).groups()
         assert f"ccoll_##FMT##_{op}_##NAME" in source and f"CQ_FORMAT(MACRO, {fmt}," in source, name
+        assert f"ccoll_host_##FMT##_{op}_##NAME" in source, name
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -279,26 +280,33 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
     from ccoll.kernels import call as kernel_call
 
     dtypes = {name: dtype for dtype, name in kernel_call.SUFFIX.items()}
+    quant_bits = {"int8": 8, "int4": 4, "fp8e4m3": 8, "fp8e5m2": 8}
 
     def fake_launch(module, kernel, grid, block, args, device):
         assert module == "quant" and kernel in quant.CUDA_KERNELS
         assert all(isinstance(a, np.generic) for a in args)
-        fmt, op, dtype_name = re.fullmatch(r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)_(f32|bf16|f16)",
-                                           kernel).groups()
+        fmt, op, rot, dtype_name = re.fullmatch(
+            r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)(_rot)?_(f32|bf16|f16)", kernel).groups()
         values = [int(a) for a in args]
+        assert len(values) == len(kernel_call.SIGNATURES[("quant", op + (rot or ""))])
         if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
             rows, row_numel, block_numel, team = values[2], values[3], values[4], values.pop(5)
             assert grid * block >= rows * -(-row_numel // block_numel) * team
         else:
-            team, rotate = values.pop(6), values[6]
             if op == "decode_rows":
                 rows, row_numel, numel, block_numel = values[1:5]
                 units = min(rows, -(-numel // row_numel)) * -(-row_numel // block_numel)
+                words = min(rows, -(-numel // row_numel)) * -(-row_numel * quant_bits[fmt] // 32)
             else:
                 numel, block_numel = values[3:5]
                 units = -(-numel // block_numel)
-            if rotate:  # one team per block
+                words = -(-numel * quant_bits[fmt] // 32)
+            if rot:  # one team per block
+                team = values.pop(6)
                 assert grid * block >= units * team
+            else:  # one thread per q word
+                assert grid * block >= words
+        op += rot or ""
         host = kernel_call.host_function(kernel_call.kernel("quant", fmt, op, dtypes[dtype_name]))
         host(*values)
         launched.append(op)
@@ -324,5 +332,5 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
             cc._decode_sum_cupy(out, row_numel, dtype, s)
             ct._decode_sum_torch(out, row_numel, dtype, st_)
             _assert_same_values(s, st_)
-    assert set(launched) == {"encode_rows", "decode_rows", "decode_sum"}
+    assert set(launched) == {f"{op}{rot}" for op in ("encode_rows", "decode_rows", "decode_sum") for rot in ("", "_rot")}
 

@@ -150,8 +150,8 @@ def test_quant_kernels_match_emulated_and_torch(fmt, dname):
     record: list = []
     for i, (spec, rows, row_numel, fb, misalign) in enumerate(_quant_cases(fmt)):
         _check_codec(spec, DTYPES[dname], rows, row_numel, fb, int(misalign), salt=i * 7919, seed=i, record=record)
-    ops = ("encode_rows", "decode_rows", "decode_sum")
-    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}_{dname}" for op in ops}
+    ops = ("encode_rows", "decode_rows", "decode_sum")  # plain and rotate=hadamard instantiations
+    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}{rot}_{dname}" for op in ops for rot in ("", "_rot")}
     CALLS[f"quant {fmt} {dname}"] = len(record)
 
 
