@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from typing import Any, ClassVar
@@ -25,6 +26,22 @@ from ..registry import Registry
 from .buffers import new_buffer
 
 BACKENDS = ("torch", "emulated", "cupy", "simt")
+
+
+#: the backends that run kernels/*.cu (host build, GPU): their paths differ only in the launcher
+KERNEL_BACKENDS = ("emulated", "cupy")
+
+
+def per_backend(impl: str, ops: tuple[str, ...], backends: tuple[str, ...] = KERNEL_BACKENDS):
+    """Class decorator: ``_<op>_<backend>`` = ``_<op>_<impl>(backend, ...)`` for each op and backend, so a
+    codec writes a path once with the backend as its parameter (the launch point picks the launcher)."""
+    def bind(cls):
+        for op in ops:
+            for backend in backends:
+                setattr(cls, f"_{op}_{backend}", functools.partialmethod(getattr(cls, f"_{op}_{impl}"), backend))
+        return cls
+
+    return bind
 
 
 class _OnSimt:

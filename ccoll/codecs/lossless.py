@@ -24,7 +24,6 @@ header, block table or sizes disagree raise CodecError; the codec carries no che
 """
 from __future__ import annotations
 
-import functools
 import sys
 from typing import ClassVar
 
@@ -32,7 +31,7 @@ import torch
 
 from ..errors import CodecError
 from ..kernels import call as kernel_call
-from .base import CODECS, Codec, Param
+from .base import CODECS, Codec, Param, per_backend
 from .buffers import aligned, aligned_like, round16
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
@@ -99,6 +98,8 @@ def _unpack32(words: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @CODECS.register("lossless")
+@per_backend("with", ("encode_rows", "decode_rows"), ("torch", "emulated", "cupy"))
+@per_backend("kernel", ("range", "pack", "unpack"))
 class LosslessCodec(Codec):
     """Exact exponent-plane coding of bf16/fp16/fp32; variable payload size (see the module docstring)."""
 
@@ -357,18 +358,5 @@ class LosslessCodec(Codec):
                          payloads.shape[0] * -(-row_numel // 32),
                          payloads, payloads.shape[0], payloads.shape[1], row_numel, out.numel(), self.block, out)
 
-    _range_emulated = functools.partialmethod(_range_kernel, "emulated")
-    _pack_emulated = functools.partialmethod(_pack_kernel, "emulated")
-    _unpack_emulated = functools.partialmethod(_unpack_kernel, "emulated")
-    _range_cupy = functools.partialmethod(_range_kernel, "cupy")
-    _pack_cupy = functools.partialmethod(_pack_kernel, "cupy")
-    _unpack_cupy = functools.partialmethod(_unpack_kernel, "cupy")
-
-    # --- the Codec hooks: every backend through the same glue -----------------------------------------
-    _encode_rows_torch = functools.partialmethod(_encode_rows_with, "torch")
-    _encode_rows_emulated = functools.partialmethod(_encode_rows_with, "emulated")
-    _encode_rows_cupy = functools.partialmethod(_encode_rows_with, "cupy")
-    _decode_rows_torch = functools.partialmethod(_decode_rows_with, "torch")
-    _decode_rows_emulated = functools.partialmethod(_decode_rows_with, "emulated")
-    _decode_rows_cupy = functools.partialmethod(_decode_rows_with, "cupy")
+    # --- the Codec hooks: every backend through the same glue (_encode_rows_with / _decode_rows_with) -----
     _decode_sum_torch = _decode_sum_emulated = _decode_sum_cupy = _decode_sum_any

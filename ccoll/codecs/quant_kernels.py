@@ -4,14 +4,14 @@ kernel's). One launch per call whatever the number of rows; temporaries (aligned
 the launch, which the caching allocator orders on the same stream. A mixin of BlockQuantCodec."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..kernels import call as kernel_call
+from .base import per_backend
 from .buffers import aligned, aligned_like
 
 
+@per_backend("kernel", ("encode_rows", "decode_rows", "decode_sum"))
 class QuantKernelBackend:
     """``_encode_rows_<b>`` / ``_decode_rows_<b>`` / ``_decode_sum_<b>`` for b in emulated, cupy."""
 
@@ -63,10 +63,3 @@ class QuantKernelBackend:
             backend, "quant", self.kernel_format, self._op("decode_sum"), dtype, payloads.device, nthreads,
             payloads, payloads.shape[0], payloads.shape[1], numel, self.block, out, *rot,
         )
-
-    _encode_rows_emulated = functools.partialmethod(_encode_rows_kernel, "emulated")
-    _decode_rows_emulated = functools.partialmethod(_decode_rows_kernel, "emulated")
-    _decode_sum_emulated = functools.partialmethod(_decode_sum_kernel, "emulated")
-    _encode_rows_cupy = functools.partialmethod(_encode_rows_kernel, "cupy")
-    _decode_rows_cupy = functools.partialmethod(_decode_rows_kernel, "cupy")
-    _decode_sum_cupy = functools.partialmethod(_decode_sum_kernel, "cupy")
