@@ -41,35 +41,27 @@ def _absmax(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def _build_all_reduce(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
-    ref = torch.zeros(count, dtype=torch.float64)
-    scale = torch.zeros(count, dtype=torch.float64)
-    absmax_sum, inp = 0.0, None
+def _reduction(w: World, count: int, dtype: torch.dtype, seed: int, part: slice):
+    """(this rank's input, float64 sum over ranks of ``part`` of every input, the sum of its magnitudes, the
+    sum of the inputs' absmax): the exact reference of a reduction and the scale its error is judged by."""
+    inp, ref, scale, absmax_sum = None, 0.0, 0.0, 0.0
     for r in range(w.size):
         x = _data(r, count, dtype, seed)
         if r == w.rank:
             inp = x
-        x64 = x.to(torch.float64)
-        ref += x64
-        scale += x64.abs_()
-        absmax_sum += _absmax(x)
+        x64 = x[part].to(torch.float64)
+        ref, scale, absmax_sum = ref + x64, scale + x64.abs(), absmax_sum + _absmax(x)
+    return inp, ref, scale, absmax_sum
+
+
+def _build_all_reduce(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
+    inp, ref, scale, absmax_sum = _reduction(w, count, dtype, seed, slice(None))
     return Case(inp, inp.clone(), True, ref, scale, absmax_sum, _absmax(ref))
 
 
 def _build_reduce_scatter(w: World, count: int, dtype: torch.dtype, seed: int) -> Case:
     chunk = count // w.size
-    mine = slice(w.rank * chunk, (w.rank + 1) * chunk)
-    ref = torch.zeros(chunk, dtype=torch.float64)
-    scale = torch.zeros(chunk, dtype=torch.float64)
-    absmax_sum, inp = 0.0, None
-    for r in range(w.size):
-        x = _data(r, count, dtype, seed)
-        if r == w.rank:
-            inp = x
-        x64 = x[mine].to(torch.float64)
-        ref += x64
-        scale += x64.abs_()
-        absmax_sum += _absmax(x)
+    inp, ref, scale, absmax_sum = _reduction(w, count, dtype, seed, slice(w.rank * chunk, (w.rank + 1) * chunk))
     return Case(inp, torch.empty(chunk, dtype=dtype), False, ref, scale, absmax_sum, None)
 
 
