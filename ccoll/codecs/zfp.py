@@ -262,11 +262,21 @@ class ZfpCodec(Codec):
         out.masked_fill_(out.isnan(), float("nan"))
 
     # --- emulated (kernels/zfp.cu built for the host) and cupy (the same kernels on the GPU) ---------------
-    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback) -> None:
+    #: the encode kernel the emulated and cupy backends launch: "encode_tiles" (one warp per 32 blocks, each
+    #: output word stored once) or "encode_rows" (one thread per block, boundary words OR-ed into a zeroed
+    #: output); both give the same bytes (tests/unit/test_simt.py, tests/unit/test_zfp*.py)
+    ENCODE_OP = "encode_tiles"
+
+    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback, op: str | None = None) -> None:
+        op = op or self.ENCODE_OP
         words = out if out.data_ptr() % 8 == 0 else torch.empty_like(out)
-        words.zero_()  # blocks OR their boundary words in
-        rows = out.shape[0]
-        kernel_call.call(backend, "zfp", "zfp", "encode_rows", src.dtype, src.device, rows * self.num_blocks(row_numel),
+        rows, nblk = out.shape[0], self.num_blocks(row_numel)
+        if op == "encode_rows":
+            words.zero_()  # blocks OR their boundary words in
+            nthreads = rows * nblk
+        else:  # a warp per tile of 32 blocks; every output word is written
+            nthreads = 32 * rows * -(-nblk // 32)
+        kernel_call.call(backend, "zfp", "zfp", op, src.dtype, src.device, nthreads,
              src, src.numel(), row_numel, rows, self.dims, self.maxbits(src.dtype), out.shape[1] // 8,
              feedback, words)
         if words is not out:
