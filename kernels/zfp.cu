@@ -3,9 +3,9 @@
 //
 // One algorithm, written once: per-block functions templated on a traits struct (float / double), on a
 // storage struct (the tensor's dtype: fp32, bf16, f16 read and written directly, coded as zfp float; fp64
-// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (one
-// thread per block), NVRTC (CuPy RawModule) and the host build (-DCCOLL_HOST, OpenMP loop over blocks)
-// that backs the "emulated" backend.
+// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (a
+// warp per 32 blocks to encode, a thread per block to decode), NVRTC (CuPy RawModule) and the host build
+// (-DCCOLL_HOST, OpenMP loop over tiles / blocks) that backs the "emulated" backend.
 //
 // The API is batched (ccoll/codecs/base.py): encode_rows / decode_rows / decode_sum each code every
 // block of every row in ONE launch. encode_rows optionally fuses error feedback per block in the same
@@ -31,12 +31,36 @@
 // partial-block rule before the usual padding of missing rows along y; for n % 4 == 0 this is exactly
 // zfp on x.reshape(-1, 4).
 //
-// Output words: blocks are back to back at bit granularity, so neighbouring blocks share 64-bit words.
-// Each thread stores the words that lie entirely inside its block with plain stores and ORs the (at most
-// two) boundary words atomically into a zero-initialised output. Compared with a layout in which one
-// thread owns whole words, this keeps the per-block coder independent and sequential (no inter-thread
-// exchange of bit counts), costs one cheap memset of the (small) output, and at most two atomics per
-// block, which resolve in L2 on the GPU and are uncontended cache-line operations on the host.
+// Output words: blocks are back to back at bit granularity, so neighbouring blocks share words. Two
+// encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
+// encode_tiles):
+//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row. A tile's bits,
+//    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
+//    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
+//    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
+//    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
+//    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
+//    the row's 64-bit end). 63/56/56/92 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5)), no local memory, 16.5 KiB shared memory per 128-thread CTA.
+//  * encode_rows (kept as the reference and for comparison): one thread per block; words that lie inside
+//    the block are plain stores and the (at most two) boundary words are OR-ed atomically into an output
+//    the caller zeroes first. 72/74/74/112 registers (was 102/102/102/153 before the 32-bit plane words
+//    and the RECON/feedback register savings that both encoders share).
+// The block coder itself is the same serial per-block function in both (encode_values); lanes of a warp
+// diverge only in how many group-test steps their blocks take.
+//
+// Roofline estimate (not measured: no GPU has run this yet). Per value, encode reads 4 B (f32) and writes
+// R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x ~1.9 GHz ~ 16e12
+// integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy bandwidth needs
+// ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Counted from
+// the code (f32, rate 8): dims=1 spends ~500-600 instructions per 4-value block (load + fixed point ~60,
+// lifting ~20, ~8 coded planes x ~50 for the plane gather, verbatim bits and group tests, ~40 to assemble
+// its output word), i.e. ~140 per value, ~200 with lane divergence: ~15-20% of copy bandwidth, still
+// instruction-bound. dims=2 amortises the header and the assembly over 16 values (~1700 per block, ~110
+// per value, ~25-30% of copy). Memory is far from the limit either way (<= 5 B per value at ~4 TB/s).
+// What would cut the instruction count next: building bit planes with a bit-matrix transpose (or lanes
+// sharing a block's planes through __ballot_sync) instead of S shift/and/or per plane, and a warp-wide
+// plane loop (lanes coding 32 blocks' plane k together) to remove divergence.
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -561,6 +585,8 @@ template <class Scalar> CCOLL_HD Scalar canonical_nan() {
 // decoder infers when the budget runs out inside a group test.
 // W is the bit writer: BlockWriter (64-bit words, boundary words OR-ed in; the per-block kernel) or
 // LaneWriter (32-bit words into a lane-private buffer; the tile kernel). Both take n <= 32 bits per call.
+// Bits not written read as zero: BlockWriter's output is zeroed first, LaneWriter::finish() (which the
+// tile encoder calls after every block, also after an early return here) zero-fills the rest.
 template <class Scalar, int D, bool RECON, class W>
 CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d) {
   typedef Traits<Scalar> T;
@@ -972,8 +998,9 @@ __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, 
 }
 }  // namespace ccoll_zfp
 
-#define CCOLL_ZFP_TILE_KERNEL(NAME, ST)                                                                         \
-  extern "C" __global__ void __launch_bounds__(CCOLL_ZFP_TILE_THREADS) NAME(                                    \
+// MINB: CTAs per SM the register cap is sized for (65536 / (128 * MINB) registers per thread)
+#define CCOLL_ZFP_TILE_KERNEL(NAME, ST, MINB)                                                                   \
+  extern "C" __global__ void __launch_bounds__(CCOLL_ZFP_TILE_THREADS, MINB) NAME(                              \
       const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
       ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
     __shared__ ccoll_u32 buf[CCOLL_ZFP_TILE_THREADS / 32][ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];        \
@@ -982,10 +1009,10 @@ __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, 
                                      reinterpret_cast<ccoll_u32*>(out), buf[threadIdx.x >> 5]);                 \
   }
 
-CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f32, ccoll_zfp::StF32)
-CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_bf16, ccoll_zfp::StBF16)
-CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f16, ccoll_zfp::StF16)
-CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f32, ccoll_zfp::StF32, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_bf16, ccoll_zfp::StBF16, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f16, ccoll_zfp::StF16, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
 
 // ---- host entry points (emulated backend): the same per-block functions, OpenMP over blocks ----------
 #ifdef CCOLL_HOST
