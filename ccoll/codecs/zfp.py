@@ -35,9 +35,11 @@ Row i is coded exactly as a standalone encode of the zero-padded ``row_numel``-v
 Backends: "torch" runs libzfp through zfpy (single-threaded: zfpy holds the GIL) with vectorised
 pre/post-processing: one libzfp call for all rows when rows lie back to back in one zfp stream (no
 partial block in a row and whole 64-bit words per row, see ``_one_stream``), one call per row otherwise.
-"emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU kernel's own per-block
-code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
-(``CUDA_KERNELS`` lists them). bf16/f16 tensors are read and written by the kernels directly, and no
+"emulated" runs kernels/zfp.cu built for the host (OpenMP over tiles / blocks, the GPU kernel's own
+per-block code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
+(``CUDA_KERNELS`` lists them). Encoding launches ``encode_tiles`` (``ENCODE_OP``: a warp per 32 blocks,
+every output word stored once, so the output is not zeroed first); ``encode_rows`` (a thread per block,
+atomic boundary words into a zeroed output) gives the same bytes and stays for comparison. bf16/f16 tensors are read and written by the kernels directly, and no
 result depends on the GPU's flush-to-zero mode (kernels/zfp.cu, "exact float arithmetic").
 
 NaN bits, so that every backend writes the same bytes: decoded NaNs are the canonical quiet NaN
