@@ -217,6 +217,12 @@ def test_under_ftz_compilation_only_normal_operand_multiplies_flush(tmp_path):
     flushing = set(re.findall(r"\b([a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", text))
     assert flushing == {"mul.ftz.f32"}, flushing
     assert "add.rn.f32" in text
+    # the tile encoder (issue 18 item 4): no atomics and no local memory (spills, stack arrays) in any dtype
+    entries = dict(re.findall(r"\.entry (\w+)\((.*?)\n\}", text, re.S))
+    tiles = {name: body for name, body in entries.items() if name.startswith("ccoll_zfp_encode_tiles_")}
+    assert len(tiles) == 4, sorted(entries)
+    for name, body in tiles.items():
+        assert not re.search(r"\b(atom|red)\.", body) and ".local" not in body, name
 
 
 @pytest.mark.parametrize("dims", [1, 2])
