@@ -251,6 +251,38 @@ def test_zfp_tile_encoder_equals_per_block_encoder_and_host(dname):
     CALLS[f"zfp tiles {dname}"] = cases
 
 
+def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_path):
+    """encode_tiles without the __syncwarp between coding (phase 1) and assembling (phase 2): lanes
+    assemble words from lane buffers other lanes have not written yet, and the simt comparison with the
+    emulated bytes fails -- in forward order; reverse order happens to hide it here (lane l's word needs
+    blocks >= l, already coded when lanes run 31..0), which is why every simt comparison runs both
+    orders. The real kernel on the same launches passes in both."""
+    from ccoll import kernels
+
+    text = kernels.source("zfp").read_text()
+    sync = "    __syncwarp();\n    assemble_tile_lane("
+    assert text.count(sync) == 1
+    bad = tmp_path / "zfp_nosync.cu"
+    # its own namespace and kernel names: two simt libraries in one process must not share C++ symbols
+    bad.write_text(text.replace(sync, "    assemble_tile_lane(").replace("ccoll_zfp", "nosync_zfp"))
+    em = ccoll.get_codec("zfp:rate=5.3", backend="emulated")  # 21 bits per block: words span lanes
+    n = 4 * 32 * 3 + 5
+    x = _values(n, torch.float32, 11)
+    nbytes = em.encoded_nbytes(n, torch.float32)
+    ref = em.encode_rows(x, torch.empty(1, nbytes, dtype=torch.uint8), n)
+    src = _guarded_copy(x)
+    equal = {}
+    for module in (bad, "zfp"):
+        for order in ORDERS:
+            out = _guarded_like(ref, 0xA5)
+            simt.launch(module, f"{'nosync' if module is bad else 'ccoll'}_zfp_encode_tiles_f32", 1, 128,
+                        (src, np.uint64(n), np.uint64(n), np.int32(1), np.int32(1), np.int32(21),
+                         np.uint64(nbytes // 8), None, out), order=order)
+            equal[module, order] = torch.equal(out, ref)
+    assert equal == {(bad, "forward"): False, (bad, "reverse"): True, ("zfp", "forward"): True,
+                     ("zfp", "reverse"): True}
+
+
 @pytest.mark.parametrize("dname", sorted(DTYPES))
 def test_lossless_kernels_match_emulated_and_torch(dname):
     record: list = []
