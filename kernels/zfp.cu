@@ -3,9 +3,9 @@
 //
 // One algorithm, written once: per-block functions templated on a traits struct (float / double), on a
 // storage struct (the tensor's dtype: fp32, bf16, f16 read and written directly, coded as zfp float; fp64
-// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (one
-// thread per block), NVRTC (CuPy RawModule) and the host build (-DCCOLL_HOST, OpenMP loop over blocks)
-// that backs the "emulated" backend.
+// as zfp double) and on the number of dimensions (1 or 2). The same functions serve the CUDA kernels (a
+// warp per 32 blocks to encode, a thread per block to decode), NVRTC (CuPy RawModule) and the host build
+// (-DCCOLL_HOST, OpenMP loop over tiles / blocks) that backs the "emulated" backend.
 //
 // The API is batched (ccoll/codecs/base.py): encode_rows / decode_rows / decode_sum each code every
 // block of every row in ONE launch. encode_rows optionally fuses error feedback per block in the same
@@ -31,12 +31,36 @@
 // partial-block rule before the usual padding of missing rows along y; for n % 4 == 0 this is exactly
 // zfp on x.reshape(-1, 4).
 //
-// Output words: blocks are back to back at bit granularity, so neighbouring blocks share 64-bit words.
-// Each thread stores the words that lie entirely inside its block with plain stores and ORs the (at most
-// two) boundary words atomically into a zero-initialised output. Compared with a layout in which one
-// thread owns whole words, this keeps the per-block coder independent and sequential (no inter-thread
-// exchange of bit counts), costs one cheap memset of the (small) output, and at most two atomics per
-// block, which resolve in L2 on the GPU and are uncontended cache-line operations on the host.
+// Output words: blocks are back to back at bit granularity, so neighbouring blocks share words. Two
+// encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
+// encode_tiles):
+//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row. A tile's bits,
+//    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
+//    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
+//    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
+//    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
+//    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
+//    the row's 64-bit end). 63/56/56/92 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5)), no local memory, 16.5 KiB shared memory per 128-thread CTA.
+//  * encode_rows (kept as the reference and for comparison): one thread per block; words that lie inside
+//    the block are plain stores and the (at most two) boundary words are OR-ed atomically into an output
+//    the caller zeroes first. 72/74/74/112 registers (was 102/102/102/153 before the 32-bit plane words
+//    and the RECON/feedback register savings that both encoders share).
+// The block coder itself is the same serial per-block function in both (encode_values); lanes of a warp
+// diverge only in how many group-test steps their blocks take.
+//
+// Roofline estimate (not measured: no GPU has run this yet). Per value, encode reads 4 B (f32) and writes
+// R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x ~1.9 GHz ~ 16e12
+// integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy bandwidth needs
+// ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Counted from
+// the code (f32, rate 8): dims=1 spends ~500-600 instructions per 4-value block (load + fixed point ~60,
+// lifting ~20, ~8 coded planes x ~50 for the plane gather, verbatim bits and group tests, ~40 to assemble
+// its output word), i.e. ~140 per value, ~200 with lane divergence: ~15-20% of copy bandwidth, still
+// instruction-bound. dims=2 amortises the header and the assembly over 16 values (~1700 per block, ~110
+// per value, ~25-30% of copy). Memory is far from the limit either way (<= 5 B per value at ~4 TB/s).
+// What would cut the instruction count next: building bit planes with a bit-matrix transpose (or lanes
+// sharing a block's planes through __ballot_sync) instead of S shift/and/or per plane, and a warp-wide
+// plane loop (lanes coding 32 blocks' plane k together) to remove divergence.
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -91,6 +115,13 @@ CCOLL_HD int ctz64(ccoll_u64 x) {  // x != 0
   return __ffsll((long long)x) - 1;
 #else
   return __builtin_ctzll(x);
+#endif
+}
+CCOLL_HD int ctz32(ccoll_u32 x) {  // x != 0
+#ifdef __CUDA_ARCH__
+  return __ffs((int)x) - 1;
+#else
+  return __builtin_ctz(x);
 #endif
 }
 
@@ -552,8 +583,12 @@ template <class Scalar> CCOLL_HD Scalar canonical_nan() {
 // RECON it also writes to d what decode_block will read back from those bits (for error feedback,
 // without reading the bits back): the encoder knows every bit it emits, including the one libzfp's
 // decoder infers when the budget runs out inside a group test.
-template <class Scalar, int D, bool RECON>
-CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar* d) {
+// W is the bit writer: BlockWriter (64-bit words, boundary words OR-ed in; the per-block kernel) or
+// LaneWriter (32-bit words into a lane-private buffer; the tile kernel). Both take n <= 32 bits per call.
+// Bits not written read as zero: BlockWriter's output is zeroed first, LaneWriter::finish() (which the
+// tile encoder calls after every block, also after an early return here) zero-fills the rest.
+template <class Scalar, int D, bool RECON, class W>
+CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d) {
   typedef Traits<Scalar> T;
   typedef typename T::Int Int;
   typedef typename T::UInt UInt;
@@ -602,18 +637,20 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar
   int bits = maxbits - 1 - T::EBITS;
   int kmin = kmin_for<Scalar, D>(emax);
   int nsig = 0;  // coefficients known to be significant
-  UInt ur[S];  // with RECON: the planes as the decoder will read them
-#pragma unroll
-  for (int i = 0; i < S; i++) ur[i] = 0;
+  // with RECON: every coded plane but the last reaches the decoder whole (a plane stops early only when
+  // the budget runs out), so the decoder's planes are u's planes above klast, xlast as plane klast and
+  // zeros below; two scalars instead of a second u[] array (registers)
+  int klast = P;
+  ccoll_u32 xlast = 0;
   for (int k = P; bits > 0 && k > kmin;) {
     --k;
-    ccoll_u64 x = 0;
+    ccoll_u32 x = 0;  // the plane as an S-bit word (S <= 16)
 #pragma unroll
-    for (int i = 0; i < S; i++) x |= (ccoll_u64)((u[i] >> k) & 1) << i;
+    for (int i = 0; i < S; i++) x |= (ccoll_u32)((u[i] >> k) & 1) << i;
     int m = nsig < bits ? nsig : bits;
     bits -= m;
-    ccoll_u64 xr = x & ((1ull << m) - 1);  // m <= 16
-    x = w.write_bits(x, m);
+    ccoll_u32 xr = x & ((1u << m) - 1);  // m <= 16
+    x = (ccoll_u32)w.write_bits(x, m);
     // group tests: a 1 says "another coefficient becomes significant in this plane", followed by a
     // unary scan for it (zeros, then a 1 unless it is the last coefficient, whose 1 is implied). The
     // scan is emitted in one step from the position of the next one instead of bit by bit.
@@ -621,7 +658,7 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar
       --bits;
       if (!w.write_bit(x != 0)) break;
       int lim = S - 1 - nsig < bits ? S - 1 - nsig : bits;  // scan bits that may be written
-      int t = ctz64(x);
+      int t = ctz32(x);
       if (t < lim) {
         w.write_bits(x, t + 1);  // t zeros and the one
         bits -= t + 1;
@@ -630,17 +667,21 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, BlockWriter& w, Scalar
         bits -= lim;
         t = lim;
       }
-      xr |= 1ull << (nsig + t);  // the decoder's one (inferred where the budget ran out)
+      xr |= 1u << (nsig + t);  // the decoder's one (inferred where the budget ran out)
       x >>= t + 1;
       nsig += t + 1;
     }
-    if (RECON) {
-#pragma unroll
-      for (int i = 0; i < S; i++) ur[i] += (UInt)((xr >> i) & 1) << k;
-    }
+    if (RECON) { klast = k; xlast = xr; }
   }
   w.finish();
-  if (RECON) reconstruct<Scalar, D>(ur, emax, d);
+  if (RECON) {
+#pragma unroll
+    for (int i = 0; i < S; i++) {
+      UInt above = klast >= P - 1 ? (UInt)0 : (u[i] >> (klast + 1)) << (klast + 1);
+      u[i] = klast == P ? (UInt)0 : above | ((UInt)((xlast >> i) & 1) << klast);
+    }
+    reconstruct<Scalar, D>(u, emax, d);
+  }
 }
 
 // Decodes the block that starts at bit `begin` of `in` into v (S values); a non-finite marker block
@@ -706,41 +747,141 @@ CCOLL_HD void decode_block(const ccoll_u64* in, ccoll_u64 begin, int maxbits, Sc
 
 CCOLL_HD ccoll_u64 blocks_per(ccoll_u64 n, int dims) { return dims == 2 ? (n + 15) / 16 : (n + 3) / 4; }
 
-template <class St, int D>
-CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g,
-                               ccoll_u64 nblk_row, int maxbits, ccoll_u64 row_words,
-                               typename St::Fb* feedback, ccoll_u64* out) {
+// Encodes the block at sp (with error feedback when `feedback` is not null) through the bit writer w.
+template <class St, int D, class W>
+CCOLL_HD void encode_span(const typename St::Stor* src, const Span& sp, int maxbits, typename St::Fb* feedback,
+                          W& w) {
   typedef typename St::Code Code;
   typedef typename St::Fb Fb;
   const int S = Dims<D>::S;
-  ccoll_u64 r = g / nblk_row, b = g - r * nblk_row;
-  Span sp(numel, row_numel, r, b, S);
   Code v[S];
   load_block<St, D>(src, sp, v);
-  BlockWriter w(out + r * row_words, b * (ccoll_u64)maxbits, (b + 1) * (ccoll_u64)maxbits);
   if (!feedback) {
     if (sp.m < S) pad_block<Code, D>(v, sp.m);
     encode_values<Code, D, false>(v, maxbits, w, v);
     return;
   }
   // error feedback: c = x + r in the residual type, sent = c rounded to the tensor's dtype
-  Fb c[S];
 #pragma unroll
-  for (int i = 0; i < S; i++) {
-    if (i < sp.m) {
-      c[i] = add_rn((Fb)v[i], feedback[sp.g0 + i]);
-      v[i] = round_to<St>((Code)c[i]);
-    }
-  }
+  for (int i = 0; i < S; i++)
+    if (i < sp.m) v[i] = round_to<St>((Code)add_rn((Fb)v[i], feedback[sp.g0 + i]));
   if (sp.m < S) pad_block<Code, D>(v, sp.m);
   Code d[S];  // what every receiver will decode
   encode_values<Code, D, true>(v, maxbits, w, d);
 #pragma unroll
   for (int i = 0; i < S; i++) {
-    if (i < sp.m) {
-      Fb res = sub_rn(c[i], (Fb)round_to<St>(d[i]));
-      feedback[sp.g0 + i] = (i < sp.valid && is_finite(res)) ? res : Fb(0);
+    if (i < sp.valid) {  // c recomputed from the (cached) inputs instead of held in registers
+      Fb c = add_rn((Fb)St::widen(src[sp.g0 + i]), feedback[sp.g0 + i]);
+      Fb res = sub_rn(c, (Fb)round_to<St>(d[i]));
+      feedback[sp.g0 + i] = is_finite(res) ? res : Fb(0);
+    } else if (i < sp.m) {
+      feedback[sp.g0 + i] = Fb(0);
     }
+  }
+}
+
+template <class St, int D>
+CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g,
+                               ccoll_u64 nblk_row, int maxbits, ccoll_u64 row_words,
+                               typename St::Fb* feedback, ccoll_u64* out) {
+  ccoll_u64 r = g / nblk_row, b = g - r * nblk_row;
+  Span sp(numel, row_numel, r, b, Dims<D>::S);
+  BlockWriter w(out + r * row_words, b * (ccoll_u64)maxbits, (b + 1) * (ccoll_u64)maxbits);
+  encode_span<St, D>(src, sp, maxbits, feedback, w);
+}
+
+// ---- tiles: the warp-cooperative encoder (one warp per 32 consecutive blocks of a row) -----------------
+// Tile t of row r holds blocks 32t .. 32t+31 of the row, i.e. row bits [32t*maxbits, 32(t+1)*maxbits):
+// a whole number of 32-bit words, [t*maxbits, (t+1)*maxbits), that no other tile touches. Lane l codes
+// block 32t+l into its own words of a per-warp buffer (LaneWriter: 32-bit words, block bit 0 at word 0
+// bit 0, the block's unused tail written as zeros), then after a __syncwarp every lane assembles output
+// words j = lane, lane+32, ... of the tile from those buffers and stores each whole word once: no
+// atomics, no zero-initialised output, coalesced 32-bit stores. The row's last tile also writes the
+// zero words up to the row's 64-bit end; lanes past the row's last block code nothing (all zero bits).
+
+const int TILE = 32;  // blocks per tile (= lanes of a warp)
+
+// 32-bit words a lane buffer holds for one block, and the stride between lanes' buffers (odd, so that
+// the lanes' word i lie in 32 different shared-memory banks); maxbits <= 1024 gives at most 33
+CCOLL_HD int lane_words(int maxbits) { return (maxbits + 31) >> 5; }
+CCOLL_HD int lane_stride(int maxbits) { return lane_words(maxbits) | 1; }
+const int MAX_LANE_STRIDE = 33;
+
+// One block's bits into `nwords` 32-bit words, least significant bit first; finish() writes the
+// pending word and zeros up to nwords (idempotent). At most 32 bits per write_bits call.
+struct LaneWriter {
+  ccoll_u32* words;
+  int nwords;
+  int widx;       // next word to store
+  ccoll_u32 acc;  // its pending bits
+  int fill;       // bit position of the next bit in acc
+
+  CCOLL_HD LaneWriter(ccoll_u32* w, int n) : words(w), nwords(n), widx(0), acc(0), fill(0) {}
+
+  CCOLL_HD ccoll_u32 write_bit(ccoll_u32 bit) {
+    acc |= bit << fill;
+    if (++fill == 32) { words[widx++] = acc; acc = 0; fill = 0; }
+    return bit;
+  }
+  // the low n bits of v (0 <= n <= 32), least significant first; returns v >> n
+  CCOLL_HD ccoll_u64 write_bits(ccoll_u64 v, int n) {
+    if (n == 0) return v;
+    ccoll_u32 low = (ccoll_u32)v & (n == 32 ? ~0u : ((1u << n) - 1));
+    acc |= low << fill;
+    int total = fill + n;
+    if (total >= 32) {
+      words[widx++] = acc;
+      acc = fill ? low >> (32 - fill) : 0;  // the bits of low that did not fit
+      total -= 32;
+    }
+    fill = total;
+    return v >> n;
+  }
+  CCOLL_HD void finish() {
+    if (fill) { words[widx++] = acc; acc = 0; fill = 0; }
+    while (widx < nwords) words[widx++] = 0;
+  }
+};
+
+CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
+
+// Phase 1, lane `lane` of tile `tile` (over all rows): its block into buf + lane * lane_stride(maxbits).
+template <class St, int D>
+CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 tile,
+                               ccoll_u64 ntile_row, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
+                               int lane, ccoll_u32* buf) {
+  ccoll_u64 r = tile / ntile_row, b = (tile - r * ntile_row) * TILE + lane;
+  LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
+  if (b < nblk_row) {
+    Span sp(numel, row_numel, r, b, Dims<D>::S);
+    encode_span<St, D>(src, sp, maxbits, feedback, w);
+  }
+  w.finish();
+}
+
+// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of the tile.
+CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64 ntile_row, int maxbits,
+                                 ccoll_u64 row_words, int lane, ccoll_u32* out) {
+  ccoll_u64 r = tile / ntile_row, t = tile - r * ntile_row;
+  ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
+  ccoll_u64 hi = t + 1 == ntile_row ? 2 * row_words : lo + maxbits;
+  const int stride = lane_stride(maxbits);
+  ccoll_u32* row = out + r * 2 * row_words;
+  for (ccoll_u64 j = lo + lane; j < hi; j += TILE) {
+    int p = (int)(j - lo) * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
+    int blk = p / maxbits, off = p - blk * maxbits;
+    ccoll_u32 word = 0;
+    for (int got = 0; got < 32 && blk < TILE; ++blk, off = 0) {  // the (up to 5) blocks the word meets
+      int take = 32 - got < maxbits - off ? 32 - got : maxbits - off;
+      const ccoll_u32* lb = buf + blk * stride;
+      int wi = off >> 5, sh = off & 31;
+      ccoll_u32 bits = lb[wi] >> sh;
+      if (sh + take > 32) bits |= lb[wi + 1] << (32 - sh);
+      if (take < 32) bits &= (1u << take) - 1;
+      word |= bits << got;
+      got += take;
+    }
+    row[j] = word;
   }
 }
 
@@ -829,8 +970,77 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f16, ccoll_zfp_decode_rows_f16, cco
 CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, ccoll_zfp_decode_sum_f64,
                        ccoll_zfp::StF64)
 
+// ---- the tile encoder: one warp per tile of 32 blocks (grid-stride over every tile of every row) -------
+// ccoll_zfp_encode_tiles_<dtype>: encode_rows' arguments and bytes; blockDim.x must be
+// CCOLL_ZFP_TILE_THREADS (ccoll/kernels/call.py launches the zfp family with 128 threads); the output
+// needs no initialisation.
+
+#define CCOLL_ZFP_TILE_THREADS 128
+
+namespace ccoll_zfp {
+template <class St>
+__device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
+                                                  int rows, int dims, int maxbits, ccoll_u64 row_words,
+                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf) {
+  const int lane = (int)(threadIdx.x & 31);
+  const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
+  const ccoll_u64 warps = (ccoll_u64)gridDim.x * (blockDim.x >> 5);
+  // the tile index is the same for the 32 lanes of a warp: every lane runs every iteration (full-warp syncs)
+  for (ccoll_u64 tile = (ccoll_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); tile < total; tile += warps) {
+    if (dims == 2)
+      encode_tile_lane<St, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf);
+    else
+      encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf);
+    __syncwarp();
+    assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, out);
+    __syncwarp();  // the buffer is rewritten by the next tile
+  }
+}
+}  // namespace ccoll_zfp
+
+// MINB: CTAs per SM the register cap is sized for (65536 / (128 * MINB) registers per thread)
+#define CCOLL_ZFP_TILE_KERNEL(NAME, ST, MINB)                                                                   \
+  extern "C" __global__ void __launch_bounds__(CCOLL_ZFP_TILE_THREADS, MINB) NAME(                              \
+      const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
+      ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
+    __shared__ ccoll_u32 buf[CCOLL_ZFP_TILE_THREADS / 32][ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];        \
+    if (blockDim.x != CCOLL_ZFP_TILE_THREADS) __trap();                                                         \
+    ccoll_zfp::encode_tiles_warp<ST>(src, numel, row_numel, rows, dims, maxbits, row_words, feedback,          \
+                                     reinterpret_cast<ccoll_u32*>(out), buf[threadIdx.x >> 5]);                 \
+  }
+
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f32, ccoll_zfp::StF32, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_bf16, ccoll_zfp::StBF16, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f16, ccoll_zfp::StF16, 8)
+CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
+
 // ---- host entry points (emulated backend): the same per-block functions, OpenMP over blocks ----------
 #ifdef CCOLL_HOST
+
+// the tile encoder's host twin: OpenMP over tiles, the 32 lanes of each tile run one after another
+// (phase 1 for every lane, then phase 2), so the host build checks the tile layout against libzfp too
+#define CCOLL_ZFP_HOST_TILES(NAME, ST)                                                                          \
+  extern "C" void NAME(const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims,          \
+                       int maxbits, ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                    \
+    const ccoll_u64 nblk = ccoll_zfp::blocks_per(row_numel, dims), ntile = ccoll_zfp::tiles_per(nblk);         \
+    _Pragma("omp parallel for schedule(static)")                                                                \
+    for (ccoll_i64 tile = 0; tile < (ccoll_i64)(ntile * rows); tile++) {                                        \
+      ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
+      for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
+        if (dims == 2)                                                                                          \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf); \
+        else                                                                                                    \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf); \
+      }                                                                                                         \
+      for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
+        ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, reinterpret_cast<ccoll_u32*>(out)); \
+    }                                                                                                           \
+  }
+
+CCOLL_ZFP_HOST_TILES(ccoll_host_zfp_encode_tiles_f32, ccoll_zfp::StF32)
+CCOLL_ZFP_HOST_TILES(ccoll_host_zfp_encode_tiles_bf16, ccoll_zfp::StBF16)
+CCOLL_ZFP_HOST_TILES(ccoll_host_zfp_encode_tiles_f16, ccoll_zfp::StF16)
+CCOLL_ZFP_HOST_TILES(ccoll_host_zfp_encode_tiles_f64, ccoll_zfp::StF64)
 
 #define CCOLL_ZFP_HOST_FOR_BLOCKS(nblk)                                                                         \
   _Pragma("omp parallel for schedule(static)")                                                                  \

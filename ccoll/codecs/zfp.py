@@ -35,9 +35,11 @@ Row i is coded exactly as a standalone encode of the zero-padded ``row_numel``-v
 Backends: "torch" runs libzfp through zfpy (single-threaded: zfpy holds the GIL) with vectorised
 pre/post-processing: one libzfp call for all rows when rows lie back to back in one zfp stream (no
 partial block in a row and whole 64-bit words per row, see ``_one_stream``), one call per row otherwise.
-"emulated" runs kernels/zfp.cu built for the host (OpenMP over blocks, the GPU kernel's own per-block
-code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
-(``CUDA_KERNELS`` lists them). bf16/f16 tensors are read and written by the kernels directly, and no
+"emulated" runs kernels/zfp.cu built for the host (OpenMP over tiles / blocks, the GPU kernel's own
+per-block code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
+(``CUDA_KERNELS`` lists them). Encoding launches ``encode_tiles`` (``ENCODE_OP``: a warp per 32 blocks,
+every output word stored once, so the output is not zeroed first); ``encode_rows`` (a thread per block,
+atomic boundary words into a zeroed output) gives the same bytes and stays for comparison. bf16/f16 tensors are read and written by the kernels directly, and no
 result depends on the GPU's flush-to-zero mode (kernels/zfp.cu, "exact float arithmetic").
 
 NaN bits, so that every backend writes the same bytes: decoded NaNs are the canonical quiet NaN
@@ -262,11 +264,21 @@ class ZfpCodec(Codec):
         out.masked_fill_(out.isnan(), float("nan"))
 
     # --- emulated (kernels/zfp.cu built for the host) and cupy (the same kernels on the GPU) ---------------
-    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback) -> None:
+    #: the encode kernel the emulated and cupy backends launch: "encode_tiles" (one warp per 32 blocks, each
+    #: output word stored once) or "encode_rows" (one thread per block, boundary words OR-ed into a zeroed
+    #: output); both give the same bytes (tests/unit/test_simt.py, tests/unit/test_zfp*.py)
+    ENCODE_OP = "encode_tiles"
+
+    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback, op: str | None = None) -> None:
+        op = op or self.ENCODE_OP
         words = out if out.data_ptr() % 8 == 0 else torch.empty_like(out)
-        words.zero_()  # blocks OR their boundary words in
-        rows = out.shape[0]
-        kernel_call.call(backend, "zfp", "zfp", "encode_rows", src.dtype, src.device, rows * self.num_blocks(row_numel),
+        rows, nblk = out.shape[0], self.num_blocks(row_numel)
+        if op == "encode_rows":
+            words.zero_()  # blocks OR their boundary words in
+            nthreads = rows * nblk
+        else:  # a warp per tile of 32 blocks; every output word is written
+            nthreads = 32 * rows * -(-nblk // 32)
+        kernel_call.call(backend, "zfp", "zfp", op, src.dtype, src.device, nthreads,
              src, src.numel(), row_numel, rows, self.dims, self.maxbits(src.dtype), out.shape[1] // 8,
              feedback, words)
         if words is not out:

@@ -47,7 +47,7 @@ FAMILIES = {
     "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"),
                     ("encode_rows", "decode_rows", "decode_sum", "encode_rows_rot", "decode_rows_rot", "decode_sum_rot"),
                     (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
-    "zfp": Family(("zfp",), ("encode_rows", "decode_rows", "decode_sum"),
+    "zfp": Family(("zfp",), ("encode_rows", "encode_tiles", "decode_rows", "decode_sum"),
                   (torch.float32, torch.bfloat16, torch.float16, torch.float64), 128, 2**31 - 1),
     "lossless": Family(("lossless",), ("range", "pack", "decode"),
                        (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
@@ -69,6 +69,8 @@ SIGNATURES = {
     ("quant", "decode_sum_rot"): ("p", "q", "q", "q", "q", "p", "~i", "u"),
     # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
     ("zfp", "encode_rows"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
+    # the same arguments; one warp per 32 blocks, whole 32-bit output words (no zeroed output needed)
+    ("zfp", "encode_tiles"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
     # in, row_words, rows, numel, row_numel, dims, maxbits, out
     ("zfp", "decode_rows"): ("p", "Q", "i", "Q", "Q", "i", "i", "p"),
     # in, row_words, rows, numel, dims, maxbits, out (fp32)

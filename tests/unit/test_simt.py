@@ -194,6 +194,95 @@ def _check_codec_zfp64(em, rows, row_numel, seed, record):
         assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
 
 
+#: (rate, dims, row_numel, rows): maxbits 9..1024 (odd, even, multiples of 32), rows of 1, 31, 32, 33 and 97
+#: blocks (a tile boundary inside, at and just past a row's end; a 64-bit row end one 32-bit word past the
+#: last tile), 1..3 rows
+ZFP_TILES = [(2.25, 1, 128, 3), (2.25, 1, 4 * 97 + 2, 2), (8, 1, 4 * 31 + 1, 3), (12.25, 1, 4 * 33, 2),
+             (16, 1, 1, 3), (0.6, 2, 16 * 32, 3), (3.3, 2, 16 * 33 - 5, 2), (8, 2, 16 * 97, 1),
+             (64, 2, 16 * 31 + 7, 2), (64, 1, 4 * 64, 1), (2.9, 1, 4 * 35, 2), (0.75, 2, 16 * 65, 2)]
+
+
+@pytest.mark.parametrize("dname", ["f32", "bf16", "f16", "f64"])
+def test_zfp_tile_encoder_equals_per_block_encoder_and_host(dname):
+    """encode_tiles (one warp per 32 blocks, each output word stored once into an unzeroed buffer) and
+    encode_rows (one thread per block, boundary words OR-ed into a zeroed buffer) on simt, forward and
+    reverse thread order, with the codec's own launch geometry: the emulated backend's bytes (its host
+    twin of encode_tiles is checked against zfpy in tests/unit/test_zfp*.py) and residuals, byte for byte;
+    the tile kernel also with a 1-CTA grid (every warp loops over many tiles, reusing its lane buffers)."""
+    dtype = DTYPES.get(dname, torch.float64)
+    record: list = []
+    cases = 0
+    for i, (rate, dims, row_numel, rows) in enumerate(ZFP_TILES):
+        spec = f"zfp:rate={rate},dims={dims}"
+        em = ccoll.get_codec(spec, backend="emulated")
+        try:
+            nbytes = em.encoded_nbytes(row_numel, dtype)
+        except ccoll.errors.CcollError:
+            continue  # below the dtype's minimum rate
+        numel = rows * row_numel - (row_numel // 3 if rows > 1 else 0)
+        x = _values(numel, dtype, 300 + i)
+        for feedback in (False, True):
+            fb0 = None
+            if feedback:
+                fb0 = (torch.randn(rows * row_numel, generator=torch.Generator().manual_seed(i)) * 0.1).to(
+                    em.feedback_dtype(dtype))
+            ref = torch.full((rows, nbytes), 0x5A, dtype=torch.uint8)
+            fb_ref = None if fb0 is None else fb0.clone()
+            em.encode_rows(x, ref, row_numel, feedback=fb_ref)
+            for op, order in itertools.product(("encode_tiles", "encode_rows"), ORDERS):
+                out = _guarded_like(ref, 0xA5)  # garbage: encode_tiles must write every byte
+                fb = None if fb0 is None else _guarded_copy(fb0)
+                with kernel_call.cupy_on_simt(order=order, record=record):
+                    em._encode_rows_kernel("cupy", _guarded_copy(x, i % 2), out, row_numel, fb, op=op)
+                assert torch.equal(out, ref), f"{spec} {dname} rows={rows} row_numel={row_numel} {op} {order}"
+                if fb is not None:
+                    assert torch.equal(fb.view(torch.uint8), fb_ref.view(torch.uint8)), f"{spec} {op} {order}"
+                cases += 1
+        # one CTA of 4 warps for every tile: the grid-stride loop and the buffer reuse between tiles
+        out, src = _guarded_like(ref, 0xA5), _guarded_copy(x)
+        simt.launch("zfp", f"ccoll_zfp_encode_tiles_{dname}", 1, 128,
+                    (src, np.uint64(numel), np.uint64(row_numel), np.int32(rows),
+                     np.int32(dims), np.int32(em.maxbits(dtype)), np.uint64(nbytes // 8), None, out),
+                    order="reverse")
+        em.encode_rows(x, ref, row_numel)
+        assert torch.equal(out, ref), f"{spec} {dname} one CTA"
+        cases += 1
+    assert {k for _, k, _, _ in record} == {f"ccoll_zfp_encode_{op}_{dname}" for op in ("tiles", "rows")}
+    CALLS[f"zfp tiles {dname}"] = cases
+
+
+def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_path):
+    """encode_tiles without the __syncwarp between coding (phase 1) and assembling (phase 2): lanes
+    assemble words from lane buffers other lanes have not written yet, and the simt comparison with the
+    emulated bytes fails -- in forward order; reverse order happens to hide it here (lane l's word needs
+    blocks >= l, already coded when lanes run 31..0), which is why every simt comparison runs both
+    orders. The real kernel on the same launches passes in both."""
+    from ccoll import kernels
+
+    text = kernels.source("zfp").read_text()
+    sync = "    __syncwarp();\n    assemble_tile_lane("
+    assert text.count(sync) == 1
+    bad = tmp_path / "zfp_nosync.cu"
+    # its own namespace and kernel names: two simt libraries in one process must not share C++ symbols
+    bad.write_text(text.replace(sync, "    assemble_tile_lane(").replace("ccoll_zfp", "nosync_zfp"))
+    em = ccoll.get_codec("zfp:rate=5.3", backend="emulated")  # 21 bits per block: words span lanes
+    n = 4 * 32 * 3 + 5
+    x = _values(n, torch.float32, 11)
+    nbytes = em.encoded_nbytes(n, torch.float32)
+    ref = em.encode_rows(x, torch.empty(1, nbytes, dtype=torch.uint8), n)
+    src = _guarded_copy(x)
+    equal = {}
+    for module in (bad, "zfp"):
+        for order in ORDERS:
+            out = _guarded_like(ref, 0xA5)
+            simt.launch(module, f"{'nosync' if module is bad else 'ccoll'}_zfp_encode_tiles_f32", 1, 128,
+                        (src, np.uint64(n), np.uint64(n), np.int32(1), np.int32(1), np.int32(21),
+                         np.uint64(nbytes // 8), None, out), order=order)
+            equal[module, order] = torch.equal(out, ref)
+    assert equal == {(bad, "forward"): False, (bad, "reverse"): True, ("zfp", "forward"): True,
+                     ("zfp", "reverse"): True}
+
+
 @pytest.mark.parametrize("dname", sorted(DTYPES))
 def test_lossless_kernels_match_emulated_and_torch(dname):
     record: list = []

@@ -187,7 +187,7 @@ def test_every_cuda_kernel_the_codec_launches_is_defined_with_a_host_twin():
 
     source = kernels.source("zfp").read_text()
     host = kernels.host_library("zfp")
-    assert len(zfp.CUDA_KERNELS) == 12
+    assert len(zfp.CUDA_KERNELS) == 16  # encode_rows, encode_tiles, decode_rows, decode_sum x 4 dtypes
     for name in zfp.CUDA_KERNELS:
         assert name + "," in source or name + ")" in source, name
         assert hasattr(host, name.replace("ccoll_zfp_", "ccoll_host_zfp_")), name
@@ -217,6 +217,12 @@ def test_under_ftz_compilation_only_normal_operand_multiplies_flush(tmp_path):
     flushing = set(re.findall(r"\b([a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", text))
     assert flushing == {"mul.ftz.f32"}, flushing
     assert "add.rn.f32" in text
+    # the tile encoder (issue 18 item 4): no atomics and no local memory (spills, stack arrays) in any dtype
+    entries = dict(re.findall(r"\.entry (\w+)\((.*?)\n\}", text, re.S))
+    tiles = {name: body for name, body in entries.items() if name.startswith("ccoll_zfp_encode_tiles_")}
+    assert len(tiles) == 4, sorted(entries)
+    for name, body in tiles.items():
+        assert not re.search(r"\b(atom|red)\.", body) and ".local" not in body, name
 
 
 @pytest.mark.parametrize("dims", [1, 2])
