@@ -54,7 +54,7 @@ import torch
 
 from ..kernels import call as kernel_call
 from ..errors import CodecError, PolicyError
-from .base import CODECS, Codec, Param
+from .base import CODECS, Codec, Param, per_backend
 
 #: rates above this many bits per value are refused
 MAX_RATE = 64.0
@@ -86,6 +86,7 @@ def _scalar(dtype: torch.dtype) -> _Scalar:
 
 
 @CODECS.register("zfp")
+@per_backend("kernel", ("encode_rows", "decode_rows", "decode_sum"))
 class ZfpCodec(Codec):
     """Fixed-rate ZFP; see the module docstring for layout, dtypes and the values libzfp leaves undefined."""
 
@@ -269,8 +270,8 @@ class ZfpCodec(Codec):
     #: output); both give the same bytes (tests/unit/test_simt.py, tests/unit/test_zfp*.py)
     ENCODE_OP = "encode_tiles"
 
-    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback, op: str | None = None) -> None:
-        op = op or self.ENCODE_OP
+    def _encode_rows_kernel(self, backend, src, out, row_numel, feedback, salt=None, *, op: str | None = None) -> None:
+        op = op or self.ENCODE_OP  # salt: zfp is deterministic, nothing to seed
         words = out if out.data_ptr() % 8 == 0 else torch.empty_like(out)
         rows, nblk = out.shape[0], self.num_blocks(row_numel)
         if op == "encode_rows":
@@ -294,24 +295,6 @@ class ZfpCodec(Codec):
         words = _aligned(payloads)
         kernel_call.call(backend, "zfp", "zfp", "decode_sum", dtype, out.device, self.num_blocks(numel),
              words, words.shape[1] // 8, words.shape[0], numel, self.dims, self.maxbits(dtype), out)
-
-    def _encode_rows_emulated(self, src, out, row_numel, feedback, salt) -> None:
-        self._encode_rows_kernel("emulated", src, out, row_numel, feedback)
-
-    def _decode_rows_emulated(self, payloads, out, row_numel) -> None:
-        self._decode_rows_kernel("emulated", payloads, out, row_numel)
-
-    def _decode_sum_emulated(self, payloads, numel, dtype, out) -> None:
-        self._decode_sum_kernel("emulated", payloads, numel, dtype, out)
-
-    def _encode_rows_cupy(self, src, out, row_numel, feedback, salt) -> None:
-        self._encode_rows_kernel("cupy", src, out, row_numel, feedback)
-
-    def _decode_rows_cupy(self, payloads, out, row_numel) -> None:
-        self._decode_rows_kernel("cupy", payloads, out, row_numel)
-
-    def _decode_sum_cupy(self, payloads, numel, dtype, out) -> None:
-        self._decode_sum_kernel("cupy", payloads, numel, dtype, out)
 
 
 def _maxbits(rate: float, dims: int) -> int:
