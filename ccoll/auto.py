@@ -24,7 +24,9 @@ each model its own, now or when the model with that index is attached.
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import sys
 import threading
 import weakref
@@ -255,6 +257,19 @@ def _on_fsdp_root(root: Any) -> None:
 
 
 # --- installation and state -----------------------------------------------------------------------------
+def _release_ddp_models() -> None:
+    """At exit, while the interpreter is whole: drop each DDP model's reducer, logger and process group
+    reference, so a group the script already destroyed is freed now. Left to interpreter teardown, the
+    gloo group is freed from module cleanup while its worker threads still hold requests and tensors,
+    which aborts the process ("terminate called without an active exception", status -6) after training
+    finished: 14 of 90 runs of a plain DDP script under ccoll-run torchrun, 1 of 90 with this (the last
+    60: 0). The models are not used after exit handlers run."""
+    for ddp in list(_by_ddp.keys()):
+        for name in ("reducer", "logger", "process_group"):
+            ddp.__dict__.pop(name, None)
+    gc.collect()
+
+
 def install(policy: Any) -> None:
     """Called by ``ccoll.patch.install``: wrap DDP and FSDP2 (once) and use ``policy`` for models built
     from now on. FSDP2 is wrapped if ``torch.distributed.fsdp`` is importable (it is imported here)."""
@@ -262,6 +277,7 @@ def install(policy: Any) -> None:
         _installed.policy = policy
         if _originals:
             return
+        atexit.register(_release_ddp_models)
         try:
             _wrap_ddp()
         except (ImportError, AttributeError) as e:  # a torch without DDP's hook API: nothing to attach to

@@ -70,6 +70,10 @@ class Handle:
                 if not self._done:
                     for w in self._works:
                         _wait_one(w)
+                    # finished requests are dropped now: a gloo work keeps its tensors until destroyed, and
+                    # one destroyed during interpreter teardown (a handle kept by a future or a frame)
+                    # aborts the process
+                    works, self._works = self._works, []
                     then, self._then = self._then, None
                     if then is not None:
                         self._result = then()
@@ -81,7 +85,8 @@ class Handle:
     def is_completed(self) -> bool:
         if self._done:
             return True
-        return all(_completed_one(w) for w in self._works)
+        works = self._works
+        return all(_completed_one(w) for w in works)
 
     def is_success(self) -> bool:
         return self.is_completed()
@@ -144,6 +149,7 @@ def _submit_wait(handle: "Handle", who: "streams.Caller",
 
     threading.Thread(target=run, name="ccoll-wait", daemon=True).start()
     return cf
+
 
 
 def _wait_one(w: Any) -> None:
