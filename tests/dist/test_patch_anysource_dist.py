@@ -39,6 +39,7 @@ def _job(rank: int, world: int):
                 src = dist.recv(buf)
                 got[src] = torch.equal(buf, _sent(src, 0))
             out["recv"] = got
+            dist.barrier()  # round 1 starts only after every round-0 message arrived
             matched = []
             for _ in range(world - 1):  # round 1: irecv handles
                 buf = torch.empty(NUMEL)
@@ -48,6 +49,9 @@ def _job(rank: int, world: int):
             out["stats"] = [(r["op"], r["codec"], r["calls"]) for r in ccoll.stats()]
         else:
             dist.send(_sent(rank, 0), 0)
+            # Without this barrier an any-source receive may legitimately take this rank's round-1
+            # message before the other sender's round-0 one (the flake CI hit: {1: False}).
+            dist.barrier()
             dist.isend(_sent(rank, 1), 0).wait()
         dist.barrier()
     finally:
