@@ -34,9 +34,19 @@ this GPU: HBM GB/s / bytes moved per value (encode: read the input + write the p
 fp32 error-feedback residual when the rule has it; decode: read the payload + write the output). The
 roofline is an upper bound; ZFP's transform is compute-heavier than the block quantisers, so a measured
 table (``make gpu-check``, ``python -m ccoll.model --codec-throughput``) is better for it.
-``hierarchy: node`` (all_reduce): exact inside a node (a group within one node is not compressed at all);
-across nodes an exact intra-node reduce-scatter, the compressed all-reduce of the GPU's 1/k chunk among the
-n/k nodes, an exact intra-node all-gather (ccoll.collectives.hierarchy); codec work on 1/k of the values.
+``hierarchy: node`` (ccoll.collectives.hierarchy; a group within one node is not compressed at all; variable-size
+codecs never take it), across nodes, ``N = n/k`` peers of the same local index, ``R`` = raw bytes a rank contributes:
+    all_reduce      exact intra reduce-scatter (k-1)(a_i + R/(k B_i)), the compressed all-reduce of the GPU's
+                    1/k chunk among N, exact intra all-gather (k-1)(a_i + R/(k B_i)); codec on R/k, group N
+    reduce_scatter  exact intra reduce-scatter (k-1)(a_i + R/(k B_i)) (local rank l gets its node's partial sums of
+                    the N chunks its peers own), then the compressed reduce-scatter of those R/k among N; codec
+                    on R/k, group N
+    all_gather      the compressed all-gather of the shard R among N, then an exact intra all-gather of the N
+                    decoded shards (k-1)(a_i + N R/B_i); codec: encode R, decode N R
+``weight_delta: T`` (ZeRO parameter all-gathers, ccoll.wdelta): the all-gather sends encoded weight changes, and
+every T-th optimizer step an exact all-gather re-seeds the reconstruction: per step (1 - 1/T) of the compressed
+call's wire and codec plus 1/T of the native call. The delta is encoded in fp32 (the codec's feedback dtype) and
+its roofline counts the reconstruction's traffic (``wdelta_roofline_gbps``).
 ccoll pipelines all_reduce (and the spans of reduce_scatter / all_gather) in segments of
 ``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s. A send is not
 segmented: wire + codec.
@@ -134,6 +144,42 @@ def roofline_gbps(codec, dtype: torch.dtype, hbm_gbytes_per_s: float, feedback: 
     return hbm_gbytes_per_s * elt / enc, hbm_gbytes_per_s * elt / dec
 
 
+def wdelta_roofline_gbps(codec, dtype: torch.dtype, hbm_gbytes_per_s: float) -> tuple[float, float]:
+    """(encode, decode) GB/s of input values of ccoll.wdelta's delta all-gather at the memory roofline. Why not
+    ``roofline_gbps``: the delta is formed and decoded against an fp32 reconstruction, which the bytes moved
+    are dominated by. Per value (``e`` = input bytes, ``r`` = feedback-dtype bytes, ``c`` = payload bytes of an
+    fp32 value): encode reads the input and the reconstruction, writes the delta, reads it to encode and
+    writes the payload (e + 3r + c); decode (per gathered value) reads the payload, writes the decoded delta,
+    reads it and the reconstruction, writes the reconstruction, reads it and writes the output (c + 5r + e)."""
+    e = torch.empty((), dtype=dtype).element_size()
+    rdt = codec.feedback_dtype(dtype)
+    r = torch.empty((), dtype=rdt).element_size()
+    n = 1 << 20
+    c = codec.encoded_nbytes(n, rdt) / n
+    return hbm_gbytes_per_s * e / (e + 3 * r + c), hbm_gbytes_per_s * e / (c + 5 * r + e)
+
+
+def hierarchy_seconds(op: str, raw: float, w_inter: float, n: int, k: int, node: Node,
+                      algorithm: str = "auto") -> float:
+    """Wire seconds of one ``hierarchy: node`` call across nodes (see the module docstring): ``raw`` bytes a
+    rank contributes, ``w_inter`` the wire bytes of what its compressed inter-node phase carries (all_reduce
+    and reduce_scatter: its 1/k chunk of partial sums; all_gather: its encoded shard), ``k`` members per node."""
+    a_i, b_i = node.intra_latency_us * 1e-6, node.intra_gbps * 1e9 / 8
+    peers = n // k
+    inter = call_seconds(op, w_inter, peers, 1, False, node, True, algorithm)
+    if op == "all_reduce":
+        return 2 * (k - 1) * (a_i + raw / (k * b_i)) + inter
+    if op == "reduce_scatter":
+        return (k - 1) * (a_i + raw / (k * b_i)) + inter
+    if op == "all_gather":
+        return inter + (k - 1) * (a_i + peers * raw / b_i)
+    raise CcollError(f"hierarchy: node has no {op}")
+
+
+#: the ops ``hierarchy: node`` runs in two levels (ccoll.collectives.hierarchy)
+HIER_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def load_codec_table(path: str) -> dict:
     """``{spec or family: {"encode_gbps": x, "decode_gbps": y, "ratio": {dtype: {dim: r}}}}``: measured GB/s of
     input values, and for variable-size codecs (lossless) the measured raw / used bytes per dtype and dimension
@@ -204,21 +250,27 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
         dt = DTYPES[f.dtype]
         codec = pol.resolve(f.dim, _policy_op(f.op), (f.shape or f.numel, dt), step=_LATE_STEP) if pol else None
         rule = pol.rule(f.dim, _policy_op(f.op)) if codec is not None else None
-        hier = rule is not None and rule.hierarchy == "node" and f.op == "all_reduce"
+        hier = (rule is not None and rule.hierarchy == "node" and f.op in HIER_OPS and not codec.variable_size)
+        delta = rule is not None and f.op == "all_gather" and rule.weight_delta > 0
         k = pl.k[f.dim]
         if hier and pl.intra[f.dim]:
             codec = None  # ``hierarchy: node``: exact inside a node
-        w = wire_nbytes(codec, f.op, f.numel, dt, f.group)
+        # ccoll.wdelta encodes the fp32 delta (the codec's feedback dtype), not the weights' dtype
+        wdt = codec.feedback_dtype(dt) if delta and codec is not None else dt
+        w = wire_nbytes(codec, f.op, f.numel, wdt, f.group)
         r = measured_ratio(codec, f.dtype, f.dim, codec_table) if codec is not None else None
         if r:  # a variable-size codec: what travels is the measured fraction of the raw bytes
             w = wire_nbytes(None, f.op, f.numel, dt, f.group) / r
         raw = f.numel * dt.itemsize
         if hier and codec is not None and k > 1 and f.group % k == 0:
-            # ``hierarchy: node`` across nodes: exact reduce-scatter inside the node, the compressed all-reduce
-            # of this GPU's 1/k chunk between the n/k nodes, exact all-gather inside the node
-            intra = 2 * (k - 1) * (node.intra_latency_us * 1e-6 + raw / (k * node.intra_gbps * 1e9 / 8))
-            wire = intra + call_seconds("all_reduce", w / k, f.group // k, 1, False, node, True, algorithm)
-            values, group = raw / k, f.group // k
+            peers = f.group // k
+            if f.op == "all_gather":  # every shard encoded once, decoded by the N peers
+                w_inter = wire_nbytes(codec, "all_gather", f.numel, wdt, peers)
+                values, group = raw, peers
+            else:  # the GPU's 1/k chunk of its node's partial sums
+                w_inter = wire_nbytes(codec, f.op, f.numel // k, wdt, peers)
+                values, group = raw / k, peers
+            wire = hierarchy_seconds(f.op, raw, w_inter, f.group, k, node, algorithm)
         else:
             wire = call_seconds(f.op, w, f.group, k, pl.intra[f.dim], node, codec is not None, algorithm)
             values, group = raw, f.group
@@ -226,8 +278,14 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
         if codec is not None:
             fb = bool(rule.error_feedback) and f.op != "send"
             enc_r, dec_r, _ = codec_rates(codec, dt, node, fb, codec_table)
+            if delta and not _entry(codec, codec_table).get("rates"):
+                enc_r, dec_r = wdelta_roofline_gbps(codec, dt, node.hbm_gbytes_per_s)
             enc, dec = _CODEC_PASSES[f.op](group)
             cod = values * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
+        if delta and codec is not None:  # every T-th step an exact refresh instead of the delta
+            t = rule.weight_delta
+            native = call_seconds(f.op, raw, f.group, k, pl.intra[f.dim], node, False, algorithm)
+            wire, cod = (1 - 1 / t) * wire + native / t, (1 - 1 / t) * cod
         elt = dt.itemsize
         nseg = max(1, math.ceil(f.numel * elt / SEGMENT_BYTES)) if f.op != "send" else 1
         both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 else wire + cod

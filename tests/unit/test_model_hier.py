@@ -1,0 +1,83 @@
+"""ccoll.model's ``hierarchy: node`` for reduce_scatter / all_gather and ``weight_delta`` all-gathers: hand-computed
+wire seconds, roofline rates and their place in the predicted step."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ccoll.codecs import get_codec
+from ccoll.errors import CcollError
+from ccoll.model import Layout, wire_nbytes
+from ccoll.model.clusters import Node
+from ccoll.model.timing import call_seconds, hierarchy_seconds, predict, wdelta_roofline_gbps
+
+#: round numbers: 4 GPUs, 100 GB/s per GPU inside the node (1e11 B/s), 100 GB/s for the node's rails, no latency
+NODE = Node(name="t", gpu="g", gpus_per_node=4, hbm_gbytes_per_s=1000.0, peak_tflops={"float32": 100.0},
+            intra_gbps=800.0, intra_latency_us=0.0, rail_gbps=400.0, rails_per_node=2, inter_latency_us=0.0)
+#: 8 DP ranks = 2 nodes of 4 members (tp = pp = 1), fp32; 2 layers of hidden 256: one unsegmented call each
+LAY = Layout(layers=2, hidden=256, heads=4, seq=16, vocab=64, micro_batch=1, micro_batches=1, dp=8, dtype="float32")
+
+
+def test_given_round_numbers_when_hierarchy_seconds_expect_hand_computed_times():
+    # reduce_scatter of 1 GB, 8 ranks = 2 nodes x 4: intra reduce-scatter 3 x 1e9 / (4 x 1e11) = 7.5 ms; then the
+    # compressed reduce-scatter of the 250 MB chunk between 2 peers, all 4 GPUs of a node at once:
+    # 4 x (2 - 1) / 2 x 2.5e8 / 1e11 = 5 ms
+    assert hierarchy_seconds("reduce_scatter", 1e9, 2.5e8, 8, 4, NODE) == pytest.approx(7.5e-3 + 5e-3)
+    # all_gather of a 100 MB shard: compressed gather of its 25 MB payload from 1 peer, 4 GPUs at once:
+    # 4 x 1 x 2.5e7 / 1e11 = 1 ms; then the intra all-gather of 2 decoded shards: 3 x 2e8 / 1e11 = 6 ms
+    assert hierarchy_seconds("all_gather", 1e8, 2.5e7, 8, 4, NODE) == pytest.approx(1e-3 + 6e-3)
+    # all_reduce: intra reduce-scatter + all-gather 2 x 3 x 1e9 / 4e11 = 15 ms; ccoll's all_reduce between the
+    # 2 peers: 4 x (1/2 + 1/2) x 2.5e8 / 1e11 = 10 ms
+    assert hierarchy_seconds("all_reduce", 1e9, 2.5e8, 8, 4, NODE) == pytest.approx(15e-3 + 10e-3)
+    with pytest.raises(CcollError, match="no send"):
+        hierarchy_seconds("send", 1e9, 2.5e8, 8, 4, NODE)
+
+
+def test_given_zero2_with_hierarchy_node_when_predict_expect_two_level_reduce_scatter_and_all_gather(tmp_path):
+    pol = tmp_path / "hier.yaml"
+    pol.write_text("version: 2\ndefault: {codec: native}\ndp: {codec: int8:block=256, hierarchy: node}\n")
+    lay = Layout(**{**LAY.__dict__, "zero": 2})
+    c = get_codec("int8:block=256")
+    p = lay.stage_params(0)
+    shard = -(-p // 8)
+    rs = hierarchy_seconds("reduce_scatter", p * 4, wire_nbytes(c, "reduce_scatter", p // 4, torch.float32, 2), 8, 4,
+                           NODE)
+    ag = hierarchy_seconds("all_gather", shard * 4, wire_nbytes(c, "all_gather", shard, torch.float32, 2), 8, 4, NODE)
+    t = predict(lay, NODE, str(pol), mfu=0.5)
+    assert t["link_s"]["dp"] == pytest.approx(rs + ag)
+    # codec at the roofline (no feedback): reduce_scatter encodes and decodes its 1/4 chunk once each; all_gather
+    # encodes the shard and decodes the 2 peers' shards
+    enc = 1000 * 4 / (4 + 1 + 4 / 256)
+    codec = (p / 4 * (1 / enc + 1 / enc) + shard * (1 / enc + 2 / enc)) * 4 / 1e9
+    assert t["codec_s"] == pytest.approx(codec, rel=1e-6)
+    # the same layout on one node: exact inside a node, as native
+    one = Layout(**{**lay.__dict__, "dp": 4})
+    assert predict(one, NODE, str(pol), mfu=0.5)["link_s"]["dp"] == pytest.approx(
+        predict(one, NODE, None, mfu=0.5)["link_s"]["dp"])
+
+
+def test_given_weight_delta_codec_when_roofline_expect_reconstruction_traffic_counted():
+    c = get_codec("int8:block=256")
+    enc, dec = wdelta_roofline_gbps(c, torch.float16, 1000.0)
+    payload = 1 + 4 / 256  # int8 per value + one fp32 scale per 256 fp32 deltas
+    # encode: read fp16 input 2, read recon 4, write delta 4, read delta 4, write payload; per 2 input bytes
+    assert enc == pytest.approx(1000 * 2 / (2 + 12 + payload))
+    # decode: read payload, write decoded 4, read decoded 4 and recon 4, write recon 4, read recon 4, write fp16 2
+    assert dec == pytest.approx(1000 * 2 / (payload + 20 + 2))
+
+
+def test_given_weight_delta_when_predict_expect_delta_gathers_plus_one_exact_refresh_in_t(tmp_path):
+    pol = tmp_path / "wd.yaml"
+    pol.write_text("version: 1\ndefault: {codec: native}\n"
+                   "dp: {codec: native, ops: {all_gather: {codec: int8:block=256, weight_delta: 100}}}\n")
+    c = get_codec("int8:block=256")
+    p = LAY.stage_params(0)
+    shard = -(-p // 8)
+    grads = call_seconds("all_reduce", p * 4, 8, 4, False, NODE, False)
+    delta = call_seconds("all_gather", wire_nbytes(c, "all_gather", shard, torch.float32, 8), 8, 4, False, NODE, True)
+    exact = call_seconds("all_gather", shard * 4, 8, 4, False, NODE, False)
+    t = predict(LAY, NODE, str(pol), mfu=0.5)
+    assert t["link_s"]["dp"] == pytest.approx(grads + 0.99 * delta + 0.01 * exact)
+    enc, dec = wdelta_roofline_gbps(c, torch.float32, 1000.0)
+    assert t["codec_s"] == pytest.approx(0.99 * shard * 4 * (1 / enc + 8 / dec) / 1e9)
+    assert 0.99 * delta + 0.01 * exact < exact  # what it buys: the gather shrinks ~4x on fp32 weights
