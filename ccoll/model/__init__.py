@@ -33,8 +33,9 @@ does); wire bytes what ccoll's collectives put on the wire for them under the po
 ``encoded_nbytes`` over the same segments/chunks the collectives use; calls the policy keeps native,
 including those below ``min_bytes``, count raw).
 
-Flat step time (``step_time`` with a ``Cluster`` of per-GPU rates; ``--validate``, ``--from-run`` and the shaped
-runs use it; the mechanistic one is ``timing.predict``, below) -- per rank, no overlap unless ``dp_overlap``: compute + TP + PP + DP link time + codec time,
+Flat step time (``step_time`` with a ``Cluster`` of per-GPU rates, for ``--preset`` without ``--cluster`` and
+``--clusters``; ``--validate``, ``--from-run``, the shaped runs and ``--cluster`` use the mechanistic ``timing.predict``,
+below) -- per rank, no overlap unless ``dp_overlap``: compute + TP + PP + DP link time + codec time,
 where link time = bytes moved by a bandwidth-optimal algorithm / bandwidth of that dimension
 (all-reduce 2(n-1)/n x size, reduce-scatter / all-gather (n-1)/n x size, p2p 1 x size) and codec time =
 values encoded and decoded / codec throughput. Compute: given, or 6 x parameters x tokens (+ attention)
@@ -59,8 +60,9 @@ from __future__ import annotations
 from .cli import cluster_table, format_step, main, print_traffic, why_line
 from .core import (_CODEC_PASSES, _LATE_STEP, DIMS, DTYPES, PRESETS, RUNNER, Cluster, Flow, Layout, _policy_op,
                    _rate_gbps, codec_gbps_needed, codec_throughput, compute_seconds, flows, per_dim, runner_layout,
-                   step_time, traffic, training_flops, validate, wire_nbytes)
+                   step_time, traffic, training_flops, wire_nbytes)
+from .fromrun import from_run, validate
 
 __all__ = ["Cluster", "Flow", "Layout", "PRESETS", "RUNNER", "cluster_table", "codec_gbps_needed", "codec_throughput",
            "compute_seconds", "flows", "format_step", "main", "per_dim", "print_traffic", "runner_layout",
-           "step_time", "traffic", "training_flops", "validate", "why_line", "wire_nbytes"]
+           "step_time", "traffic", "training_flops", "validate", "from_run", "why_line", "wire_nbytes"]

@@ -12,7 +12,8 @@ import torch
 from .. import units
 from ..errors import CcollError
 from .core import (DIMS, DTYPES, PRESETS, RUNNER, Cluster, Layout, codec_gbps_needed, codec_throughput, per_dim,
-                   step_time, traffic, validate)
+                   step_time, traffic)
+from .fromrun import validate
 
 # --- printing ----------------------------------------------------------------------------------------
 _fmt = units.human_nbytes

@@ -133,3 +133,17 @@ def load_cluster(name_or_path: str) -> Node:
 
 def shipped_clusters() -> list[str]:
     return sorted(os.path.splitext(f)[0] for f in os.listdir(CLUSTER_DIR) if f.endswith(".yaml"))
+
+
+def shaped_node(link_gbps: float, latency_us: float = 0.0, name: str = "shaped") -> Node:
+    """The test bed of ``ccoll.bench.netem`` / ``ccoll.convergence.shaped`` as a cluster: every rank has its own
+    network stack and one link of ``link_gbps`` each way to a switch (ccoll/bench/netem.py: tc tbf on both
+    ends of each rank's veth), so a rank is a node of one GPU with one rail of that rate, and no group is
+    inside a node. ``latency_us``: the link's netem delay, if the run set one (none by default: a constant
+    per-call software cost is absorbed into the calibrated compute). Compute and codec rates come from the run
+    (``predict(compute_s=..., codec_gbps=...)``), so the GPU fields are placeholders no prediction reads."""
+    if not link_gbps > 0:
+        raise ClusterError(f"shaped node: link rate must be > 0 Gbit/s, got {link_gbps!r}")
+    return Node(name=name, gpu="rank", gpus_per_node=1, hbm_gbytes_per_s=1.0, peak_tflops={"float32": 1.0},
+                intra_gbps=link_gbps, intra_latency_us=latency_us, rail_gbps=link_gbps, rails_per_node=1,
+                inter_latency_us=latency_us, source=f"ccoll.bench.netem {link_gbps:g} Gbit/s per rank")

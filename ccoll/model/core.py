@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -369,50 +368,6 @@ def runner_layout(meta: dict) -> Layout:
     return Layout(layers=m["layers"], hidden=m["hidden"], heads=m["heads"], seq=m["seq_len"],
                   micro_batch=meta["micro_batch"], micro_batches=meta["grad_accum"], dp=meta["dp"], tp=meta["tp"],
                   pp=meta["pp"], **RUNNER)
-
-
-def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.05, link_gbps: float | None = None,
-             codec_gbps: float = 1.0, decode_gbps: float | None = None) -> dict:
-    """Compare the model with a convergence summary: per policy and dimension, predicted vs measured raw
-    and wire bytes (per step, summed over ranks; ``ok`` when within ``tolerance``), and predicted vs
-    measured speedup over the baseline (compute time taken from the baseline's measured step time minus
-    its predicted link time at ``link_gbps``; meaningful only for runs on shaped links)."""
-    meta = summary["meta"]
-    lay = runner_layout(meta)
-    steps = meta["steps"]
-    policies = meta.get("policies") or list(summary["policies"])
-    paths = {os.path.splitext(os.path.basename(p))[0]: p for p in policies}
-    out = {"layout": dataclasses.asdict(lay), "tolerance": tolerance, "policies": {}, "ok": True}
-    base = summary["policies"][summary["baseline"]]
-    gbps = link_gbps or _rate_gbps(meta.get("netem_rate"))
-    base_step = summary["meta"]["global_batch"] / base["samples_per_s"] if base["samples_per_s"] else None
-    for name, p in summary["policies"].items():
-        path = paths.get(name)
-        if path == "unpatched" or path is None:
-            pol = None
-        else:
-            pol = path if policy_dir is None else os.path.join(policy_dir, os.path.basename(path))
-        pred = per_dim(traffic(lay, pol))
-        dims = {}
-        for d in DIMS:
-            meas = {k: p["bytes"][d][k] / steps for k in ("raw", "wire")}
-            row = {"predicted_raw": pred[d]["raw"], "measured_raw": meas["raw"], "predicted_wire": pred[d]["wire"],
-                   "measured_wire": meas["wire"]}
-            row["ok"] = all(_close(pred[d][k], meas[k], tolerance) for k in ("raw", "wire"))
-            out["ok"] &= row["ok"]
-            dims[d] = row
-        entry = {"dims": dims, "measured_speedup": p["samples_per_s"] / base["samples_per_s"]}
-        if gbps and base_step:
-            cl = Cluster(tp_gbps=gbps, inter_gbps=gbps, codec_gbps=codec_gbps, decode_gbps=decode_gbps, compute_s=0.0)
-            base_link = step_time(lay, cl, None)["total_s"]
-            cl = dataclasses.replace(cl, compute_s=max(0.0, base_step - base_link))
-            predicted = step_time(lay, cl, pol)
-            entry["predicted_speedup"] = step_time(lay, cl, None)["total_s"] / predicted["total_s"]
-            entry["predicted_step"] = predicted
-            entry["measured_step_s"] = summary["meta"]["global_batch"] / p["samples_per_s"]
-            entry["link_gbps"] = gbps
-        out["policies"][name] = entry
-    return out
 
 
 def _close(pred: float, meas: float, tol: float) -> bool:

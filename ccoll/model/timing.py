@@ -231,10 +231,14 @@ def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) ->
 
 
 # --- the step --------------------------------------------------------------------------------------------------
-def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | None = None, algorithm: str = "auto",
-            dp_overlap: bool = False) -> dict:
+def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_table: dict | None = None,
+            algorithm: str = "auto", dp_overlap: bool = False, compute_s: float | None = None,
+            codec_gbps: tuple | None = None) -> dict:
     """Predicted seconds per optimizer step on ``node``s: compute, exposed wire per dimension, exposed codec,
-    total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach."""
+    total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach; or
+    ``compute_s``: the step's compute measured (all m + pp - 1 slots of the slowest stage, as a run's own step
+    minus its predicted wire: ``--validate``, ``--from-run``). ``codec_gbps``: (encode, decode) GB/s measured for
+    every codec of the policy (a run's ``codec_in_run``), instead of the table or roofline."""
     from .core import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
     from ..collectives.segments import SEGMENT_BYTES
     from ..policy import load
@@ -242,7 +246,12 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
     pol = load(policy) if policy is not None else None
     pl = placement(lay, node)
     m = lay.micro_batches
-    comp_mb = training_flops(lay) / (lay.world * node.peak(lay.dtype) * 1e12 * mfu) / m
+    if compute_s is not None:
+        comp_mb = compute_s / (m + lay.pp - 1)
+    elif mfu is not None:
+        comp_mb = training_flops(lay) / (lay.world * node.peak(lay.dtype) * 1e12 * mfu) / m
+    else:
+        raise CcollError("predict: give mfu (compute from FLOPs) or compute_s (measured)")
     per_mb = {}
     dp_cost = {}
     detail = {}
@@ -278,7 +287,9 @@ def predict(lay, node: Node, policy=None, *, mfu: float, codec_table: dict | Non
         if codec is not None:
             fb = bool(rule.error_feedback) and f.op != "send"
             enc_r, dec_r, _ = codec_rates(codec, dt, node, fb, codec_table)
-            if delta and not _entry(codec, codec_table).get("rates"):
+            if codec_gbps is not None:
+                enc_r, dec_r = codec_gbps
+            elif delta and not _entry(codec, codec_table).get("rates"):
                 enc_r, dec_r = wdelta_roofline_gbps(codec, dt, node.hbm_gbytes_per_s)
             enc, dec = _CODEC_PASSES[f.op](group)
             cod = values * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
