@@ -15,6 +15,7 @@ Fields (bandwidths per direction):
     inter.rails_per_node          rails of a node, shared by its GPUs
     inter.mtu_bytes, header_bytes payload and header bytes per packet (payload efficiency); optional
     inter.latency_us              per message
+    memory_gib                    GPU memory capacity, GiB; optional (``ccoll.model.memory``: does a layout fit)
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Node:
     inter_latency_us: float
     payload_efficiency: float = 1.0
     source: str = ""
+    memory_gib: float | None = None
 
     @property
     def node_gbps(self) -> float:
@@ -86,7 +88,7 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
     """Validate a parsed description (see the module docstring) into a :class:`Node`."""
     if not isinstance(d, dict):
         raise ClusterError(f"{where}: expected a mapping, got {type(d).__name__}")
-    known = {"name", "gpu", "gpus_per_node", "hbm_gbytes_per_s", "peak_tflops", "intra", "inter"}
+    known = {"name", "gpu", "gpus_per_node", "hbm_gbytes_per_s", "peak_tflops", "intra", "inter", "memory_gib"}
     extra = sorted(set(d) - known)
     if extra:
         raise ClusterError(f"{where}: unknown keys {extra}; expected {sorted(known)}")
@@ -111,7 +113,8 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
                 rail_gbps=_get(inter, "rail_gbit_per_s", float, f"{where}: inter"),
                 rails_per_node=_get(inter, "rails_per_node", int, f"{where}: inter"),
                 inter_latency_us=_get(inter, "latency_us", float, f"{where}: inter", positive=False),
-                payload_efficiency=eff, source=where)
+                payload_efficiency=eff, source=where,
+                memory_gib=_get(d, "memory_gib", float, where) if "memory_gib" in d else None)
 
 
 def load_cluster(name_or_path: str) -> Node:

@@ -33,6 +33,12 @@ Layout (every field sourced; "assumed" where no source was found):
     PP: DeepSpeed's p2p sends are ``dist.broadcast`` in a 2-rank group (deepspeed/runtime/pipe/p2p.py), one
         message per tensor per micro-batch: modelled as sends (same bytes, one latency each)
 
+Memory (:mod:`ccoll.model.memory`, a lower bound): 20B.yml's micro-batch 4 needs >= 18.7 GiB on a stage-0 GPU,
+more than a Lassen V100's 16 GiB; micro-batch 2 or 1 may fit. So the paper cannot have run 20B.yml as written on
+Lassen: its layout differed in a way it does not publish. The rows keep 20B.yml's micro-batch (at the same global
+batch, micro-batch 2 moves the same bytes per token and changes the speedups by latency terms only), and
+:func:`bounds` gives the corners that would favour compression most.
+
 What the paper's public record gives (arXiv 2409.02423, abstract; the body could not be retrieved here): the four
 speedups below, 192 V100 on Lassen, GPT-NeoX-20B, 3D parallelism + ZeRO-1, MPI collectives with GPU compression
 (ZFP lossy, MPC lossless). Not found: its TP/PP/DP degrees, micro-batch size and accumulation steps, baseline
@@ -99,6 +105,26 @@ def published(cluster: str = "lassen", codec_table: dict | None = None, micro_ba
     return rows
 
 
+def bounds(cluster: str = "lassen", codec_table: dict | None = None) -> dict:
+    """Diagnostics, not predictions: the speedups at the two corners that would favour compression most, to say
+    which missing fact could close the gap. ``peak``: every FLOP at the V100's full dense peak (MFU 1.0, an upper
+    bound nothing reaches) in 20B.yml's layout; ``tiny_batch``: micro-batch 1 and one micro-batch per step (24
+    sequences a step; nothing in the public record says the paper ran so; :func:`memory_line` says why its
+    micro-batch may have been smaller than 4). Keys ``(corner, scheme)`` -> speedup."""
+    from .timing import load_codec_table
+
+    node = load_cluster(cluster)
+    table = codec_table or load_codec_table(os.path.join(_root(), CODEC_TABLE))
+    corners = {"peak": (NEOX20B, 1.0), "tiny_batch": (dataclasses.replace(NEOX20B, micro_batch=1, micro_batches=1), MFU)}
+    out = {}
+    for name, (lay, mfu) in corners.items():
+        base = predict(lay, node, None, mfu=mfu, codec_table=table)["total_s"]
+        for scheme, pol in SCHEMES[:2]:
+            out[(name, scheme)] = base / predict(lay, node, os.path.join(_root(), pol), mfu=mfu,
+                                                 codec_table=table)["total_s"]
+    return out
+
+
 def link_fraction_needed(scheme: str = "naive", policy: str = "configs/znaive.yaml", cluster: str = "lassen",
                          micro_batches: int = 32, codec_table: dict | None = None) -> float | None:
     """Diagnostic, not a fit: the fraction of every link's specified rate (intra and inter alike) at which the
@@ -127,6 +153,24 @@ def link_fraction_needed(scheme: str = "naive", policy: str = "configs/znaive.ya
     return lo
 
 
+def memory_line(cluster: str = "lassen") -> str:
+    """Whether 20B.yml's layout fits the cluster's GPUs (:mod:`ccoll.model.memory`, a lower bound), and the largest
+    micro-batch that may: the paper ran on 16 GB V100s, 20B.yml was written for 40 GB A100s."""
+    from .memory import fits
+
+    node = load_cluster(cluster)
+    f = fits(NEOX20B, node)
+    if f is None:
+        return f"# memory: {node.name} gives no memory_gib"
+    ok = [b for b in (4, 2, 1) if fits(dataclasses.replace(NEOX20B, micro_batch=b), node)["fits"]]
+    need = f["bytes"]["total"] / (1 << 30)
+    verdict = ("fits" if f["fits"] else "does NOT fit: the paper's layout must differ from 20B.yml in a way it does "
+               "not publish (more TP/PP, smaller micro-batch, or activation partitioning/offload)")
+    return (f"# memory: 20B.yml's micro-batch 4 needs >= {need:.1f} GiB per GPU (stage {f['stage']}: weights, "
+            f"gradients, ZeRO-1 states, 1F1B checkpointed activations) of the {node.gpu}'s {node.memory_gib:g} GiB: "
+            f"{verdict}; micro-batches that may fit: {ok or 'none'}")
+
+
 def print_published(rows: list[dict], file=None) -> None:
     file = sys.stdout if file is None else file
     print("# GPT-NeoX-20B on 192 V100 (Lassen: 4 x V100 per AC922 node, 2 x EDR 100 Gbit/s), TP 2 x PP 4 x DP 24, "
@@ -137,6 +181,7 @@ def print_published(rows: list[dict], file=None) -> None:
     print("# found in the public record: the 4 speedups, 192 V100, Lassen, NeoX-20B, 3D + ZeRO-1, MPI + GPU ZFP/MPC. "
           "Not found: the paper's TP/PP/DP, micro-batch and accumulation, baseline TFLOPS or samples/s, MPI version "
           "and algorithms, ZFP rates, the scale of each figure", file=file)
+    print(memory_line(), file=file)
     print(f"#{'scheme':<7} {'policy':<22} {'m':>3} {'published':>9} {'predicted':>9} {'pred/pub':>8} "
           f"{'gain seen':>9} {'base step s':>11} {'base comm s':>11} within {100 * TARGET:.0f}%", file=file)
     for r in rows:
@@ -156,3 +201,9 @@ def print_published(rows: list[dict], file=None) -> None:
         if f is not None:
             print(f"# diagnostic: the model gives naive's +23.6% (m=32) only with every link at {100 * f:.1f}% of its "
                   "specified rate -- the size of the gap, not a parameter.", file=file)
+        b = bounds()
+        print(f"# bounds, not predictions: every FLOP at the V100's peak (MFU 1.0, m=32): naive "
+              f"{b[('peak', 'naive')]:.3f}x, hybrid {b[('peak', 'hybrid')]:.3f}x -- compute efficiency cannot close "
+              f"the gap; micro-batch 1 x 1 micro-batch (24 sequences a step, unsourced): naive "
+              f"{b[('tiny_batch', 'naive')]:.3f}x, hybrid {b[('tiny_batch', 'hybrid')]:.3f}x -- the published "
+              "figures need about that little work per step, or links far below their specification.", file=file)
