@@ -34,6 +34,8 @@ import time
 
 from ..errors import CcollError
 from .. import model as cmodel
+from ..model.clusters import shaped_node
+from ..model.fromrun import codec_overlaps
 from ..units import rate_arg
 
 
@@ -171,7 +173,8 @@ def _main(args) -> int:
             else:
                 raise CcollError(f"the {_stem(args.policy)} run timed no codec call on a host tensor; "
                                  "give --codec-gbps")
-            res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec)
+            # this machine's cores, shared by both runs' ranks (ccoll.model.fromrun: CPU test beds)
+            res = cmodel.validate(summary, codec_gbps=enc, decode_gbps=dec, cores=len(os.sched_getaffinity(0)))
             report["rates"][rate] = {"validate": res, "summary": summary, "wall_s": time.monotonic() - t0,
                                      "load_average": (load0 + os.getloadavg()[0]) / 2, "codec_in_run": inrun,
                                      "codec_source": source, "encode_gbps": enc, "decode_gbps": dec or enc}
@@ -206,9 +209,11 @@ def _print(report: dict, args) -> None:
         print(f"# {rate}: {base} measured step {b['measured_step_s']:.3f} s ({cmodel.format_step(b['predicted_step'])})")
         print(f"# {rate}: {name} measured step {e['measured_step_s']:.3f} s ({cmodel.format_step(e['predicted_step'])})")
         lay = cmodel.runner_layout(r["summary"]["meta"])
-        cl = cmodel.Cluster(tp_gbps=e["link_gbps"], inter_gbps=e["link_gbps"], codec_gbps=r["encode_gbps"],
-                            decode_gbps=r["decode_gbps"], compute_s=e["predicted_step"]["compute_s"])
-        print(f"# {rate}: {cmodel.why_line(lay, cl, args.policy, args.target_speedup)}")
+        node = shaped_node(e["link_gbps"])
+        why = cmodel.why_line_node(lay, node, args.policy, args.target_speedup,
+                                   compute_s=e["predicted_step"]["compute_s"],
+                                   overlap_codec=codec_overlaps(lay.world, len(os.sched_getaffinity(0)), 2))
+        print(f"# {rate}: {why}")
 
 
 if __name__ == "__main__":

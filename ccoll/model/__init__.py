@@ -57,7 +57,7 @@ pipeline slots, DP after the schedule) is :mod:`ccoll.model.timing`; node descri
 """
 from __future__ import annotations
 
-from .cli import cluster_table, format_step, main, print_traffic, why_line
+from .cli import cluster_table, format_step, main, print_traffic, why_line, why_line_node
 from .core import (_CODEC_PASSES, _LATE_STEP, DIMS, DTYPES, PRESETS, RUNNER, Cluster, Flow, Layout, _policy_op,
                    _rate_gbps, codec_gbps_needed, codec_throughput, compute_seconds, flows, per_dim, runner_layout,
                    step_time, traffic, training_flops, wire_nbytes)
@@ -65,4 +65,5 @@ from .fromrun import from_run, validate
 
 __all__ = ["Cluster", "Flow", "Layout", "PRESETS", "RUNNER", "cluster_table", "codec_gbps_needed", "codec_throughput",
            "compute_seconds", "flows", "format_step", "main", "per_dim", "print_traffic", "runner_layout",
-           "step_time", "traffic", "training_flops", "validate", "from_run", "why_line", "wire_nbytes"]
+           "step_time", "traffic", "training_flops", "validate", "from_run", "why_line", "why_line_node",
+           "wire_nbytes"]

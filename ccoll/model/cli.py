@@ -52,6 +52,19 @@ def why_line(lay: Layout, cl: Cluster, policy, target: float) -> str:
             f"an infinitely fast codec would give {n['max_speedup']:.3f}x")
 
 
+def why_line_node(lay: Layout, node, policy, target: float, **kw) -> str:
+    """``why_line`` on the mechanistic step time (:func:`ccoll.model.timing.codec_rate_needed`); ``kw``: predict's
+    options (mfu or compute_s, codec_table, ...)."""
+    from .timing import codec_rate_needed
+
+    n = codec_rate_needed(lay, node, policy, target, **kw)
+    if n["codec_gbps"] is None:
+        return (f"{target:g}x is out of reach at these links: even an infinitely fast codec gives "
+                f"{n['max_speedup']:.3f}x (compute and the uncompressed traffic remain)")
+    return (f"{target:g}x needs a codec of >= {n['codec_gbps']:.3f} GB/s (encode and decode); an infinitely fast "
+            f"codec would give {n['max_speedup']:.3f}x")
+
+
 def format_step(t: dict) -> str:
     """One line decomposing a predicted step: where the time goes (compute, wire per dimension, codec)."""
     return (f"predicted step {t['total_s']:.3f} s = compute {t['compute_s']:.3f} + wire dp {t['link_s']['dp']:.3f}"
@@ -216,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{node.rail_gbps:g} Gbit/s rails, intra {node.intra_gbps:g} Gbit/s per GPU), MFU {args.mfu:g}, "
                   f"placement k={t['placement']['k']}")
             print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
+            if pol is not None:
+                print(f"# {why_line_node(lay, node, pol, args.target_speedup, **kw)}")
             return 0
         base = step_time(lay, cl, None)
         t = step_time(lay, cl, pol)

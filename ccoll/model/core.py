@@ -349,11 +349,13 @@ PRESETS = {
     # (configs/clusters/lassen.yaml: NVLink 2.0 peer pair 600 Gbit/s; 2 x EDR 100 Gbit/s per node of 4 GPUs =
     # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). This flat
     # Cluster view is the old per-GPU-rate model; ``--cluster lassen`` / ``--published`` use the mechanistic one.
+    # DP gradients all-reduced as ccoll.model.published.NEOX20B (the paper's "DP All-reduce"; DeepSpeed's ZeRO-1
+    # bucket reduction with ``reduce_scatter: true`` all-reduces buckets, stage_1_and_2.py ``average_tensor``).
     # (The former gpt13b-h800 preset is gone: its NVLink figure was twice the H800's 400 GB/s bidirectional and
     # its layout had no source; ``--cluster h800`` takes any layout on a sourced H800 node.)
     "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
                             dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
-                            pp_mask=True, zero_reduce="reduce_scatter"),
+                            pp_mask=True, zero_reduce="all_reduce"),
                      Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
 }
 

@@ -20,8 +20,10 @@ What is measured and what is assumed:
 CPU test beds (``cores``): when the ranks are processes sharing ``cores`` CPU cores (ccoll.convergence.shaped
 runs baseline and policy at once: ``runs`` = 2), each process gets cores / processes of a core once processes
 exceed cores, so compute and codec time scale by max(1, P_N / cores) / max(1, P_measured / cores), P = ranks x
-runs. Linear in the share: an upper bound, since ranks waiting on a link leave their core to others. Off (None)
-for GPU runs, where each rank has its own device.
+runs. Linear in the share: an upper bound, since ranks waiting on a link leave their core to others. And once
+P >= cores no core is free to encode one segment while another is on the wire, so codec and wire add up
+(``predict(overlap_codec=False)``). Off (None) for GPU runs, where each rank has its own device and the codec
+overlaps the wire on its side stream.
 
 Interval: the model's own error at the measured scale (|predicted / measured speedup - 1| of the run itself)
 applied to the prediction at N: what the calibration could not explain is assumed to carry over, no more.
@@ -42,12 +44,19 @@ def _calibrated(lay, node, base_step: float) -> float:
     return max(0.0, base_step - predict(lay, node, None, compute_s=0.0)["total_s"])
 
 
+def codec_overlaps(ranks: int, cores: int | None, runs: int) -> bool:
+    """Can codec work overlap the wire (see the module docstring)? Always on GPUs (``cores`` None)."""
+    return cores is None or ranks * runs < cores
+
+
 def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.05, link_gbps: float | None = None,
-             codec_gbps: float = 1.0, decode_gbps: float | None = None) -> dict:
+             codec_gbps: float = 1.0, decode_gbps: float | None = None, cores: int | None = None,
+             runs: int = 2) -> dict:
     """Compare the model with a convergence summary: per policy and dimension, predicted vs measured raw
     and wire bytes (per step, summed over ranks; ``ok`` when within ``tolerance``), and predicted vs
     measured speedup over the baseline (compute taken from the baseline's measured step time minus its
-    predicted wire time at ``link_gbps``; meaningful only for runs on shaped links)."""
+    predicted wire time at ``link_gbps``; meaningful only for runs on shaped links). ``cores``, ``runs``: a CPU
+    test bed's cores and the runs sharing them (see the module docstring)."""
     from .clusters import shaped_node
     from .timing import predict
 
@@ -79,7 +88,8 @@ def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.
             dims[d] = row
         entry = {"dims": dims, "measured_speedup": p["samples_per_s"] / base["samples_per_s"]}
         if comp is not None:
-            kw = dict(compute_s=comp, codec_gbps=(codec_gbps, decode_gbps or codec_gbps))
+            kw = dict(compute_s=comp, codec_gbps=(codec_gbps, decode_gbps or codec_gbps),
+                      overlap_codec=codec_overlaps(lay.world, cores, runs))
             predicted = predict(lay, node, pol, **kw)
             entry["predicted_speedup"] = predict(lay, node, None, **kw)["total_s"] / predicted["total_s"]
             entry["predicted_step"] = predicted
@@ -122,10 +132,12 @@ def from_run(summary: dict, ranks: int, link_gbps: float | None = None, policy_d
             raise CcollError(f"--from-run: policy {name} has no codec_in_run (run with ccoll.stats codec timing)")
         path = paths.get(name)
         pol = path if policy_dir is None else os.path.join(policy_dir, os.path.basename(path))
-        small = validate(summary, policy_dir=policy_dir, link_gbps=gbps, codec_gbps=enc, decode_gbps=dec)
+        small = validate(summary, policy_dir=policy_dir, link_gbps=gbps, codec_gbps=enc, decode_gbps=dec, cores=cores,
+                         runs=runs)
         e = small["policies"][name]
         err = abs(e["predicted_speedup"] / e["measured_speedup"] - 1)
-        kw = dict(compute_s=comp * slow, codec_gbps=(enc / slow, (dec or enc) / slow))
+        kw = dict(compute_s=comp * slow, codec_gbps=(enc / slow, (dec or enc) / slow),
+                  overlap_codec=codec_overlaps(ranks, cores, runs))
         b, t = predict(big, node, None, **kw), predict(big, node, pol, **kw)
         sp = b["total_s"] / t["total_s"]
         samples = big.micro_batch * big.micro_batches * big.dp

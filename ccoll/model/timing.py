@@ -48,7 +48,8 @@ every T-th optimizer step an exact all-gather re-seeds the reconstruction: per s
 call's wire and codec plus 1/T of the native call. The delta is encoded in fp32 (the codec's feedback dtype) and
 its roofline counts the reconstruction's traffic (``wdelta_roofline_gbps``).
 ccoll pipelines all_reduce (and the spans of reduce_scatter / all_gather) in segments of
-``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s. A send is not
+``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s (a GPU's side stream;
+on a CPU test bed whose processes fill its cores, ``overlap_codec=False``: wire + codec). A send is not
 segmented: wire + codec.
 
 Step (1F1B pipeline, DeepSpeed's PipelineEngine and Megatron): every micro-batch's compute, TP collectives
@@ -233,12 +234,15 @@ def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) ->
 # --- the step --------------------------------------------------------------------------------------------------
 def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_table: dict | None = None,
             algorithm: str = "auto", dp_overlap: bool = False, compute_s: float | None = None,
-            codec_gbps: tuple | None = None) -> dict:
+            codec_gbps: tuple | None = None, overlap_codec: bool = True) -> dict:
     """Predicted seconds per optimizer step on ``node``s: compute, exposed wire per dimension, exposed codec,
     total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach; or
     ``compute_s``: the step's compute measured (all m + pp - 1 slots of the slowest stage, as a run's own step
     minus its predicted wire: ``--validate``, ``--from-run``). ``codec_gbps``: (encode, decode) GB/s measured for
-    every codec of the policy (a run's ``codec_in_run``), instead of the table or roofline."""
+    every codec of the policy (a run's ``codec_in_run``), instead of the table or roofline. ``overlap_codec``:
+    whether codec work overlaps the wire over segments -- on a GPU the codec runs on its side stream while the
+    NIC moves bytes; on a CPU test bed whose processes fill its cores no core is free for it (``--from-run``
+    ``--cpu-cores``), so each call is wire + codec."""
     from .core import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
     from ..collectives.segments import SEGMENT_BYTES
     from ..policy import load
@@ -299,7 +303,7 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
             wire, cod = (1 - 1 / t) * wire + native / t, (1 - 1 / t) * cod
         elt = dt.itemsize
         nseg = max(1, math.ceil(f.numel * elt / SEGMENT_BYTES)) if f.op != "send" else 1
-        both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 else wire + cod
+        both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 and overlap_codec else wire + cod
         key = (f.stage, f.dim)
         acc = dp_cost if f.dim == "dp" else per_mb
         w_s, c_s = acc.get(key, (0.0, 0.0))
@@ -330,3 +334,27 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
     return {"stage": slow, "compute_s": compute, "link_s": link, "codec_s": codec_s,
             "total_s": compute + sum(link.values()) + codec_s, "bubble": (lay.pp - 1) / m,
             "placement": dataclasses.asdict(pl), "detail": detail}
+
+
+def codec_rate_needed(lay, node: Node, policy, speedup: float, **kw) -> dict:
+    """The codec GB/s (encode = decode, every codec of ``policy``) at which ``policy`` reaches ``speedup`` over native
+    in :func:`predict` (``kw``: its options, ``codec_gbps`` excepted), or why it cannot: ``max_speedup`` is an
+    infinitely fast codec's (compute and the remaining wire bound it). Why a search and not the flat model's closed
+    form: codec work pipelined with the wire over segments makes step time a max(), not a sum, of codec seconds;
+    it still falls as the codec gets faster, so bisection on log(rate) finds the threshold.
+    Returns {"max_speedup", "codec_gbps"} (codec_gbps None if unreachable)."""
+    base = predict(lay, node, None, **kw)["total_s"]
+
+    def gain(rate: float) -> float:
+        return base / predict(lay, node, policy, codec_gbps=(rate, rate), **kw)["total_s"]
+
+    best = gain(math.inf)
+    if best < speedup:
+        return {"max_speedup": best, "codec_gbps": None}
+    lo, hi = 1e-9, 1e9
+    if gain(lo) >= speedup:
+        return {"max_speedup": best, "codec_gbps": lo}
+    for _ in range(80):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if gain(mid) >= speedup else (mid, hi)
+    return {"max_speedup": best, "codec_gbps": hi}

@@ -63,3 +63,45 @@ def test_given_run_summary_when_validate_expect_compute_calibrated_on_the_mechan
     assert e["predicted_step"]["compute_s"] == pytest.approx(comp)
     assert e["predicted_speedup"] == pytest.approx(predict(lay, node, None, **kw)["total_s"]
                                                    / predict(lay, node, str(CONFIGS / "hybrid.yaml"), **kw)["total_s"])
+
+
+def test_given_target_speedup_when_codec_rate_needed_expect_hand_computed_rate_or_the_bound():
+    from ccoll.model import why_line_node
+    from ccoll.model.timing import codec_rate_needed
+
+    node = shaped_node(1.0)
+    p = LAY.stage_params(0)
+    raw = p * 4
+    w = wire_nbytes(get_codec("int4:block=64"), "all_reduce", p, torch.float32, 2)
+    base = 0.01 + raw / 1.25e8
+    free = 0.01 + w / 1.25e8  # an infinitely fast codec
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    target = 1 + 0.5 * (base / free - 1)  # half the most any codec could give
+    # one unsegmented call: step = free + raw x (1.5 + 2) / (rate x 1e9)  ->  rate = 3.5 raw / (base/target - free)
+    n = codec_rate_needed(LAY, node, hybrid, target, compute_s=0.01)
+    assert n["max_speedup"] == pytest.approx(base / free)
+    assert n["codec_gbps"] == pytest.approx(3.5 * raw / ((base / target - free) * 1e9), rel=1e-6)
+    out = codec_rate_needed(LAY, node, hybrid, base / free * 1.01, compute_s=0.01)
+    assert out["codec_gbps"] is None
+    assert "out of reach" in why_line_node(LAY, node, hybrid, base / free * 1.01, compute_s=0.01)
+    assert "needs a codec" in why_line_node(LAY, node, hybrid, target, compute_s=0.01)
+
+
+def test_given_segmented_call_when_codec_cannot_overlap_expect_wire_plus_codec_else_pipelined():
+    from ccoll.collectives.segments import SEGMENT_BYTES
+    from ccoll.model.fromrun import codec_overlaps
+
+    big = Layout(**{**LAY.__dict__, "hidden": 1024, "heads": 8})
+    nseg = -(-big.stage_params(0) * 4 // SEGMENT_BYTES)
+    assert nseg > 1
+    kw = dict(compute_s=1.0, codec_gbps=(1.0, 2.0))
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    serial = predict(big, shaped_node(1.0), hybrid, overlap_codec=False, **kw)
+    wire, cod = serial["link_s"]["dp"], serial["codec_s"]
+    assert serial["total_s"] == pytest.approx(1.0 + wire + cod)
+    piped = predict(big, shaped_node(1.0), hybrid, **kw)
+    # segments: the longer of wire and codec, plus one segment's share of the shorter
+    assert piped["total_s"] == pytest.approx(1.0 + max(wire, cod) + min(wire, cod) / nseg)
+    # a CPU test bed overlaps only while a core is free: 2 ranks x 2 runs on 2 or 4 cores do not, on 8 they do
+    assert codec_overlaps(2, None, 2) and codec_overlaps(2, 8, 2)
+    assert not codec_overlaps(2, 2, 2) and not codec_overlaps(2, 4, 2)
