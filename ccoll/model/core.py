@@ -56,10 +56,16 @@ class Layout:
     #: dtype the DP gradient reduction runs in: "" = ``dtype``; "float32" = Megatron's fp32 gradient
     #: accumulation and reduction of bf16 training (``accumulate_allreduce_grads_in_fp32``)
     grad_dtype: str = ""
+    #: bytes per DP gradient bucket: reductions start as backward fills buckets, so all but the last bucket can
+    #: hide under the backward (``timing.predict(dp_overlap=True)``). Default: torch DDP's ``bucket_cap_mb`` = 25
+    #: (torch.nn.parallel.DistributedDataParallel docs); DeepSpeed ZeRO ``overlap_comm``: ``reduce_bucket_size``
+    #: elements x gradient bytes (default 5e8 elements, deepspeed.ai config-json docs)
+    dp_bucket_bytes: int = 25 << 20
 
     def check(self) -> None:
         bad = [f"{k}={getattr(self, k)}" for k in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch",
-                                                   "micro_batches", "dp", "tp", "pp") if getattr(self, k) < 1]
+                                                   "micro_batches", "dp", "tp", "pp", "dp_bucket_bytes")
+               if getattr(self, k) < 1]
         if bad:
             raise CcollError(f"layout: must be >= 1: {', '.join(bad)}")
         if self.zero not in (0, 1, 2, 3):
@@ -355,7 +361,8 @@ PRESETS = {
     # its layout had no source; ``--cluster h800`` takes any layout on a sourced H800 node.)
     "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
                             dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
-                            pp_mask=True, zero_reduce="all_reduce"),
+                            pp_mask=True, zero_reduce="all_reduce",
+                            dp_bucket_bytes=1_260_000_000 * 2),
                      Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
 }
 

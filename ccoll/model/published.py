@@ -27,6 +27,7 @@ Layout (every field sourced; "assumed" where no source was found):
         ``use_multi_rank_bucket_allreduce`` (default true; deepspeed/runtime/zero/stage_1_and_2.py
         ``average_tensor``, 0.19.8) and otherwise by one ``reduce`` per partition owner -- either way no cheaper
         than a reduce-scatter; all-reduce is what both sources say
+    DP buckets: 20B.yml's reduce_bucket_size 1.26e9 elements of fp16 (only matters without pipelining)
     DP after the schedule: DeepSpeed's PipelineEngine runs ``ReduceGrads`` once the micro-batches are done
         (deepspeed/runtime/pipe/engine.py ``_exec_reduce_grads`` -> ``allreduce_gradients``): exposed, as timing.py
         models it
@@ -75,7 +76,8 @@ MICRO_BATCHES = (32, 16, 1)
 
 NEOX20B = Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32, dp=24,
                  tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True, pp_mask=True,
-                 zero_reduce="all_reduce")
+                 zero_reduce="all_reduce",
+                 dp_bucket_bytes=1_260_000_000 * 2)
 
 
 def _root() -> str:

@@ -55,9 +55,14 @@ segmented: wire + codec.
 Step (1F1B pipeline, DeepSpeed's PipelineEngine and Megatron): every micro-batch's compute, TP collectives
 and PP sends are on the critical path and the schedule takes (m + pp - 1) micro-batch slots of the
 slowest stage; DP's gradient reduction runs after the schedule (DeepSpeed's pipeline engine reduces
-gradients in its last instruction, ``ReduceGrads``) and is exposed; with pp = 1 and ``dp_overlap`` it
-hides under the last micro-batch's backward (2/3 of its compute; 3/4 with recomputation), as DDP /
-ZeRO ``overlap_comm`` buckets do.
+gradients in its last instruction, ``ReduceGrads``: deepspeed/runtime/pipe/engine.py ``_exec_reduce_grads``;
+its ZeRO optimizer's backward hooks are off, "backward is handled outside zero") and is exposed. With pp = 1
+and ``dp_overlap`` (DDP's bucket hooks; DeepSpeed ZeRO-1/2 ``overlap_comm``: ``process_gradients`` ->
+``reduce_ready_partitions_and_remove_grads`` from each gradient's hook, stage_1_and_2.py) the gradient
+reduction of every bucket but the last starts while the last micro-batch's backward still runs: hidden =
+min(gradient reduction x (1 - last bucket's share), that backward: 2/3 of the micro-batch's compute, 3/4
+with recomputation). The last bucket (``Layout.dp_bucket_bytes``; buckets fill from the end of the backward,
+so the last holds the remainder) and ZeRO's parameter all-gather (after the optimizer step) stay exposed.
 """
 from __future__ import annotations
 
@@ -231,6 +236,16 @@ def codec_rates(codec, dtype, node: Node, feedback: bool, table: dict | None) ->
     return (*roofline_gbps(codec, dtype, node.hbm_gbytes_per_s, feedback), "roofline")
 
 
+def last_bucket_share(lay, stage: int) -> float:
+    """Share of a rank's gradient in the last DP bucket (the one only the end of the backward completes):
+    ``P`` gradient bytes in buckets of ``Layout.dp_bucket_bytes``, the last holding the remainder."""
+    from .core import DTYPES
+
+    p = lay.stage_params(stage) * DTYPES[lay.grad_dtype or lay.dtype].itemsize
+    n = max(1, math.ceil(p / lay.dp_bucket_bytes))
+    return (p - (n - 1) * lay.dp_bucket_bytes) / p
+
+
 # --- the step --------------------------------------------------------------------------------------------------
 def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_table: dict | None = None,
             algorithm: str = "auto", dp_overlap: bool = False, compute_s: float | None = None,
@@ -258,6 +273,7 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
         raise CcollError("predict: give mfu (compute from FLOPs) or compute_s (measured)")
     per_mb = {}
     dp_cost = {}
+    dp_grad = {}  # stage -> (wire, codec) of the gradient reduction alone: what dp_overlap can hide
     detail = {}
     for f in flows(lay):
         dt = DTYPES[f.dtype]
@@ -308,6 +324,8 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
         acc = dp_cost if f.dim == "dp" else per_mb
         w_s, c_s = acc.get(key, (0.0, 0.0))
         acc[key] = (w_s + wire * f.calls, c_s + (both - wire) * f.calls)
+        if f.dim == "dp" and f.what == "gradients":
+            dp_grad[f.stage] = (wire * f.calls, (both - wire) * f.calls)
         detail.setdefault(f.dim, []).append({"what": f.what, "op": f.op, "stage": f.stage,
                                              "codec": codec.spec if codec else "native", "wire_s": wire,
                                              "codec_s": both - wire, "calls": f.calls})
@@ -324,12 +342,14 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
     dps = [sum(dp_cost.get((st, "dp"), (0.0, 0.0))) for st in stages]
     dp_stage = max(stages, key=lambda st: dps[st])
     dp_w, dp_c = dp_cost.get((dp_stage, "dp"), (0.0, 0.0))
+    g_w, g_c = dp_grad.get(dp_stage, (0.0, 0.0))
     hidden = 0.0
-    if dp_overlap and lay.pp == 1:
-        hidden = min(dp_w + dp_c, comp_mb * (0.75 if lay.recompute else 2 / 3))
-    scale = 1.0 - hidden / (dp_w + dp_c) if dp_w + dp_c else 1.0
-    link = {"tp": slots * wire_mb["tp"], "pp": slots * wire_mb["pp"], "dp": dp_w * scale}
-    codec_s = slots * cod_mb + dp_c * scale
+    if dp_overlap and lay.pp == 1 and g_w + g_c:
+        hidden = min((g_w + g_c) * (1 - last_bucket_share(lay, dp_stage)),
+                     comp_mb * (0.75 if lay.recompute else 2 / 3))
+    cut = hidden / (g_w + g_c) if g_w + g_c else 0.0  # taken from the gradients' wire and codec alike
+    link = {"tp": slots * wire_mb["tp"], "pp": slots * wire_mb["pp"], "dp": dp_w - g_w * cut}
+    codec_s = slots * cod_mb + dp_c - g_c * cut
     compute = slots * comp_mb
     return {"stage": slow, "compute_s": compute, "link_s": link, "codec_s": codec_s,
             "total_s": compute + sum(link.values()) + codec_s, "bubble": (lay.pp - 1) / m,
