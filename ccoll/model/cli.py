@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800; or your own YAML with the "
                         "same fields): the mechanistic step time (placement, rails, alpha-beta, algorithm, overlap)")
     p.add_argument("--codec-table", metavar="YAML", help="--cluster: measured codec GB/s per spec (default: roofline)")
-    p.add_argument("--algorithm", default="auto", choices=("auto", "ring", "hierarchical"),
+    p.add_argument("--algorithm", default="auto", choices=("auto", "ring", "hierarchical", "tree"),
                    help="--cluster: native all-reduce algorithm across nodes")
     p.add_argument("--published", action="store_true", help="the seed paper's GPT-NeoX-20B runs: published vs "
                                                               "predicted speedups from the cluster file alone")

@@ -26,7 +26,13 @@ groups are symmetric), ``a`` = per-message latency:
                                      all-gather of the reduced chunk ((n-1)/n W/k): e = (n-k)/n W + (n-1)/(n k) W
       ccoll compressed reduce_scatter  e = (n-k)/n W (all-to-all)
       send (PP)                      e = W
-    "auto" takes the faster of ring and hierarchical for native calls (what NCCL's and MVAPICH2's tuners do).
+      native tree (NCCL's double binary tree over the n/k nodes, a pipelined chain inside each; Jeaugey,
+                                     "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019):
+                                     two trees each carry half of the node's reduced W; a node sends W/2 up each tree
+                                     and, as an inner node of one, W/2 to each of 2 children: e = 2 W/k, latency
+                                     2 ceil(log2(n/k)) a; the chain adds 2 (W/B_i + (k-1) a_i)
+    "auto" takes the fastest of ring, hierarchical and tree for native all-reduces (what NCCL's and MVAPICH2's
+    tuners do): the tree wins on latency (log of the nodes), never on bandwidth (2 W against 2 (m-1)/m W).
 
 Codec seconds per call = values encoded / encode rate + values decoded / decode rate (ccoll's passes per
 value, ``_CODEC_PASSES``). Rates: a ``--codec-table`` file, else the roofline of a memory-bound kernel on
@@ -131,11 +137,22 @@ def call_seconds(op: str, w: float, n: int, k: int, intra: bool, node: Node, com
                 + 2 * (k - 1) * (node.intra_latency_us * 1e-6 + w / (k * ib)))
     else:
         hier = math.inf
+    tree = tree_seconds(w, n, k, node) if n % k == 0 else math.inf
     if algorithm == "ring":
         return ring
     if algorithm == "hierarchical":
         return hier if hier < math.inf else ring
-    return min(ring, hier)
+    if algorithm == "tree":
+        return tree if tree < math.inf else ring
+    return min(ring, hier, tree)
+
+
+def tree_seconds(w: float, n: int, k: int, node: Node) -> float:
+    """Native all-reduce by NCCL's double binary tree across the n/k nodes (see the module docstring)."""
+    m = n // k
+    bn, a, g = node.node_gbps * 1e9 / 8, node.inter_latency_us * 1e-6, node.gpus_per_node
+    chain = 2 * (w / (node.intra_gbps * 1e9 / 8) + (k - 1) * node.intra_latency_us * 1e-6) if k > 1 else 0.0
+    return g * 2 * w / k / bn + 2 * math.ceil(math.log2(m)) * a + chain
 
 
 # --- codec rates ---------------------------------------------------------------------------------------------

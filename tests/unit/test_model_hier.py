@@ -81,3 +81,22 @@ def test_given_weight_delta_when_predict_expect_delta_gathers_plus_one_exact_ref
     enc, dec = wdelta_roofline_gbps(c, torch.float32, 1000.0)
     assert t["codec_s"] == pytest.approx(0.99 * shard * 4 * (1 / enc + 8 / dec) / 1e9)
     assert 0.99 * delta + 0.01 * exact < exact  # what it buys: the gather shrinks ~4x on fp32 weights
+
+
+def test_given_latency_when_tree_all_reduce_expect_log_latency_and_twice_the_bytes():
+    import dataclasses
+
+    from ccoll.model.timing import tree_seconds
+
+    lat = dataclasses.replace(NODE, inter_latency_us=2.0, intra_latency_us=1.0)
+    # 1 GB, 8 ranks = 4 nodes x 2: 4 GPUs x 2 W / 2 over 1e11 B/s = 40 ms; 2 ceil(log2 4) x 2 us; the intra chain
+    # down and up: 2 x (1e9 / 1e11 + 1 x 1 us)
+    assert tree_seconds(1e9, 8, 2, lat) == pytest.approx(0.04 + 8e-6 + 0.02 + 2e-6)
+    ring = 4 * 2 * 7 / 8 * 1e9 / 2 / 1e11 + 14 * 2e-6
+    assert call_seconds("all_reduce", 1e9, 8, 2, False, lat, False, "tree") == pytest.approx(0.06001)
+    assert call_seconds("all_reduce", 1e9, 8, 2, False, lat, False, "ring") == pytest.approx(ring)
+    assert call_seconds("all_reduce", 1e9, 8, 2, False, lat, False) < 0.06001  # big: tree never wins on bytes
+    # 1 KB over 64 one-member nodes: the tree's 2 x 6 latencies beat the ring's 2 x 63
+    tree = 4 * 2 * 1e3 / 1e11 + 12 * 2e-6
+    assert tree_seconds(1e3, 64, 1, lat) == pytest.approx(tree)
+    assert call_seconds("all_reduce", 1e3, 64, 1, False, lat, False) == pytest.approx(tree)
