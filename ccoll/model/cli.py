@@ -231,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
             if pol is not None:
                 print(f"# {why_line_node(lay, node, pol, args.target_speedup, **kw)}")
+            from .memory import fits
+            mem = fits(lay, node)
+            if mem is not None:
+                print(f"# memory: >= {mem['bytes']['total'] / (1 << 30):.1f} GiB per GPU (stage {mem['stage']}, a lower "
+                      f"bound) of {node.memory_gib:g} GiB: {'may fit' if mem['fits'] else 'does NOT fit'}")
             return 0
         base = step_time(lay, cl, None)
         t = step_time(lay, cl, pol)

@@ -68,3 +68,12 @@ def test_given_neox20b_on_lassen_when_memory_line_expect_micro_batch_4_does_not_
     assert fits(dataclasses.replace(NEOX20B, micro_batch=1), load_cluster("lassen"))["fits"]
     line = memory_line()
     assert "does NOT fit" in line and "[2, 1]" in line
+
+
+def test_given_cluster_run_when_printed_expect_the_memory_verdict(capsys):
+    from ccoll.model import main
+
+    assert main(["--preset", "neox20b-v100", "--cluster", "lassen", "--mfu", "0.3"]) == 0
+    assert "of 16 GiB: does NOT fit" in capsys.readouterr().out
+    assert main(["--preset", "neox20b-v100", "--cluster", "dgx-a100", "--mfu", "0.3"]) == 0
+    assert "of 80 GiB: may fit" in capsys.readouterr().out
