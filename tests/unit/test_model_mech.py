@@ -357,3 +357,21 @@ def test_given_published_miss_when_diagnosed_expect_the_link_fraction_that_would
     sp = (predict(NEOX20B, slow, None, mfu=0.30, codec_table=table)["total_s"]
           / predict(NEOX20B, slow, str(CONFIGS / "znaive.yaml"), mfu=0.30, codec_table=table)["total_s"])
     assert sp == pytest.approx(PUBLISHED["naive"], rel=1e-3)
+
+
+def test_given_readme_table_when_model_rerun_expect_the_same_figures():
+    """README's "What will it buy on my cluster?" table is the model's current output, not a stale copy."""
+    import re
+
+    from ccoll.model.published import MFU, NEOX20B
+
+    readme = (CONFIGS.parent / "README.md").read_text()
+    for name in ("lassen", "dgx-a100", "dgx-h100", "h800"):
+        row = re.search(rf"^\| {name} \(.*$", readme, re.M).group(0)
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        node = load_cluster(name)
+        base = predict(NEOX20B, node, None, mfu=MFU)
+        want = [f"{base['total_s']:.1f}", f"{sum(base['link_s'].values()):.2f}"]
+        for pol in ("hybrid", "zhybrid", "naive", "znaive"):
+            want.append(f"{base['total_s'] / predict(NEOX20B, node, str(CONFIGS / f'{pol}.yaml'), mfu=MFU)['total_s']:.3f}x")
+        assert cells == want, name
