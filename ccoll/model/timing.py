@@ -10,6 +10,12 @@ Placement (Megatron / GPT-NeoX / DeepSpeed topology, axes pipe > data > model, m
 ``tp`` consecutive ranks, DP members are ``tp`` apart, PP neighbours ``tp*dp`` apart; nodes hold
 ``gpus_per_node`` consecutive ranks. ``k`` = members of one group on a node.
 
+The per-call forms are nccl-tests' (doc/PERFORMANCE.md): time = overhead + size / bandwidth, with the bus-bandwidth
+factors of the bandwidth-optimal algorithms -- all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast
+and reduce 1 (so DeepSpeed's pipeline p2p, a broadcast in a 2-rank group, costs a send). The per-message overhead
+``a`` is the cluster file's latency; achieved bandwidth below the link's is modelled by its causes below (rails
+shared, packet headers, algorithm), never by an efficiency factor.
+
 Per call, ``W`` = bytes a rank contributes on the wire, ``n`` = group size, ``B_i`` = intra-node Gbit/s per
 GPU, ``B_n`` = the node's inter-node Gbit/s (rails x rail x payload efficiency), ``g`` = GPUs per node (all
 running the same dimension's collective at once -- true for DP at the end of a step and for TP/PP, whose
