@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -194,9 +195,18 @@ def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> i
     return codec.encoded_nbytes(numel, dtype)
 
 
-def traffic(lay: Layout, policy=None) -> list[dict]:
+def refresh_fraction(weight_delta: int, calls: int, steps: int | None = None) -> float:
+    """Fraction of a ``weight_delta`` all-gather's calls that are exact refreshes (ccoll.wdelta: a call site
+    re-seeds at its first call and whenever ``weight_delta`` optimizer steps have passed, so ``steps`` steps hold
+    ceil(steps / T) refreshes; in the steady state (``steps`` None) 1 / T per step), over its ``calls`` per step."""
+    per_step = math.ceil(steps / weight_delta) / steps if steps else 1 / weight_delta
+    return min(1.0, per_step / calls)
+
+
+def traffic(lay: Layout, policy=None, steps: int | None = None) -> list[dict]:
     """Per (dim, op, what): calls, raw and wire bytes per step summed over all ranks, the codec, and the
-    same per rank of the busiest stage (for step time)."""
+    same per rank of the busiest stage (for step time). ``steps``: a run's length, for the exact refreshes of
+    ``weight_delta`` all-gathers it holds (None: the steady state)."""
     from ..policy import load
 
     pol = load(policy) if policy is not None else None
@@ -207,6 +217,10 @@ def traffic(lay: Layout, policy=None) -> list[dict]:
                  if pol is not None else None)
         raw = f.numel * torch.empty((), dtype=dt).element_size()
         wire = wire_nbytes(codec, f.op, f.numel, dt, f.group)
+        t = pol.rule(f.dim, _policy_op(f.op)).weight_delta if codec is not None and f.op == "all_gather" else 0
+        if t:  # ccoll.wdelta: fp32 deltas (the codec's feedback dtype), and exact refreshes counted native
+            frac = refresh_fraction(t, f.calls, steps)
+            wire = frac * raw + (1 - frac) * wire_nbytes(codec, f.op, f.numel, codec.feedback_dtype(dt), f.group)
         rows.append({"dim": f.dim, "op": f.op, "what": f.what, "stage": f.stage, "codec": codec.spec if codec else "native",
                      "numel": f.numel, "calls_per_rank": f.calls, "ranks": f.ranks, "group": f.group,
                      "raw_per_rank": raw * f.calls, "wire_per_rank": wire * f.calls,

@@ -77,7 +77,7 @@ def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.
             pol = None
         else:
             pol = path if policy_dir is None else os.path.join(policy_dir, os.path.basename(path))
-        pred = per_dim(traffic(lay, pol))
+        pred = per_dim(traffic(lay, pol, steps=steps))
         dims = {}
         for d in DIMS:
             meas = {k: p["bytes"][d][k] / steps for k in ("raw", "wire")}

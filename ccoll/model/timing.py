@@ -281,7 +281,8 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
     whether codec work overlaps the wire over segments -- on a GPU the codec runs on its side stream while the
     NIC moves bytes; on a CPU test bed whose processes fill its cores no core is free for it (``--from-run``
     ``--cpu-cores``), so each call is wire + codec."""
-    from .core import _CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, training_flops, wire_nbytes
+    from .core import (_CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, refresh_fraction, training_flops,
+                       wire_nbytes)
     from ..collectives.segments import SEGMENT_BYTES
     from ..policy import load
 
@@ -337,9 +338,9 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
             enc, dec = _CODEC_PASSES[f.op](group)
             cod = values * (enc / (enc_r * 1e9) + dec / (dec_r * 1e9))
         if delta and codec is not None:  # every T-th step an exact refresh instead of the delta
-            t = rule.weight_delta
+            frac = refresh_fraction(rule.weight_delta, f.calls)
             native = call_seconds(f.op, raw, f.group, k, pl.intra[f.dim], node, False, algorithm)
-            wire, cod = (1 - 1 / t) * wire + native / t, (1 - 1 / t) * cod
+            wire, cod = (1 - frac) * wire + frac * native, (1 - frac) * cod
         elt = dt.itemsize
         nseg = max(1, math.ceil(f.numel * elt / SEGMENT_BYTES)) if f.op != "send" else 1
         both = max(wire, cod) + min(wire, cod) / nseg if nseg > 1 and overlap_codec else wire + cod

@@ -100,3 +100,27 @@ def test_given_latency_when_tree_all_reduce_expect_log_latency_and_twice_the_byt
     tree = 4 * 2 * 1e3 / 1e11 + 12 * 2e-6
     assert tree_seconds(1e3, 64, 1, lat) == pytest.approx(tree)
     assert call_seconds("all_reduce", 1e3, 64, 1, False, lat, False) == pytest.approx(tree)
+
+
+def test_given_weight_delta_when_traffic_expect_fp32_deltas_and_the_runs_exact_refreshes(tmp_path):
+    from ccoll.model import traffic
+    from ccoll.model.core import refresh_fraction
+
+    pol = tmp_path / "wd.yaml"
+    pol.write_text("version: 1\ndefault: {codec: native}\n"
+                   "dp: {codec: native, ops: {all_gather: {codec: int8:block=256, weight_delta: 100}}}\n")
+    lay = Layout(**{**LAY.__dict__, "dtype": "float16"})
+    shard = -(-lay.stage_params(0) // 8)
+    raw = shard * 2
+    delta = wire_nbytes(get_codec("int8:block=256"), "all_gather", shard, torch.float32, 8)  # fp32 deltas
+    assert delta == pytest.approx(shard * (1 + 4 / 256), rel=1e-3)
+
+    def gather(steps):
+        return next(r for r in traffic(lay, str(pol), steps=steps) if r["op"] == "all_gather")["wire_per_rank"]
+
+    # 20 steps: the first call refreshes (1 of 20); 250 steps: steps 0, 100, 200 (3 of 250); steady: 1 in 100
+    assert gather(20) == pytest.approx(raw / 20 + 19 / 20 * delta)
+    assert gather(250) == pytest.approx(3 / 250 * raw + 247 / 250 * delta)
+    assert gather(None) == pytest.approx(raw / 100 + 0.99 * delta)
+    assert refresh_fraction(100, 2, None) == pytest.approx(0.005)  # two calls a step: half as often per call
+    assert refresh_fraction(1, 1, 7) == 1.0
