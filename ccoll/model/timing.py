@@ -56,8 +56,8 @@ codecs never take it), across nodes, ``N = n/k`` peers of the same local index, 
     all_gather      the compressed all-gather of the shard R among N, then an exact intra all-gather of the N
                     decoded shards (k-1)(a_i + N R/B_i); codec: encode R, decode N R
 ``weight_delta: T`` (ZeRO parameter all-gathers, ccoll.wdelta): the all-gather sends encoded weight changes, and
-every T-th optimizer step an exact all-gather re-seeds the reconstruction: per step (1 - 1/T) of the compressed
-call's wire and codec plus 1/T of the native call. The delta is encoded in fp32 (the codec's feedback dtype) and
+every T-th optimizer step an exact all-gather re-seeds the reconstruction: a fraction f = 1/T of a once-a-step
+call is native, 1 - f the compressed call's wire and codec (``core.refresh_fraction``). The delta is encoded in fp32 (the codec's feedback dtype) and
 its roofline counts the reconstruction's traffic (``wdelta_roofline_gbps``).
 ccoll pipelines all_reduce (and the spans of reduce_scatter / all_gather) in segments of
 ``SEGMENT_BYTES``: with ``s`` segments, call time = max(wire, codec) + min(wire, codec) / s (a GPU's side stream;
@@ -68,7 +68,7 @@ Step (1F1B pipeline, DeepSpeed's PipelineEngine and Megatron): every micro-batch
 and PP sends are on the critical path and the schedule takes (m + pp - 1) micro-batch slots of the
 slowest stage; DP's gradient reduction runs after the schedule (DeepSpeed's pipeline engine reduces
 gradients in its last instruction, ``ReduceGrads``: deepspeed/runtime/pipe/engine.py ``_exec_reduce_grads``;
-its ZeRO optimizer's backward hooks are off, "backward is handled outside zero") and is exposed. With pp = 1
+the engine turns the ZeRO optimizer's backward-time reduction off) and is exposed. With pp = 1
 and ``dp_overlap`` (DDP's bucket hooks; DeepSpeed ZeRO-1/2 ``overlap_comm``: ``process_gradients`` ->
 ``reduce_ready_partitions_and_remove_grads`` from each gradient's hook, stage_1_and_2.py) the gradient
 reduction of every bucket but the last starts while the last micro-batch's backward still runs: hidden =
