@@ -254,6 +254,7 @@ class Fp8Codec(BlockQuantCodec):
     }
 
     EXAMPLE_SPECS = ("fp8:format=e4m3,block=32", "fp8:format=e5m2,block=32,rotate=hadamard")
+    _decodes_negative_zero = True  # the fp8 byte 0x80
 
     @property
     def kernel_format(self) -> str:  # type: ignore[override]
