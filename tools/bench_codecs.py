@@ -12,6 +12,11 @@
     values), each beside the per-row loop it replaces (the base class's reference loop: one encode /
     decode per row; with feedback compensate + encode + decode + subtract as separate ops per row).
 
+(d) With --all-reduce P: the codec calls flat.all_reduce makes on one rank of P for an fp32 tensor of
+    --tp-numel values, with the shapes it makes them (segments.py's segments and chunks; with two ranks
+    only the peer's chunk is encoded and decoded in the reduce-scatter), one thread: GB/s of fp32 values
+    per CPU-second, per op and summed over the call -- the codec time a rank spends per all_reduce.
+
 Only the generic API is used (ccoll.get_codec(spec, backend=...)); specs whose codec is not registered
 are skipped with a note. Fresh-page faults dominate decode on machines where they are expensive (VMs):
 run with THP_MEM_ALLOC_ENABLE=1 (torch then asks for transparent huge pages) to see the codec itself.
@@ -196,6 +201,49 @@ def rows_throughput(numel: int, p: int, specs: list[str], backends: list[str], r
     return out_rows
 
 
+def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], repeat: int,
+                   feedback: bool) -> list[dict]:
+    """Table (d): flat.all_reduce's codec calls, one segment's shapes, timed per op (CPU seconds, best of
+    ``repeat``) and scaled to the whole tensor's segment count."""
+    from ccoll.collectives.segments import segments
+
+    print(f"\n### all_reduce's codec calls on one rank of {p}, {numel * 4 >> 20} MiB fp32"
+          f"{' with error feedback' if feedback else ''}: GB/s of fp32 values per CPU-second\n")
+    print("| codec | backend | encode (scatter) | decode_sum | encode (reduced) | decode_rows | call codec ms |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    out_rows = []
+    for spec in [s for s in specs if available(s)]:
+        for backend in backends:
+            c = ccoll.get_codec(spec, backend=backend)
+            segs = segments(numel, p, 4, c.align_numel)
+            _, seg_numel, chunk = segs[0]
+            scatter_rows = 1 if p == 2 else p  # flat._encode_scatter: with two ranks the peer's chunk only
+            x = torch.randn(seg_numel)
+            nbytes = c.encoded_nbytes(chunk, x.dtype)
+            send, gathered = torch.empty(p, nbytes, dtype=torch.uint8), torch.empty(p, nbytes, dtype=torch.uint8)
+            c.encode_rows(x, send, chunk)
+            c.encode_rows(x, gathered, chunk)
+            fb_scatter = torch.zeros(scatter_rows * chunk) if feedback else None
+            fb_reduced = torch.zeros(chunk) if feedback else None
+            acc, out = torch.empty(chunk), torch.empty(seg_numel)
+            ops = {  # op: (fn, fp32 values it handles)
+                "encode (scatter)": (lambda: c.encode_rows(x[:scatter_rows * chunk], send[:scatter_rows], chunk,
+                                                           feedback=fb_scatter), scatter_rows * chunk),
+                "decode_sum": (lambda: c.decode_sum(send[:scatter_rows], chunk, x.dtype, out=acc), scatter_rows * chunk),
+                "encode (reduced)": (lambda: c.encode_rows(acc, send[:1], chunk, feedback=fb_reduced), chunk),
+                "decode_rows": (lambda: c.decode_rows(gathered, out, chunk), seg_numel),
+            }
+            r = {"spec": spec, "backend": backend, "ranks": p, "numel": numel, "feedback": feedback, "call_ms": 0.0}
+            for op, (fn, values) in ops.items():
+                cpu = _time(fn, repeat)[1]
+                r[op] = values * 4 / cpu / 1e9
+                r["call_ms"] += cpu * numel / seg_numel * 1e3
+            out_rows.append(r)
+            print(f"| {spec} | {backend} | " + " | ".join(f"{r[op]:.2f}" for op in ops) + f" | {r['call_ms']:.1f} |",
+                  flush=True)
+    return out_rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rd-numel", type=int, default=1 << 22, help="values per rate-distortion data set")
@@ -207,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-rd", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--rows", type=int, help="also measure the batched API at this many rows (table c)")
+    ap.add_argument("--all-reduce", type=int, metavar="P",
+                    help="also measure flat.all_reduce's codec calls on one rank of P (table d)")
+    ap.add_argument("--feedback", action="store_true", help="table (d) with error feedback")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = ap.parse_args(argv)
@@ -226,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         _set_threads(int(args.threads.split(",")[0]))
         specs = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else ["int8:block=256", "int4:block=64"]
         result["rows"] = rows_throughput(args.tp_numel, args.rows, specs, args.backends.split(","), args.repeat)
+    if args.all_reduce:
+        _set_threads(int(args.threads.split(",")[0]))
+        specs = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else ["int8:block=256", "int4:block=128"]
+        result["all_reduce"] = all_reduce_ops(args.tp_numel, args.all_reduce, specs, args.backends.split(","),
+                                              args.repeat, args.feedback)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
