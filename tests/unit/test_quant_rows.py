@@ -399,3 +399,35 @@ def test_given_every_int4_pair_when_encoding_expect_packed_nibbles_on_both_backe
     for payload in got:
         assert torch.equal(payload[0, scale_nbytes:scale_nbytes + expected.numel()], expected)
     assert torch.equal(got[0], got[1])
+
+
+def test_given_two_threads_when_encoding_and_decoding_expect_the_bytes_of_one_thread():
+    """The torch backend reuses per-thread scratch buffers: calls interleaved on two threads (different
+    codecs, dtypes and sizes, error feedback included) give the bytes and residuals each gives alone."""
+    import threading
+
+    cases = [("int4:block=64", torch.bfloat16, 70001), ("int8:block=256", torch.float32, 50003)]
+
+    def run(spec, dtype, numel, results, rounds):
+        c = ccoll.get_codec(spec, backend="torch")
+        src = _mixed(numel, dtype, numel)
+        for _ in range(rounds):
+            fb = _feedback(2, -(-numel // 2), 1)
+            out = torch.empty(2, c.encoded_nbytes(-(-numel // 2), dtype), dtype=torch.uint8)
+            c.encode_rows(src, out, -(-numel // 2), feedback=fb)
+            s = c.decode_sum(out, -(-numel // 2), dtype)
+            results.append((out, fb, _bits(s)))
+
+    alone = []
+    for case in cases:
+        run(*case, alone, 1)
+    together = [[], []]
+    threads = [threading.Thread(target=run, args=(*case, together[i], 20)) for i, case in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for expected, got in zip(alone, together):
+        assert len(got) == 20
+        for g in got:
+            assert all(torch.equal(a, b) for a, b in zip(expected, g))
