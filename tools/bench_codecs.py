@@ -14,8 +14,9 @@
 
 (d) With --all-reduce P: the codec calls flat.all_reduce makes on one rank of P for an fp32 tensor of
     --tp-numel values, with the shapes it makes them (segments.py's segments and chunks; with two ranks
-    only the peer's chunk is encoded and decoded in the reduce-scatter), one thread: GB/s of fp32 values
-    per CPU-second, per op and summed over the call -- the codec time a rank spends per all_reduce.
+    only the peer's chunk is encoded and decoded in the reduce-scatter), every segment in its own part of
+    tensor-sized buffers, one thread: GB/s of fp32 values per CPU-second, per op, and the sum over the
+    call -- the codec CPU time a rank spends per all_reduce.
 
 Only the generic API is used (ccoll.get_codec(spec, backend=...)); specs whose codec is not registered
 are skipped with a note. Fresh-page faults dominate decode on machines where they are expensive (VMs):
@@ -203,8 +204,9 @@ def rows_throughput(numel: int, p: int, specs: list[str], backends: list[str], r
 
 def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], repeat: int,
                    feedback: bool) -> list[dict]:
-    """Table (d): flat.all_reduce's codec calls, one segment's shapes, timed per op (CPU seconds, best of
-    ``repeat``) and scaled to the whole tensor's segment count."""
+    """Table (d): flat.all_reduce's codec calls over every segment of a ``numel``-value tensor, one op at
+    a time (CPU seconds, best of ``repeat``). Each segment reads and writes its own part of tensor-sized
+    buffers, as the collective does, so the data comes from memory rather than from a warm cache."""
     from ccoll.collectives.segments import segments
 
     print(f"\n### all_reduce's codec calls on one rank of {p}, {numel * 4 >> 20} MiB fp32"
@@ -212,32 +214,41 @@ def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], re
     print("| codec | backend | encode (scatter) | decode_sum | encode (reduced) | decode_rows | call codec ms |")
     print("|---|---|---:|---:|---:|---:|---:|")
     out_rows = []
+    x = torch.randn(numel)
     for spec in [s for s in specs if available(s)]:
         for backend in backends:
             c = ccoll.get_codec(spec, backend=backend)
-            segs = segments(numel, p, 4, c.align_numel)
+            segs = [s for s in segments(numel, p, 4, c.align_numel) if s[1] == p * s[2]]  # the full segments
             _, seg_numel, chunk = segs[0]
-            scatter_rows = 1 if p == 2 else p  # flat._encode_scatter: with two ranks the peer's chunk only
-            x = torch.randn(seg_numel)
+            n, scatter_rows = len(segs), 1 if p == 2 else p  # flat._encode_scatter: two ranks send the peer's chunk only
             nbytes = c.encoded_nbytes(chunk, x.dtype)
-            send, gathered = torch.empty(p, nbytes, dtype=torch.uint8), torch.empty(p, nbytes, dtype=torch.uint8)
-            c.encode_rows(x, send, chunk)
-            c.encode_rows(x, gathered, chunk)
-            fb_scatter = torch.zeros(scatter_rows * chunk) if feedback else None
-            fb_reduced = torch.zeros(chunk) if feedback else None
-            acc, out = torch.empty(chunk), torch.empty(seg_numel)
-            ops = {  # op: (fn, fp32 values it handles)
-                "encode (scatter)": (lambda: c.encode_rows(x[:scatter_rows * chunk], send[:scatter_rows], chunk,
-                                                           feedback=fb_scatter), scatter_rows * chunk),
-                "decode_sum": (lambda: c.decode_sum(send[:scatter_rows], chunk, x.dtype, out=acc), scatter_rows * chunk),
-                "encode (reduced)": (lambda: c.encode_rows(acc, send[:1], chunk, feedback=fb_reduced), chunk),
-                "decode_rows": (lambda: c.decode_rows(gathered, out, chunk), seg_numel),
+            send, gathered = torch.empty(n, p, nbytes, dtype=torch.uint8), torch.empty(n, p, nbytes, dtype=torch.uint8)
+            for i, (lo, _, _) in enumerate(segs):
+                c.encode_rows(x[lo:lo + seg_numel], send[i], chunk)
+                c.encode_rows(x[lo:lo + seg_numel], gathered[i], chunk)
+            fb_scatter = torch.zeros(n, scatter_rows * chunk) if feedback else None
+            fb_reduced = torch.zeros(n, chunk) if feedback else None
+            acc, out = torch.empty(n, chunk), torch.empty(n * seg_numel)
+
+            def every_segment(call):
+                return lambda: [call(i, lo) for i, (lo, _, _) in enumerate(segs)]
+
+            ops = {  # op: (all segments, fp32 values they handle)
+                "encode (scatter)": (every_segment(lambda i, lo: c.encode_rows(
+                    x[lo:lo + scatter_rows * chunk], send[i, :scatter_rows], chunk,
+                    feedback=None if fb_scatter is None else fb_scatter[i])), n * scatter_rows * chunk),
+                "decode_sum": (every_segment(lambda i, lo: c.decode_sum(send[i, :scatter_rows], chunk, x.dtype,
+                                                                        out=acc[i])), n * scatter_rows * chunk),
+                "encode (reduced)": (every_segment(lambda i, lo: c.encode_rows(
+                    acc[i], send[i, :1], chunk, feedback=None if fb_reduced is None else fb_reduced[i])), n * chunk),
+                "decode_rows": (every_segment(lambda i, lo: c.decode_rows(gathered[i], out[lo:lo + seg_numel], chunk)),
+                                n * seg_numel),
             }
             r = {"spec": spec, "backend": backend, "ranks": p, "numel": numel, "feedback": feedback, "call_ms": 0.0}
             for op, (fn, values) in ops.items():
                 cpu = _time(fn, repeat)[1]
                 r[op] = values * 4 / cpu / 1e9
-                r["call_ms"] += cpu * numel / seg_numel * 1e3
+                r["call_ms"] += cpu * 1e3
             out_rows.append(r)
             print(f"| {spec} | {backend} | " + " | ".join(f"{r[op]:.2f}" for op in ops) + f" | {r['call_ms']:.1f} |",
                   flush=True)
