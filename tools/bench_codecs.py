@@ -218,31 +218,34 @@ def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], re
     for spec in [s for s in specs if available(s)]:
         for backend in backends:
             c = ccoll.get_codec(spec, backend=backend)
-            segs = [s for s in segments(numel, p, 4, c.align_numel) if s[1] == p * s[2]]  # the full segments
-            _, seg_numel, chunk = segs[0]
-            n, scatter_rows = len(segs), 1 if p == 2 else p  # flat._encode_scatter: two ranks send the peer's chunk only
-            nbytes = c.encoded_nbytes(chunk, x.dtype)
-            send, gathered = torch.empty(n, p, nbytes, dtype=torch.uint8), torch.empty(n, p, nbytes, dtype=torch.uint8)
-            for i, (lo, _, _) in enumerate(segs):
-                c.encode_rows(x[lo:lo + seg_numel], send[i], chunk)
-                c.encode_rows(x[lo:lo + seg_numel], gathered[i], chunk)
-            fb_scatter = torch.zeros(n, scatter_rows * chunk) if feedback else None
-            fb_reduced = torch.zeros(n, chunk) if feedback else None
-            acc, out = torch.empty(n, chunk), torch.empty(n * seg_numel)
+            segs = segments(numel, p, 4, c.align_numel)
+            scatter_rows = 1 if p == 2 else p  # flat._encode_scatter: two ranks send the peer's chunk only
+            send, gathered, acc, fb_scatter, fb_reduced = [], [], [], [], []
+            for lo, seg_numel, chunk in segs:  # per segment, as flat.all_reduce allocates them
+                nbytes = c.encoded_nbytes(chunk, x.dtype)
+                send.append(c.encode_rows(x[lo:lo + seg_numel], torch.empty(p, nbytes, dtype=torch.uint8), chunk))
+                gathered.append(c.encode_rows(x[lo:lo + seg_numel], torch.empty(p, nbytes, dtype=torch.uint8), chunk))
+                acc.append(torch.empty(chunk))
+                fb_scatter.append(torch.zeros(scatter_rows * chunk) if feedback else None)
+                fb_reduced.append(torch.zeros(chunk) if feedback else None)
+            out = torch.empty(numel)
 
             def every_segment(call):
-                return lambda: [call(i, lo) for i, (lo, _, _) in enumerate(segs)]
+                return lambda: [call(i, lo, seg_numel, chunk) for i, (lo, seg_numel, chunk) in enumerate(segs)]
+
+            def src(lo, seg_numel, chunk):  # what _encode_scatter encodes (the padded tail of a short segment too)
+                return x[lo:min(lo + seg_numel, lo + scatter_rows * chunk)]
 
             ops = {  # op: (all segments, fp32 values they handle)
-                "encode (scatter)": (every_segment(lambda i, lo: c.encode_rows(
-                    x[lo:lo + scatter_rows * chunk], send[i, :scatter_rows], chunk,
-                    feedback=None if fb_scatter is None else fb_scatter[i])), n * scatter_rows * chunk),
-                "decode_sum": (every_segment(lambda i, lo: c.decode_sum(send[i, :scatter_rows], chunk, x.dtype,
-                                                                        out=acc[i])), n * scatter_rows * chunk),
-                "encode (reduced)": (every_segment(lambda i, lo: c.encode_rows(
-                    acc[i], send[i, :1], chunk, feedback=None if fb_reduced is None else fb_reduced[i])), n * chunk),
-                "decode_rows": (every_segment(lambda i, lo: c.decode_rows(gathered[i], out[lo:lo + seg_numel], chunk)),
-                                n * seg_numel),
+                "encode (scatter)": (every_segment(lambda i, lo, m, chunk: c.encode_rows(
+                    src(lo, m, chunk), send[i][:scatter_rows], chunk, feedback=fb_scatter[i])),
+                    sum(scatter_rows * ch for _, _, ch in segs)),
+                "decode_sum": (every_segment(lambda i, lo, m, chunk: c.decode_sum(
+                    send[i][:scatter_rows], chunk, x.dtype, out=acc[i])), sum(scatter_rows * ch for _, _, ch in segs)),
+                "encode (reduced)": (every_segment(lambda i, lo, m, chunk: c.encode_rows(
+                    acc[i], send[i][:1], chunk, feedback=fb_reduced[i])), sum(ch for _, _, ch in segs)),
+                "decode_rows": (every_segment(lambda i, lo, m, chunk: c.decode_rows(
+                    gathered[i], out[lo:lo + m], chunk)), numel),
             }
             r = {"spec": spec, "backend": backend, "ranks": p, "numel": numel, "feedback": feedback, "call_ms": 0.0}
             for op, (fn, values) in ops.items():
