@@ -12,6 +12,12 @@
     values), each beside the per-row loop it replaces (the base class's reference loop: one encode /
     decode per row; with feedback compensate + encode + decode + subtract as separate ops per row).
 
+(d) With --all-reduce P: the codec calls flat.all_reduce makes on one rank of P for an fp32 tensor of
+    --tp-numel values, with the shapes it makes them (segments.py's segments and chunks; with two ranks
+    only the peer's chunk is encoded and decoded in the reduce-scatter), every segment in its own part of
+    tensor-sized buffers, one thread: GB/s of fp32 values per CPU-second, per op, and the sum over the
+    call -- the codec CPU time a rank spends per all_reduce.
+
 Only the generic API is used (ccoll.get_codec(spec, backend=...)); specs whose codec is not registered
 are skipped with a note. Fresh-page faults dominate decode on machines where they are expensive (VMs):
 run with THP_MEM_ALLOC_ENABLE=1 (torch then asks for transparent huge pages) to see the codec itself.
@@ -196,6 +202,62 @@ def rows_throughput(numel: int, p: int, specs: list[str], backends: list[str], r
     return out_rows
 
 
+def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], repeat: int,
+                   feedback: bool) -> list[dict]:
+    """Table (d): flat.all_reduce's codec calls over every segment of a ``numel``-value tensor, one op at
+    a time (CPU seconds, best of ``repeat``). Each segment reads and writes its own part of tensor-sized
+    buffers, as the collective does, so the data comes from memory rather than from a warm cache."""
+    from ccoll.collectives.segments import segments
+
+    print(f"\n### all_reduce's codec calls on one rank of {p}, {numel * 4 >> 20} MiB fp32"
+          f"{' with error feedback' if feedback else ''}: GB/s of fp32 values per CPU-second\n")
+    print("| codec | backend | encode (scatter) | decode_sum | encode (reduced) | decode_rows | call codec ms |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    out_rows = []
+    x = torch.randn(numel)
+    for spec in [s for s in specs if available(s)]:
+        for backend in backends:
+            c = ccoll.get_codec(spec, backend=backend)
+            segs = segments(numel, p, 4, c.align_numel)
+            scatter_rows = 1 if p == 2 else p  # flat._encode_scatter: two ranks send the peer's chunk only
+            send, gathered, acc, fb_scatter, fb_reduced = [], [], [], [], []
+            for lo, seg_numel, chunk in segs:  # per segment, as flat.all_reduce allocates them
+                nbytes = c.encoded_nbytes(chunk, x.dtype)
+                send.append(c.encode_rows(x[lo:lo + seg_numel], torch.empty(p, nbytes, dtype=torch.uint8), chunk))
+                gathered.append(c.encode_rows(x[lo:lo + seg_numel], torch.empty(p, nbytes, dtype=torch.uint8), chunk))
+                acc.append(torch.empty(chunk))
+                fb_scatter.append(torch.zeros(scatter_rows * chunk) if feedback else None)
+                fb_reduced.append(torch.zeros(chunk) if feedback else None)
+            out = torch.empty(numel)
+
+            def every_segment(call):
+                return lambda: [call(i, lo, seg_numel, chunk) for i, (lo, seg_numel, chunk) in enumerate(segs)]
+
+            def src(lo, seg_numel, chunk):  # what _encode_scatter encodes (the padded tail of a short segment too)
+                return x[lo:min(lo + seg_numel, lo + scatter_rows * chunk)]
+
+            ops = {  # op: (all segments, fp32 values they handle)
+                "encode (scatter)": (every_segment(lambda i, lo, m, chunk: c.encode_rows(
+                    src(lo, m, chunk), send[i][:scatter_rows], chunk, feedback=fb_scatter[i])),
+                    sum(scatter_rows * ch for _, _, ch in segs)),
+                "decode_sum": (every_segment(lambda i, lo, m, chunk: c.decode_sum(
+                    send[i][:scatter_rows], chunk, x.dtype, out=acc[i])), sum(scatter_rows * ch for _, _, ch in segs)),
+                "encode (reduced)": (every_segment(lambda i, lo, m, chunk: c.encode_rows(
+                    acc[i], send[i][:1], chunk, feedback=fb_reduced[i])), sum(ch for _, _, ch in segs)),
+                "decode_rows": (every_segment(lambda i, lo, m, chunk: c.decode_rows(
+                    gathered[i], out[lo:lo + m], chunk)), numel),
+            }
+            r = {"spec": spec, "backend": backend, "ranks": p, "numel": numel, "feedback": feedback, "call_ms": 0.0}
+            for op, (fn, values) in ops.items():
+                cpu = _time(fn, repeat)[1]
+                r[op] = values * 4 / cpu / 1e9
+                r["call_ms"] += cpu * 1e3
+            out_rows.append(r)
+            print(f"| {spec} | {backend} | " + " | ".join(f"{r[op]:.2f}" for op in ops) + f" | {r['call_ms']:.1f} |",
+                  flush=True)
+    return out_rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rd-numel", type=int, default=1 << 22, help="values per rate-distortion data set")
@@ -207,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-rd", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--rows", type=int, help="also measure the batched API at this many rows (table c)")
+    ap.add_argument("--all-reduce", type=int, metavar="P",
+                    help="also measure flat.all_reduce's codec calls on one rank of P (table d)")
+    ap.add_argument("--feedback", action="store_true", help="table (d) with error feedback")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = ap.parse_args(argv)
@@ -226,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         _set_threads(int(args.threads.split(",")[0]))
         specs = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else ["int8:block=256", "int4:block=64"]
         result["rows"] = rows_throughput(args.tp_numel, args.rows, specs, args.backends.split(","), args.repeat)
+    if args.all_reduce:
+        _set_threads(int(args.threads.split(",")[0]))
+        specs = [s.strip() for s in args.specs.split(";") if s.strip()] if args.specs else ["int8:block=256", "int4:block=128"]
+        result["all_reduce"] = all_reduce_ops(args.tp_numel, args.all_reduce, specs, args.backends.split(","),
+                                              args.repeat, args.feedback)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -254,6 +254,7 @@ class Fp8Codec(BlockQuantCodec):
     }
 
     EXAMPLE_SPECS = ("fp8:format=e4m3,block=32", "fp8:format=e5m2,block=32,rotate=hadamard")
+    _decodes_negative_zero = True  # the fp8 byte 0x80
 
     @property
     def kernel_format(self) -> str:  # type: ignore[override]
@@ -280,9 +281,10 @@ class Fp8Codec(BlockQuantCodec):
             return float("inf")
         return super().error_bound(x)
 
-    def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> None:
+    def _quantize(self, x: torch.Tensor, v: torch.Tensor, scales: torch.Tensor, q: torch.Tensor, index0: int) -> bool:
         """x ([nr, L] fp32) -> E8M0 codes (scales, [nr, nblocks] uint8) and fp8 bytes (q, [nr, L] int8 view);
-        v: fp32 scratch. The bit arithmetic of kernels/quant.cu CqFp8::params, vectorised."""
+        v: fp32 scratch. The bit arithmetic of kernels/quant.cu CqFp8::params, vectorised. Returns False:
+        no plain-piece shortcut (the caller keeps its non-finite handling)."""
         dtype8, emax, fmax = _FP8_FORMATS[self.params["format"]]
         torch.abs(x, out=v)
         amax = torch.empty(scales.shape, dtype=torch.float32)
@@ -303,6 +305,7 @@ class Fp8Codec(BlockQuantCodec):
             for rows_v, sl in self._blocks(v):
                 rows_v.masked_fill_(~finite[:, sl, None], 0.0)
         q.copy_(v.to(dtype8).view(torch.int8))
+        return False
 
     def _q_values(self, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         return v.copy_(q.view(_FP8_FORMATS[self.params["format"]][0]))

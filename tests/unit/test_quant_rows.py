@@ -334,3 +334,100 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
             _assert_same_values(s, st_)
     assert set(launched) == {f"{op}{rot}" for op in ("encode_rows", "decode_rows", "decode_sum") for rot in ("", "_rot")}
 
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp32 bit patterns, every NaN as one pattern: unlike torch.equal, -0.0 and +0.0 differ here."""
+    t = t.float().clone()
+    t[torch.isnan(t)] = math.nan
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("spec", ["int8:block=24", "int4:block=24", "int4:block=16,rotate=hadamard,rotate_seed=3",
+                                  "fp8:format=e4m3,block=16"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p", [1, 2, 5])
+def test_given_few_payloads_when_decode_sum_expect_bitwise_row_order_sum_from_positive_zero(spec, dtype, p):
+    """decode_sum is (0.0 + decode(row 0)) + decode(row 1) + ... bit for bit. The torch backend decodes row 0
+    straight into ``out`` only where that cannot differ (fp32 output of the int formats, unrotated), so
+    payloads that decode to -0.0 (fp8's 0x80 byte, the rotation's sign flips) still sum to +0.0; flat's
+    two-rank all_reduce sums one row (p = 1)."""
+    ct, ce = _codecs(spec)
+    numel = 301
+    src = _mixed(p * numel, dtype, 11 + p)
+    src[:40] = -0.0  # whole blocks of -0.0 in row 0
+    payloads = torch.empty(p, ct.encoded_nbytes(numel, dtype), dtype=torch.uint8)
+    ct.encode_rows(src, payloads, numel)
+    expected = torch.zeros(numel)
+    for r in range(p):
+        expected += ct.decode(payloads[r], numel, dtype).float()
+    for codec in (ct, ce):
+        out = torch.full((numel,), 3.0)
+        codec.decode_sum(payloads, numel, dtype, out=out)
+        assert torch.equal(_bits(out), _bits(expected)), codec.backend
+
+
+def test_given_every_int4_byte_when_decoding_expect_both_nibbles_sign_extended_on_both_backends():
+    """All 256 byte values of the q section (nibble -8 included, which the encoder never writes) decode to
+    (low nibble, high nibble) as signed 4-bit values: the torch backend's bytewise integer unpacking."""
+    ct, ce = _codecs("int4:block=512")
+    payload = torch.zeros(1, ct.encoded_nbytes(512, torch.float32), dtype=torch.uint8)
+    payload[0, :4] = torch.tensor([0.5]).view(torch.uint8)
+    payload[0, 16:16 + 256] = torch.arange(256, dtype=torch.uint8)
+    b = torch.arange(256)
+    expected = torch.stack([((b & 15) ^ 8) - 8, ((b >> 4) ^ 8) - 8], dim=1).reshape(-1).float() * 0.5
+    for codec in (ct, ce):
+        assert torch.equal(codec.decode_rows(payload, torch.empty(512), 512), expected), codec.backend
+        assert torch.equal(codec.decode_sum(payload, 512, torch.float32), expected), codec.backend
+
+
+@pytest.mark.parametrize("with_feedback", [False, True])
+def test_given_every_int4_pair_when_encoding_expect_packed_nibbles_on_both_backends(with_feedback):
+    """Every pair (even, odd) of q values in [-7, 7] packs into even | odd << 4 (two's complement
+    nibbles), on the torch backend's bytewise integer packing and on the kernels."""
+    ct, ce = _codecs("int4:block=8")
+    pairs = torch.cartesian_prod(torch.arange(-7, 8), torch.arange(-7, 8)).float()  # 225 x (even, odd)
+    blocks = torch.cat([torch.full((225, 2), 7.0), pairs, pairs.flip(1), -pairs], dim=1)  # absmax 7: scale 1
+    x = blocks.reshape(-1)
+    fb = torch.zeros(x.numel()) if with_feedback else None
+    nbytes = ct.encoded_nbytes(x.numel(), x.dtype)
+    got = [c.encode_rows(x, torch.empty(1, nbytes, dtype=torch.uint8), x.numel(),
+                         feedback=None if fb is None else fb.clone()) for c in (ct, ce)]
+    q = blocks.to(torch.int64) & 15
+    expected = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(-1).to(torch.uint8)
+    scale_nbytes = ct._layout(x.numel())[1]
+    for payload in got:
+        assert torch.equal(payload[0, scale_nbytes:scale_nbytes + expected.numel()], expected)
+    assert torch.equal(got[0], got[1])
+
+
+def test_given_two_threads_when_encoding_and_decoding_expect_the_bytes_of_one_thread():
+    """The torch backend reuses per-thread scratch buffers: calls interleaved on two threads (different
+    codecs, dtypes and sizes, error feedback included) give the bytes and residuals each gives alone."""
+    import threading
+
+    cases = [("int4:block=64", torch.bfloat16, 70001), ("int8:block=256", torch.float32, 50003)]
+
+    def run(spec, dtype, numel, results, rounds):
+        c = ccoll.get_codec(spec, backend="torch")
+        src = _mixed(numel, dtype, numel)
+        for _ in range(rounds):
+            fb = _feedback(2, -(-numel // 2), 1)
+            out = torch.empty(2, c.encoded_nbytes(-(-numel // 2), dtype), dtype=torch.uint8)
+            c.encode_rows(src, out, -(-numel // 2), feedback=fb)
+            s = c.decode_sum(out, -(-numel // 2), dtype)
+            results.append((out, fb, _bits(s)))
+
+    alone = []
+    for case in cases:
+        run(*case, alone, 1)
+    together = [[], []]
+    threads = [threading.Thread(target=run, args=(*case, together[i], 20)) for i, case in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for expected, got in zip(alone, together):
+        assert len(got) == 20
+        for g in got:
+            assert all(torch.equal(a, b) for a, b in zip(expected, g))
