@@ -1,0 +1,247 @@
+"""Per-call host overhead of a compressed collective over the native call, at sizes where the wire is
+cheap and the fixed cost of a call is what decides whether compressing can pay.
+
+    python -m ccoll.bench.overhead [--ranks 2] [--sizes 4K,64K,1M] [--codecs int8:block=256,bf16]
+        [--ops all_reduce,all_gather_into_tensor,sendrecv] [--calls 200] [--rounds 7]
+        [--sim 8,64,256] [--sim-sizes 4K,64K] [--sim-calls 10] [--sim-rounds 3] [--json out.json]
+
+Two measurements, one table each:
+
+1. real gloo ranks (:func:`ccoll.launch.run_gloo`): per (op, size), every round times a block of
+   ``--calls`` calls of each codec and of the native call back to back, the codec order rotating from
+   round to round, so load drift and position hit every variant alike. Reported per call, median over
+   rounds: wall microseconds and process CPU microseconds (all threads of the rank, gloo's included:
+   far less disturbed by other load on a shared machine than wall time), and the overhead over native
+   as the median of the per-round differences (each difference from one round, so both sides saw the
+   same load). ``sendrecv`` is one round trip: rank 0 sends then receives, rank 1 the reverse.
+2. the simulated world (:func:`ccoll.testing.simulated_world`, threads over the memory transport) at
+   p = ``--sim``: each rank's thread CPU time per call, median over ranks and rounds, over native. The
+   codec ``none`` (a byte copy: no codec arithmetic) isolates what ccoll's Python and launch path
+   costs per rank; the other codecs add their codec time to it. all_gather's output is p times the
+   input on each of p ranks, so sizes with p*p*size above ``--sim-max-bytes`` are skipped (and said).
+
+Every call passes ``min_bytes=0``, so each size is compressed whatever the default threshold; the result
+is the evidence for :data:`ccoll.defaults.DEFAULT_MIN_BYTES`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+from ..units import format_nbytes, parse_nbytes_list
+
+OPS = ("all_reduce", "all_gather_into_tensor", "sendrecv")
+SIM_OPS = ("all_reduce", "all_gather_into_tensor")
+NATIVE = "native"
+
+
+def _call(op: str, rank: int, p: int, group: Any, codec: str | None, x, out) -> Callable[[], None]:
+    """One call of ``op`` with ``codec`` (None: native) on this rank, as a closure to time."""
+    import ccoll
+
+    if op == "all_reduce":
+        return lambda: ccoll.all_reduce(x, "sum", group, codec, min_bytes=0)
+    if op == "all_gather_into_tensor":
+        return lambda: ccoll.all_gather_into_tensor(out, x, group, codec, min_bytes=0)
+    if op == "sendrecv":
+        peer = 1 - rank
+
+        def round_trip() -> None:
+            if rank == 0:
+                ccoll.send(x, peer, group, codec, min_bytes=0)
+                ccoll.recv(x, peer, group, codec, min_bytes=0)
+            else:
+                ccoll.recv(x, peer, group, codec, min_bytes=0)
+                ccoll.send(x, peer, group, codec, min_bytes=0)
+        return round_trip
+    raise ValueError(op)
+
+
+def _variants(codecs: list[str]) -> list[tuple[str, str | None]]:
+    return [(NATIVE, None)] + [(c, c) for c in codecs]
+
+
+def _rotated(items: list, r: int) -> list:
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
+def _summary(times: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """Per variant: median wall/CPU per call over rounds, and the median per-round difference to native."""
+    base = times[NATIVE]
+    out = []
+    for name, ts in times.items():
+        out.append({
+            "codec": name,
+            "wall_us": statistics.median(w for w, _ in ts),
+            "cpu_us": statistics.median(c for _, c in ts),
+            "over_wall_us": statistics.median(w - b for (w, _), (b, _) in zip(ts, base)),
+            "over_cpu_us": statistics.median(c - b for (_, c), (_, b) in zip(ts, base)),
+        })
+    return out
+
+
+# --- real gloo ranks ----------------------------------------------------------------------------
+
+def _gloo_rank(rank: int, p: int, args: argparse.Namespace) -> list[dict]:
+    """One gloo rank (started by :func:`ccoll.launch.run_gloo`)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    rows = []
+    for op in args.ops:
+        if op == "sendrecv" and p != 2:
+            continue
+        for size in args.sizes:
+            n = max(1, size // 4)
+            x = torch.randn(n)
+            out = torch.empty(n * p)
+            variants = [(name, _call(op, rank, p, None, codec, x, out)) for name, codec in _variants(args.codecs)]
+            for _, fn in variants:  # warm-up: connections, allocator, codec caches
+                for _ in range(max(2, args.calls // 10)):
+                    fn()
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+            for r in range(args.rounds):
+                for name, fn in _rotated(variants, r):
+                    dist.barrier()
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    for _ in range(args.calls):
+                        fn()
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    times[name].append(((t1 - t0) / args.calls * 1e6, (c1 - c0) / args.calls * 1e6))
+            for s in _summary(times):
+                rows.append({"world": f"gloo p={p}", "op": op, "nbytes": n * 4, **s})
+    dist.barrier()
+    return rows
+
+
+def run_gloo_ranks(args: argparse.Namespace) -> list[dict]:
+    """Rank 0's rows (every rank measures; the ranks of a collective move in step)."""
+    from ..launch import run_gloo
+
+    return run_gloo(args.ranks, _gloo_rank, args, timeout_s=args.timeout)[0]
+
+
+# --- the simulated world ----------------------------------------------------------------------------
+
+def _sim_rank(rank: int, group: Any, op: str, size: int, codecs: list[str], calls: int, rounds: int) -> dict:
+    import torch
+
+    n = max(1, size // 4)
+    p = group.ccoll_transport.world_size
+    x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    out = torch.empty(n * p)
+    variants = [(name, _call(op, rank, p, group, codec, x, out)) for name, codec in _variants(codecs)]
+    for _, fn in variants:
+        fn()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+    for r in range(rounds):
+        for name, fn in _rotated(variants, r):
+            c0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            cpu = (time.thread_time() - c0) / calls * 1e6
+            times[name].append((cpu, cpu))
+    return times
+
+
+def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """(rows, skipped cases) of the simulated world; per variant the median over ranks and rounds of
+    each rank's thread CPU time per call."""
+    from ..testing import simulated_world
+
+    codecs = ["none"] + [c for c in args.codecs if c != "none"]
+    rows, skipped = [], []
+    for p in args.sim:
+        for op in SIM_OPS:
+            if op not in args.ops:
+                continue
+            for size in args.sim_sizes:
+                if op == "all_gather_into_tensor" and p * p * size > args.sim_max_bytes:
+                    skipped.append(f"{op} {format_nbytes(size)} at p={p} ({format_nbytes(p * p * size)} of outputs)")
+                    continue
+                per_rank = simulated_world(p, _sim_rank, op, size, codecs, args.sim_calls, args.sim_rounds,
+                                           timeout_s=args.timeout)
+                merged = {name: [t for rk in per_rank for t in rk[name]] for name in per_rank[0]}
+                for s in _summary(merged):
+                    s.pop("wall_us"), s.pop("over_wall_us")  # one clock here: CPU time per rank
+                    rows.append({"world": f"simulated p={p}", "op": op, "nbytes": max(1, size // 4) * 4, **s})
+    return rows, skipped
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+def _table(rows: list[dict], wall: bool) -> list[str]:
+    head = f"{'world':<17}{'op':<24}{'bytes':>7} {'codec':<16}"
+    head += f"{'wall_us':>10}{'over_wall_us':>14}" if wall else ""
+    lines = [head + f"{'cpu_us':>10}{'over_cpu_us':>13}"]
+    for r in rows:
+        line = f"{r['world']:<17}{r['op']:<24}{format_nbytes(r['nbytes'], short=True):>7} {r['codec']:<16}"
+        line += f"{r['wall_us']:>10.1f}{r['over_wall_us']:>14.1f}" if wall else ""
+        lines.append(line + f"{r['cpu_us']:>10.1f}{r['over_cpu_us']:>13.1f}")
+    return lines
+
+
+def _list(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(s) for s in _list(text)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m ccoll.bench.overhead", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (0: skip the gloo measurement)")
+    ap.add_argument("--sizes", type=parse_nbytes_list, default=parse_nbytes_list("4K,64K,1M"))
+    ap.add_argument("--codecs", type=_list, default=["int8:block=256", "bf16"])
+    ap.add_argument("--ops", type=_list, default=list(OPS))
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (every variant once each)")
+    ap.add_argument("--sim", type=_ints, default=[8, 64, 256], help="simulated world sizes (empty: skip)")
+    ap.add_argument("--sim-sizes", type=parse_nbytes_list, default=parse_nbytes_list("4K,64K"))
+    ap.add_argument("--sim-calls", type=int, default=10)
+    ap.add_argument("--sim-rounds", type=int, default=3)
+    ap.add_argument("--sim-max-bytes", type=int, default=1 << 30)
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    args = ap.parse_args(argv)
+    bad = [op for op in args.ops if op not in OPS]
+    if bad or args.calls < 1 or args.rounds < 1 or args.sim_calls < 1 or args.sim_rounds < 1:
+        ap.error(f"ops must be among {', '.join(OPS)}; calls and rounds at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load0 = os.getloadavg()[0]
+    gloo = run_gloo_ranks(args) if args.ranks >= 2 else []
+    sim, skipped = run_simulated(args) if args.sim else ([], [])
+    load1 = os.getloadavg()[0]
+    print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {load1:.2f} at end, "
+          f"{os.cpu_count()} CPUs")
+    if gloo:
+        print(f"# gloo: {args.ranks} ranks, {args.rounds} interleaved rounds x {args.calls} calls, median per call "
+              f"(rank 0); over_* = median per-round difference to native")
+        print("\n".join(_table(gloo, wall=True)))
+    if sim:
+        print(f"# simulated world: thread CPU time per rank per call, {args.sim_rounds} rounds x {args.sim_calls} "
+              f"calls, median over ranks and rounds; codec none = ccoll's path without codec arithmetic")
+        print("\n".join(_table(sim, wall=False)))
+    for s in skipped:
+        print(f"# skipped: {s}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load_average": [load0, load1], "cpus": os.cpu_count(), "args": vars(args),
+                       "gloo": gloo, "simulated": sim, "skipped": skipped}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
