@@ -13,11 +13,15 @@ Two measurements, one table each:
    rounds: wall microseconds and process CPU microseconds (all threads of the rank, gloo's included:
    far less disturbed by other load on a shared machine than wall time), and the overhead over native
    as the median of the per-round differences (each difference from one round, so both sides saw the
-   same load). ``sendrecv`` is one round trip: rank 0 sends then receives, rank 1 the reverse.
+   same load). ``codec_us``: the time inside the codec's batched calls (``ccoll.stats.time_codecs``);
+   ``host_over_wall``: the wall overhead less it, i.e. ccoll's Python, launches and extra exchanges, the figure
+   that decides whether a small message can pay. ``sendrecv`` is one round trip: rank 0 sends then
+   receives, rank 1 the reverse.
 2. the simulated world (:func:`ccoll.testing.simulated_world`, threads over the memory transport) at
    p = ``--sim``: each rank's thread CPU time per call, median over ranks and rounds, over native. The
-   codec ``none`` (a byte copy: no codec arithmetic) isolates what ccoll's Python and launch path
-   costs per rank; the other codecs add their codec time to it. all_gather's output is p times the
+   codec clock is not subtracted there (it is wall time, which in threads sharing one interpreter
+   includes waiting for it); the codec ``none`` (a byte copy: no codec arithmetic) shows ccoll's
+   Python and launch path per rank directly. all_gather's output is p times the
    input on each of p ranks, so sizes with p*p*size above ``--sim-max-bytes`` are skipped (and said).
 
 Every call passes ``min_bytes=0``, so each size is compressed whatever the default threshold; the result
@@ -71,17 +75,41 @@ def _rotated(items: list, r: int) -> list:
     return items[k:] + items[:k]
 
 
-def _summary(times: dict[str, list[tuple[float, float]]]) -> list[dict]:
-    """Per variant: median wall/CPU per call over rounds, and the median per-round difference to native."""
+def _codec_seconds(dim: str) -> float:
+    """Host seconds of the batched codec calls recorded under ``dim`` so far (``ccoll.stats.time_codecs``)."""
+    from ..stats import codec_stats
+
+    return sum(row["seconds"] for row in codec_stats() if row["dim"] == dim)
+
+
+def _block(fn: Callable[[], None], calls: int, dim: str, cpu_clock: Callable[[], float]) -> tuple[float, float, float]:
+    """(wall, CPU, codec) microseconds per call of ``calls`` calls of ``fn``; codec = the time spent in
+    the codec's batched calls (timed by ``ccoll.stats.time_codecs``, recorded under dimension ``dim``)."""
+    from ..stats import dimension
+
+    with dimension(dim):
+        k0, c0, t0 = _codec_seconds(dim), cpu_clock(), time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1, c1, k1 = time.perf_counter(), cpu_clock(), _codec_seconds(dim)
+    return (t1 - t0) / calls * 1e6, (c1 - c0) / calls * 1e6, (k1 - k0) / calls * 1e6
+
+
+def _summary(times: dict[str, list[tuple[float, float, float]]]) -> list[dict]:
+    """Per variant: median wall / CPU / codec time per call over rounds, the median per-round difference
+    to native, and the wall difference less the codec's own (wall) time (``host_over_wall``: ccoll's
+    Python, launches and extra exchanges, what this tool is about)."""
     base = times[NATIVE]
     out = []
     for name, ts in times.items():
         out.append({
             "codec": name,
-            "wall_us": statistics.median(w for w, _ in ts),
-            "cpu_us": statistics.median(c for _, c in ts),
-            "over_wall_us": statistics.median(w - b for (w, _), (b, _) in zip(ts, base)),
-            "over_cpu_us": statistics.median(c - b for (_, c), (_, b) in zip(ts, base)),
+            "wall_us": statistics.median(w for w, _, _ in ts),
+            "cpu_us": statistics.median(c for _, c, _ in ts),
+            "codec_us": statistics.median(k for _, _, k in ts),
+            "over_wall_us": statistics.median(w - b for (w, _, _), (b, _, _) in zip(ts, base)),
+            "over_cpu_us": statistics.median(c - b for (_, c, _), (_, b, _) in zip(ts, base)),
+            "host_over_wall_us": statistics.median(w - k - b for (w, _, k), (b, _, _) in zip(ts, base)),
         })
     return out
 
@@ -93,7 +121,10 @@ def _gloo_rank(rank: int, p: int, args: argparse.Namespace) -> list[dict]:
     import torch
     import torch.distributed as dist
 
+    from ..stats import time_codecs
+
     torch.manual_seed(rank)
+    time_codecs(True)
     rows = []
     for op in args.ops:
         if op == "sendrecv" and p != 2:
@@ -106,15 +137,11 @@ def _gloo_rank(rank: int, p: int, args: argparse.Namespace) -> list[dict]:
             for _, fn in variants:  # warm-up: connections, allocator, codec caches
                 for _ in range(max(2, args.calls // 10)):
                     fn()
-            times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+            times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
             for r in range(args.rounds):
                 for name, fn in _rotated(variants, r):
                     dist.barrier()
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    for _ in range(args.calls):
-                        fn()
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    times[name].append(((t1 - t0) / args.calls * 1e6, (c1 - c0) / args.calls * 1e6))
+                    times[name].append(_block(fn, args.calls, "overhead", time.process_time))
             for s in _summary(times):
                 rows.append({"world": f"gloo p={p}", "op": op, "nbytes": n * 4, **s})
     dist.barrier()
@@ -140,14 +167,10 @@ def _sim_rank(rank: int, group: Any, op: str, size: int, codecs: list[str], call
     variants = [(name, _call(op, rank, p, group, codec, x, out)) for name, codec in _variants(codecs)]
     for _, fn in variants:
         fn()
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
     for r in range(rounds):
         for name, fn in _rotated(variants, r):
-            c0 = time.thread_time()
-            for _ in range(calls):
-                fn()
-            cpu = (time.thread_time() - c0) / calls * 1e6
-            times[name].append((cpu, cpu))
+            times[name].append(_block(fn, calls, f"overhead-rank{rank}", time.thread_time))
     return times
 
 
@@ -156,8 +179,11 @@ def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     each rank's thread CPU time per call."""
     from ..testing import simulated_world
 
+    from ..stats import time_codecs
+
     codecs = ["none"] + [c for c in args.codecs if c != "none"]
     rows, skipped = [], []
+    time_codecs(True)
     for p in args.sim:
         for op in SIM_OPS:
             if op not in args.ops:
@@ -170,7 +196,10 @@ def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
                                            timeout_s=args.timeout)
                 merged = {name: [t for rk in per_rank for t in rk[name]] for name in per_rank[0]}
                 for s in _summary(merged):
-                    s.pop("wall_us"), s.pop("over_wall_us")  # one clock here: CPU time per rank
+                    # one clock here, CPU per rank; the codec clock is wall time, which in threads sharing
+                    # one interpreter includes waiting for it, so it is not subtracted (see codec none)
+                    for k in ("wall_us", "over_wall_us", "host_over_wall_us", "codec_us"):
+                        s.pop(k)
                     rows.append({"world": f"simulated p={p}", "op": op, "nbytes": max(1, size // 4) * 4, **s})
     return rows, skipped
 
@@ -178,13 +207,14 @@ def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
 # --- command line ----------------------------------------------------------------------------------
 
 def _table(rows: list[dict], wall: bool) -> list[str]:
-    head = f"{'world':<17}{'op':<24}{'bytes':>7} {'codec':<16}"
-    head += f"{'wall_us':>10}{'over_wall_us':>14}" if wall else ""
-    lines = [head + f"{'cpu_us':>10}{'over_cpu_us':>13}"]
+    head = f"{'world':<17}{'op':<23}{'bytes':>6} {'codec':<15}"
+    head += f"{'wall_us':>9}{'over_wall':>10}{'codec_us':>9}{'host_over_wall':>15}" if wall else ""
+    lines = [head + f"{'cpu_us':>9}{'over_cpu':>9}"]
     for r in rows:
-        line = f"{r['world']:<17}{r['op']:<24}{format_nbytes(r['nbytes'], short=True):>7} {r['codec']:<16}"
-        line += f"{r['wall_us']:>10.1f}{r['over_wall_us']:>14.1f}" if wall else ""
-        lines.append(line + f"{r['cpu_us']:>10.1f}{r['over_cpu_us']:>13.1f}")
+        line = f"{r['world']:<17}{r['op']:<23}{format_nbytes(r['nbytes'], short=True):>6} {r['codec']:<15}"
+        if wall:
+            line += f"{r['wall_us']:>9.1f}{r['over_wall_us']:>10.1f}{r['codec_us']:>9.1f}{r['host_over_wall_us']:>15.1f}"
+        lines.append(line + f"{r['cpu_us']:>9.1f}{r['over_cpu_us']:>9.1f}")
     return lines
 
 
@@ -228,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs")
     if gloo:
         print(f"# gloo: {args.ranks} ranks, {args.rounds} interleaved rounds x {args.calls} calls, median per call "
-              f"(rank 0); over_* = median per-round difference to native")
+              f"(rank 0), microseconds; over_* = median per-round difference to native; host_over_wall = "
+              f"over_wall less the codec's own time (codec_us)")
         print("\n".join(_table(gloo, wall=True)))
     if sim:
         print(f"# simulated world: thread CPU time per rank per call, {args.sim_rounds} rounds x {args.sim_calls} "
