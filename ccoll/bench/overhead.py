@@ -5,8 +5,12 @@ cheap and the fixed cost of a call is what decides whether compressing can pay.
         [--ops all_reduce,all_gather_into_tensor,sendrecv] [--calls 200] [--rounds 7]
         [--sim 8,64,256] [--sim-sizes 4K,64K] [--sim-calls 10] [--sim-rounds 3] [--json out.json]
 
-Two measurements, one table each:
+Three measurements, one table each:
 
+0. in process (``--in-process 1``): all_reduce and all_gather over a transport that completes every
+   exchange at once by local copies, so the time per call (wall and thread CPU) is ccoll's host path alone, the
+   codec's time reported beside it (``codec_us``) and subtracted (``host_over_wall``); no peer, no
+   wire, no other rank's scheduling, so it is the steadiest figure on a shared machine;
 1. real gloo ranks (:func:`ccoll.launch.run_gloo`): per (op, size), every round times a block of
    ``--calls`` calls of each codec and of the native call back to back, the codec order rotating from
    round to round, so load drift and position hit every variant alike. Reported per call, median over
@@ -204,6 +208,79 @@ def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     return rows, skipped
 
 
+# --- in process: a transport that completes at once ----------------------------------------------------
+
+def _instant_group(p: int) -> Any:
+    """A group whose transport (rank 0 of ``p``) completes every exchange at once by local copies, so a
+    call's time is ccoll's host path alone: no peer, no wire, no scheduling of other ranks."""
+    import torch
+
+    from ..transports.base import Transport
+    from ..transports.handle import Handle
+
+    def done(async_op: bool) -> Any:
+        return Handle([]) if async_op else None
+
+    class Instant(Transport):
+        kind = "instant"
+        rank, world_size = 0, p
+
+        def group_rank(self, global_rank: int) -> int:
+            return int(global_rank)
+
+        def global_rank(self, group_rank: int) -> int:
+            return int(group_rank)
+
+        def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Any:
+            tensor.mul_(p)  # every rank held the same tensor
+            return done(async_op)
+
+        def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Any:
+            output.view(p, -1).copy_(input.view(1, -1))
+            return done(async_op)
+
+        def native_all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                              async_op: bool = False) -> Any:
+            output.copy_(input)
+            return done(async_op)
+
+    class Group:
+        ccoll_transport = Instant()
+
+    return Group()
+
+
+def run_in_process(args: argparse.Namespace) -> list[dict]:
+    """all_reduce and all_gather_into_tensor over :func:`_instant_group` (p = ``--ranks``, at least 2):
+    thread CPU time per call, interleaved rounds as on gloo."""
+    import torch
+
+    from ..stats import time_codecs
+
+    p = max(2, args.ranks)
+    group = _instant_group(p)
+    time_codecs(True)
+    rows = []
+    for op in SIM_OPS:
+        if op not in args.ops:
+            continue
+        for size in args.sizes:
+            n = max(1, size // 4)
+            x, out = torch.randn(n), torch.empty(n * p)
+            variants = [(name, _call(op, 0, p, group, codec, x, out)) for name, codec in _variants(["none"] + [
+                c for c in args.codecs if c != "none"])]
+            for _, fn in variants:
+                for _ in range(max(2, args.calls // 10)):
+                    fn()
+            times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
+            for r in range(args.rounds):
+                for name, fn in _rotated(variants, r):
+                    times[name].append(_block(fn, args.calls, "overhead", time.thread_time))
+            for s in _summary(times):
+                rows.append({"world": f"in-process p={p}", "op": op, "nbytes": n * 4, **s})
+    return rows
+
+
 # --- command line ----------------------------------------------------------------------------------
 
 def _table(rows: list[dict], wall: bool) -> list[str]:
@@ -234,6 +311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ops", type=_list, default=list(OPS))
     ap.add_argument("--calls", type=int, default=200, help="calls per timed block")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (every variant once each)")
+    ap.add_argument("--in-process", type=int, default=1, help="1: measure the host path alone first (0: skip)")
     ap.add_argument("--sim", type=_ints, default=[8, 64, 256], help="simulated world sizes (empty: skip)")
     ap.add_argument("--sim-sizes", type=parse_nbytes_list, default=parse_nbytes_list("4K,64K"))
     ap.add_argument("--sim-calls", type=int, default=10)
@@ -251,11 +329,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load0 = os.getloadavg()[0]
+    local = run_in_process(args) if args.in_process else []
     gloo = run_gloo_ranks(args) if args.ranks >= 2 else []
     sim, skipped = run_simulated(args) if args.sim else ([], [])
     load1 = os.getloadavg()[0]
     print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {load1:.2f} at end, "
           f"{os.cpu_count()} CPUs")
+    if local:
+        print(f"# in process: a transport that completes every exchange at once (ccoll's host path alone), "
+              f"{args.rounds} rounds x {args.calls} calls, median per call, microseconds")
+        print("\n".join(_table(local, wall=True)))
     if gloo:
         print(f"# gloo: {args.ranks} ranks, {args.rounds} interleaved rounds x {args.calls} calls, median per call "
               f"(rank 0), microseconds; over_* = median per-round difference to native; host_over_wall = "
@@ -270,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load_average": [load0, load1], "cpus": os.cpu_count(), "args": vars(args),
-                       "gloo": gloo, "simulated": sim, "skipped": skipped}, f, indent=1)
+                       "in_process": local, "gloo": gloo, "simulated": sim, "skipped": skipped}, f, indent=1)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""`python -m ccoll.bench.overhead` on a tiny run: the rows it must produce (every op x size x variant on
-two gloo ranks, every simulated world x op x size x variant, the skipped ones said), their fields, and
+"""`python -m ccoll.bench.overhead` on a tiny run: the rows it must produce (in process, every op x size x
+variant on two gloo ranks, every simulated world x op x size x variant, the skipped ones said), their fields, and
 the figures' internal consistency. No timing thresholds: only the shape and arithmetic of the output."""
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     assert r.returncode == 0, r.stderr
     assert "load average" in r.stdout and "host_over_wall" in r.stdout
     res = json.loads(out.read_text())
+    local = {(x["op"], x["nbytes"], x["codec"]) for x in res["in_process"]}
+    assert local == {(op, n, c) for op in ("all_reduce", "all_gather_into_tensor") for n in (4096, 8192)
+                     for c in ("native", "none", "bf16")}
+    assert "# in process" in r.stdout
     gloo = {(x["op"], x["nbytes"], x["codec"]): x for x in res["gloo"]}
     assert set(gloo) == {(op, n, c) for op in ("all_reduce", "all_gather_into_tensor", "sendrecv")
                          for n in (4096, 8192) for c in ("native", "bf16")}
