@@ -327,7 +327,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     args = parse_args(argv)
+    # one intra-op thread, as the gloo ranks run (ccoll.launch): on a loaded machine a parallel region
+    # waits for its second thread to be scheduled, milliseconds that would be charged to whichever call
+    # happened to use one (a 2-row decode_sum did: 61 ms instead of 4 us)
+    torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
     local = run_in_process(args) if args.in_process else []
     gloo = run_gloo_ranks(args) if args.ranks >= 2 else []
