@@ -39,6 +39,7 @@ import torch.distributed as dist
 from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
+from .collectives import small
 from .collectives.segments import segments
 from .feedback import ErrorFeedback, parse_residual_key
 from .callctx import internal, stable_salt
@@ -115,31 +116,28 @@ class _PackedFeedback(ErrorFeedback):
     :func:`ccoll.feedback.residual_key`: phase "rs" (the p chunks of the segment this rank encodes) and
     "ag" (the reduced chunk it owns), or "whole" (a one-exchange all_reduce's whole tensor);
     :meth:`buffer` reads the key with :func:`~ccoll.feedback.parse_residual_key` and maps it to its span
-    of the packed layout, backed by one packed residual tensor per phase asked for, which :meth:`store`
-    scatters back to the parameters' own residuals."""
+    of the packed layout, backed by one packed residual tensor per phase of the algorithm the call will
+    run, which :meth:`store` scatters back to the parameters' own residuals."""
 
     def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
                  codec: Codec, world: int, rank: int):
         super().__init__()
         self._state, self._regions, self._rank = state, regions, rank
-        self._fb_dtype, self._dtype, self._device, self._codec = codec.feedback_dtype(dtype), dtype, device, codec
+        self._fb_dtype = codec.feedback_dtype(dtype)
         self._segments = segments(total, world, torch.empty((), dtype=dtype).element_size(), codec.align_numel)
         # the last segment's rows may run past the bucket (zero padding): its residuals stay zero
         self._padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
         self._world, self._total = world, total
-        self._packed: dict[str, torch.Tensor] = {}  # per phase the collective asked for (flat: rs + ag; small: whole)
-
-    def _packed_of(self, kind: str) -> torch.Tensor:
-        """The packed residuals of one phase, assembled from the parameters' own on first use (a call
-        takes either flat's two phases or the one-exchange "whole", never both)."""
-        packed = self._packed.get(kind)
-        if packed is None:
-            packed = torch.zeros(self._padded_total, dtype=self._fb_dtype, device=self._device)
-            for name, off, _, padded in self._regions:
-                packed[off:off + padded].copy_(
-                    self._state.feedback.buffer((name, kind), padded, self._dtype, self._device, self._codec))
+        # the phases the collective will ask for, packed here on the caller's stream (the side stream
+        # that writes them must not be where they are allocated: they outlive its work), by the same
+        # rule the router applies: one exchange ("whole") or flat's two ("rs", "ag")
+        whole = small.one_exchange(codec, world, total, dtype)
+        self._packed: dict[str, torch.Tensor] = {}
+        for kind in ("whole",) if whole else ("rs", "ag"):
+            packed = torch.zeros(self._padded_total, dtype=self._fb_dtype, device=device)
+            for name, off, _, padded in regions:
+                packed[off:off + padded].copy_(state.feedback.buffer((name, kind), padded, dtype, device, codec))
             self._packed[kind] = packed
-        return packed
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
         # phase "rs" -> p * chunk residuals of the segment's rows; "ag" -> the chunk this rank owns;
@@ -148,7 +146,7 @@ class _PackedFeedback(ErrorFeedback):
             _, kind, segment = parse_residual_key(key)
         except ValueError:
             kind, segment = None, 0
-        if kind not in ("rs", "ag", "whole") or segment >= len(self._segments):
+        if kind not in self._packed or segment >= len(self._segments):
             raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
         lo, _, chunk = self._segments[segment]
         if kind == "whole":
@@ -157,7 +155,7 @@ class _PackedFeedback(ErrorFeedback):
             start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
         if numel != expected:
             raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")
-        return self._packed_of(kind)[start:start + numel]
+        return self._packed[kind][start:start + numel]
 
     def store(self) -> None:
         for kind, packed in self._packed.items():
