@@ -11,7 +11,11 @@ The price is bytes: each rank receives p-1 whole encoded tensors instead of 2(p-
 that is the same (one encoded tensor's worth each way), so with two ranks every tensor of one pipeline
 segment goes this way (a tensor of several segments keeps flat's pipeline, which overlaps codec work
 with the wire). At p > 2 the extra (p-1)(p-2)/p encoded tensors per rank must cost less than the
-exchange they save, on the fastest link considered: :func:`one_exchange`.
+exchange they save, on the fastest link considered: :func:`one_exchange`. Codec work grows too: every
+rank decodes p whole payloads (flat: two tensors' worth), which at p = 2 is half a tensor more; with no
+wire at all (``python -m ccoll.bench.overhead``'s in-process table) a 1 MiB call on the CPU is then
+slower than flat's, while over two gloo ranks, where the exchange saved is hundreds of microseconds, it
+is faster at 1 MiB too.
 """
 from __future__ import annotations
 
@@ -42,8 +46,8 @@ def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
     (p-1)(p-2)/p encoded tensors, within :data:`EXTRA_BYTES` (always at p = 2, where there are none).
     Depends on (codec, p, numel, dtype) only, so every rank chooses alike.
 
-    Per world size this admits encoded tensors up to: p = 4 -> 1.3 MB, 8 -> 190 KB, 64 -> 16 KB,
-    256 -> 3.9 KB (int8: about 4x that in fp32 input bytes)."""
+    Per world size this admits encoded tensors up to: p = 3 -> 1.5 MB, 4 -> 667 KB, 8 -> 190 KB,
+    64 -> 16 KB, 256 -> 3.9 KB (int8: about 4x that in fp32 input bytes)."""
     if p < 2 or len(segments(numel, p, dtype.itemsize, c.align_numel)) != 1:
         return False
     extra = (p - 1) * (p - 2) * c.encoded_nbytes(numel, dtype) // p
