@@ -50,10 +50,14 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    """Loads a public name on first use and keeps it as a module attribute, so later uses
+    (``ccoll.all_reduce`` on every training step) are a plain lookup, not an import per call."""
     if name not in _LAZY:
         raise AttributeError(f"module 'ccoll' has no attribute {name!r}")
     module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
-    return module if _LAZY[name] is None else getattr(module, name)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
 
 
 __all__ = ["errors", "CODECS", "Codec", "get_codec", "stats", "reset_stats", *_LAZY]

@@ -15,7 +15,8 @@ again. So each bucket is re-packed canonically: its parameters' gradients in the
 (``model=`` given) or of first sight, each padded to the codec's ``align_numel`` so no codec block
 straddles two parameters, and the whole padded to a multiple of ``world_size * align_numel`` so the
 collective's per-rank chunks (and its segments) start on block boundaries. Error-feedback residuals
-are stored per parameter (keys ``(name, "rs")`` and ``(name, "ag")``) and assembled into the packed
+are stored per parameter (keys ``(name, "rs")`` and ``(name, "ag")``; ``(name, "whole")`` where the bucket
+is small enough for the one-exchange all_reduce, :mod:`ccoll.collectives.small`) and assembled into the packed
 layout for each call, and stochastic-rounding salts derive from (step, the bucket's parameter names):
 the same parameters give the same bytes whatever their order in DDP's bucket, so a run resumed from
 :meth:`CompressionState.state_dict` is bit-identical to an uninterrupted one. (If DDP's rebuild moves a
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
+from .collectives import small
 from .collectives.segments import segments
 from .feedback import ErrorFeedback, parse_residual_key
 from .callctx import internal, stable_salt
@@ -72,7 +74,7 @@ class CompressionState:
         self.error_feedback = bool(error_feedback)
         self.min_bytes = int(min_bytes)
         self.warmup_steps = int(warmup_steps)
-        # per-parameter residuals, keyed (parameter name, "rs" | "ag")
+        # per-parameter residuals, keyed (parameter name, "rs" | "ag" | "whole")
         self.feedback = ErrorFeedback()
         # backward passes completed (DDP calls the hook once per bucket per backward)
         self.iter = 0
@@ -112,36 +114,45 @@ class _PackedFeedback(ErrorFeedback):
 
     ``collectives.all_reduce`` asks for one residual per (phase, segment), named by
     :func:`ccoll.feedback.residual_key`: phase "rs" (the p chunks of the segment this rank encodes) and
-    "ag" (the reduced chunk it owns); :meth:`buffer` reads the key with
-    :func:`~ccoll.feedback.parse_residual_key` and maps it to its span of the packed layout, backed by
-    two packed residual tensors that :meth:`store` scatters back to the parameters' own residuals."""
+    "ag" (the reduced chunk it owns), or "whole" (a one-exchange all_reduce's whole tensor);
+    :meth:`buffer` reads the key with :func:`~ccoll.feedback.parse_residual_key` and maps it to its span
+    of the packed layout, backed by one packed residual tensor per phase of the algorithm the call will
+    run, which :meth:`store` scatters back to the parameters' own residuals."""
 
     def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
                  codec: Codec, world: int, rank: int):
         super().__init__()
         self._state, self._regions, self._rank = state, regions, rank
-        fb_dtype = codec.feedback_dtype(dtype)
+        self._fb_dtype = codec.feedback_dtype(dtype)
         self._segments = segments(total, world, torch.empty((), dtype=dtype).element_size(), codec.align_numel)
         # the last segment's rows may run past the bucket (zero padding): its residuals stay zero
-        padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
-        self._world = world
-        self._packed = {}
-        for kind in ("rs", "ag"):
-            packed = torch.zeros(padded_total, dtype=fb_dtype, device=device)
+        self._padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
+        self._world, self._total = world, total
+        # the phases the collective will ask for, packed here on the caller's stream (the side stream
+        # that writes them must not be where they are allocated: they outlive its work), by the same
+        # rule the router applies: one exchange ("whole") or flat's two ("rs", "ag")
+        whole = small.one_exchange(codec, world, total, dtype)
+        self._packed: dict[str, torch.Tensor] = {}
+        for kind in ("whole",) if whole else ("rs", "ag"):
+            packed = torch.zeros(self._padded_total, dtype=self._fb_dtype, device=device)
             for name, off, _, padded in regions:
                 packed[off:off + padded].copy_(state.feedback.buffer((name, kind), padded, dtype, device, codec))
             self._packed[kind] = packed
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
-        # phase "rs" -> p * chunk residuals of the segment's rows; "ag" -> the chunk this rank owns
+        # phase "rs" -> p * chunk residuals of the segment's rows; "ag" -> the chunk this rank owns;
+        # "whole" (one-exchange all_reduce) -> the whole packed buffer
         try:
             _, kind, segment = parse_residual_key(key)
         except ValueError:
             kind, segment = None, 0
-        if kind not in ("rs", "ag") or segment >= len(self._segments):
+        if kind not in self._packed or segment >= len(self._segments):
             raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
         lo, _, chunk = self._segments[segment]
-        start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
+        if kind == "whole":
+            start, expected = 0, self._total
+        else:
+            start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
         if numel != expected:
             raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")
         return self._packed[kind][start:start + numel]

@@ -25,8 +25,9 @@ from .codecs import Codec
 
 
 #: phases of a collective that encode lossily: the p chunks a rank sends in a reduce-scatter, the
-#: reduced chunk it owns in the all-gather, the node's partial sum in a hierarchical exchange
-PHASES = ("rs", "ag", "node")
+#: reduced chunk it owns in the all-gather, the node's partial sum in a hierarchical exchange, the whole
+#: tensor of a one-exchange all_reduce (:mod:`ccoll.collectives.small`)
+PHASES = ("rs", "ag", "node", "whole")
 
 
 def residual_key(key: Hashable, phase: str, segment: int = 0) -> tuple:

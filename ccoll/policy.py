@@ -27,7 +27,7 @@ is applied to the change of the gathered tensor since its last gather (ZeRO-1/2 
 with an exact all-gather on the first call and at least every N steps; see :mod:`ccoll.wdelta`.
 
 Each setting of (dimension, op) is looked up in this order: ``<dim>.ops.<op>``, ``<dim>``,
-``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes ``ccoll.defaults.DEFAULT_MIN_BYTES`` = 4096, no error feedback,
+``default.ops.<op>``, ``default``, built-in default (codec native, min_bytes ``ccoll.defaults.DEFAULT_MIN_BYTES`` = 8 KiB (derived there), no error feedback,
 no warm-up, nothing excluded). ``exclude`` lists are replaced, not merged, by a more specific level.
 
 What a "step" is: one optimizer step. ``ccoll.patch`` counts them (by default with a global

@@ -334,8 +334,8 @@ class Codec:
         write into (allocated when None). Returns it."""
         if payloads.dim() != 2:
             raise CodecError(f"decode_sum expects a [p, nbytes] payload tensor, got shape {tuple(payloads.shape)}")
-        for row in payloads[:1]:
-            self._check_payload(row, numel, dtype)
+        if payloads.shape[0]:  # row 0 stands for all (one [p, nbytes] tensor); no per-call unbind
+            self._check_payload(payloads[0], numel, dtype)
         if out is None:
             out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
         elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:

@@ -8,6 +8,7 @@ stats, handle). The algorithms are leaves that never import this module:
 - :mod:`.flat` -- every rank talks to every rank (fixed-size codecs);
 - :mod:`.hierarchy` -- exact inside a node, compressed between nodes (``hierarchy="node"``), when
   :mod:`.nodes` finds a layout for the group (otherwise flat);
+- :mod:`.small` -- all_reduce of small tensors in one exchange (see :func:`.small.one_exchange`);
 - :mod:`.varsize` -- codecs whose payload size varies (``Codec.variable_size``: "lossless");
 - helpers: :mod:`.segments` (pipelining), :mod:`.salts` (stochastic-rounding seeds).
 
@@ -21,7 +22,10 @@ The path of one compressed all_reduce, ``ccoll.all_reduce(grad, "avg", group, "i
    size 1, non-float/sparse/complex/tiny tensors, MAX/MIN, dtypes the codec does not take -> native);
    :func:`.phases.labelled` then wraps codec and transport so each phase is a profiler range, only
    while a ``torch.profiler`` (or the bench's ``--breakdown``) listens;
-4. no hierarchy and a fixed-size codec: :func:`.flat.all_reduce` encodes each segment's p chunks
+4. no hierarchy and a fixed-size codec: a small tensor (:func:`.small.one_exchange`; with two ranks
+   any tensor of one segment) is encoded whole once, all-gathered and decoded-and-summed by every rank
+   in rank order (:func:`.small.all_reduce`: one exchange, one quantization); otherwise
+   :func:`.flat.all_reduce` encodes each segment's p chunks
    (one ``encode_rows``, with error feedback if given; with two ranks only the peer's chunk), all-to-alls
    them, decodes-and-sums its own chunk in fp32, re-encodes it and all-gathers it, pipelined over
    segments, all on the side stream;
@@ -48,7 +52,7 @@ payload; hierarchical calls: what entered and left the inter-node phase). Native
 raw. Seconds: see :mod:`.call` (one meaning on every path).
 
 Error feedback (all_reduce, reduce_scatter_tensor): one residual per lossy encode, keyed by
-:func:`ccoll.feedback.residual_key` (key, phase, segment). Stochastic rounding: :mod:`.salts`.
+:func:`ccoll.feedback.residual_key` (key, phase, segment); a one-exchange all_reduce has one ("whole"). Stochastic rounding: :mod:`.salts`.
 ``min_bytes=``: the threshold of the rule that chose the codec (a policy's ``min_bytes``), or None for
 the default.
 """
@@ -62,7 +66,7 @@ from ..defaults import DEFAULT_MIN_BYTES  # tensors below it go native unless mi
 from ..errors import PolicyError, TransportError
 from ..feedback import ErrorFeedback
 from ..transports import Handle, for_group, op_name
-from . import flat, hierarchy as _hierarchy, nodes, varsize
+from . import flat, hierarchy as _hierarchy, nodes, small, varsize
 from .call import Run, check_tensor, contig, copy_back, decide, nbytes
 from .phases import labelled
 
@@ -107,6 +111,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
     lay = _layout(hierarchy, group)
     if lay is not None:
         return _hierarchy.all_reduce(run, c, lay, tensor, opn, async_op, error_feedback, key, salt)
+    if small.one_exchange(c, tr.world_size, t.numel(), t.dtype):
+        return small.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
     return flat.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
 
 

@@ -29,14 +29,17 @@ def _bench(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
 
 def _expected_ratio(collective: str, spec: str, count: int, n: int) -> float:
     """raw / wire bytes of one rank, from the codec's encoded_nbytes and the collectives' chunking
-    (equal chunks of ceil(count / n) elements for the reduce / all-to-all paths)."""
+    (equal chunks of ceil(count / n) elements for the reduce / all-to-all paths; an all_reduce small
+    enough for one exchange sends its whole tensor encoded once, ccoll.collectives.small)."""
     if spec == "native":
         return 1.0
+    from ccoll.collectives.small import one_exchange
+
     c = ccoll_codec(spec)
     enc = lambda k: c.encoded_nbytes(k, torch.float32)  # noqa: E731
     chunk = -(-count // n)
     raw, wire = {
-        "all_reduce": (count * 4, n * enc(chunk)),
+        "all_reduce": (count * 4, enc(count) if one_exchange(c, n, count, torch.float32) else n * enc(chunk)),
         "reduce_scatter": (count * 4, n * enc(count // n)),
         "all_to_all": (count * 4, n * enc(count // n)),
         "all_gather": (count // n * 4, enc(count // n)),

@@ -8,6 +8,12 @@ for the host; on a GPU each would be one launch). The per-rank chunk is the same
 difference between p = 4, 16 and 64 is a per-rank loop. The cast codecs' batched methods live in
 ccoll/codecs/cast.py; int8's are the quant helper's work: until a codec class has its own
 ``_encode_rows_<backend>`` (etc.) the reference loop in base.py serves and that case is skipped.
+
+all_reduce has two algorithms and the size rule (``ccoll.collectives.small.one_exchange``) would pick
+one exchange at some of these p and two at others, so each is forced in turn: ``all_reduce`` /
+``all_reduce_ef`` measure flat's two exchanges, ``all_reduce_whole`` the one-exchange path (one encode,
+one decode_sum of the p gathered rows of CHUNK elements: one call whatever p, and its torch op count
+must not grow either).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ccoll
 import ccoll.kernels as kernels
+from ccoll.collectives import small
 from ccoll.testing import simulated_world
 
 CHUNK = 1024  # elements per rank and segment, the same at every p
@@ -93,6 +100,8 @@ def _one_segment(rank: int, group, codec: ccoll.Codec, op: str) -> dict:
         _tls.counts = Counter() if counted else None
         if op == "all_reduce":
             ccoll.all_reduce(x.clone(), "sum", group, codec, min_bytes=0)
+        elif op == "all_reduce_whole":  # the whole tensor is one row: CHUNK elements at every p
+            ccoll.all_reduce(x[:CHUNK].clone(), "avg", group, codec, min_bytes=0, error_feedback=ef, key="w")
         elif op == "all_reduce_ef":
             ccoll.all_reduce(x.clone(), "avg", group, codec, min_bytes=0, error_feedback=ef, key="g")
         elif op == "reduce_scatter":
@@ -111,6 +120,7 @@ def _batched(codec: ccoll.Codec, backend: str) -> bool:
 EXPECTED_CALLS = {
     "all_reduce": {"encode_rows": 2, "decode_sum": 1, "decode_rows": 1},
     "all_reduce_ef": {"encode_rows": 2, "decode_sum": 1, "decode_rows": 1},
+    "all_reduce_whole": {"encode_rows": 1, "decode_sum": 1, "decode_rows": None},
     "reduce_scatter": {"encode_rows": 1, "decode_sum": 1},
     "all_gather": {"encode_rows": 1, "decode_rows": 1},
 }
@@ -140,6 +150,8 @@ def test_given_world_sizes_4_16_64_when_one_compressed_segment_expect_same_codec
     if backend == "emulated":
         real = kernels.host_library
         monkeypatch.setattr(kernels, "host_library", lambda name: _CountingLibrary(real(name)))
+    whole = op == "all_reduce_whole"
+    monkeypatch.setattr(small, "one_exchange", lambda c, p, numel, dtype: whole)
     figures = measure(spec, backend, op)
     first = figures[WORLD_SIZES[0]]
     for name, calls in EXPECTED_CALLS[op].items():

@@ -123,8 +123,16 @@ def _async_all_reduce(rank: int, group, c: ccoll.Codec) -> dict:
     return {"at_return": at_return, "log": list(_tls.log), "ptr": t.data_ptr()}
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["one-exchange", "flat"])
 @pytest.mark.parametrize("spec", ["bf16", "int8:block=256"])
-def test_given_async_all_reduce_on_streams_expect_codec_on_side_stream_and_caller_waits_only_in_wait(fake, spec):
+def test_given_async_all_reduce_on_streams_expect_codec_on_side_stream_and_caller_waits_only_in_wait(
+    fake, spec, whole, monkeypatch,
+):
+    from ccoll.collectives import small
+
+    # both all_reduce algorithms (ccoll.collectives.small would pick one exchange for this size)
+    monkeypatch.setattr(small, "one_exchange", lambda c, p, numel, dtype: whole)
+    codec_calls = ["encode_rows", "decode_sum"] if whole else ["encode_rows", "decode_sum", "encode_rows", "decode_rows"]
     for res in simulated_world(2, _async_all_reduce, _codec(spec)):
         log = res["log"]
         ready = log[0]
@@ -133,7 +141,7 @@ def test_given_async_all_reduce_on_streams_expect_codec_on_side_stream_and_calle
         assert ("wait", "side", ready[2]) in log[:first_codec], "side stream waits for the caller's inputs first"
         assert ("keep", "side", res["ptr"]) in log, "the caller's tensor is record_stream-ed on the side stream"
         assert all(e[1] == "side" for e in log if e[0] in ("codec", "comm-wait")), log
-        assert [e[2] for e in log if e[0] == "codec"] == ["encode_rows", "decode_sum", "encode_rows", "decode_rows"]
+        assert [e[2] for e in log if e[0] == "codec"] == codec_calls
         # at return: nothing makes the caller's stream wait yet
         assert not any(e[0] == "wait" and e[1] == "caller" for e in res["at_return"])
         done = [i for i, e in enumerate(log) if e[0] == "record" and e[1] == "side"]

@@ -19,6 +19,9 @@ from launch import run_gloo
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPECTED = {"ccoll.encode", "ccoll.decode_sum", "ccoll.decode", "ccoll.exchange.all_to_all",
             "ccoll.exchange.all_gather", "ccoll.wait.all_to_all", "ccoll.wait.all_gather"}
+#: a one-exchange all_reduce (ccoll.collectives.small: 64 KiB on two ranks): one encode, one all-gather,
+#: one decode-and-sum of the gathered payloads
+EXPECTED_ONE = {"ccoll.encode", "ccoll.decode_sum", "ccoll.exchange.all_gather", "ccoll.wait.all_gather"}
 
 
 def _profiled_all_reduce(rank: int, world_size: int, directory: str) -> dict:
@@ -59,15 +62,16 @@ def test_given_bench_trace_and_breakdown_when_running_two_ranks_expect_trace_per
     files = sorted(os.listdir(tmp_path / "tr"))
     assert files == sorted(f"all_reduce-65536-{c}.rank{r}.json" for c in ("native", "int8_block=256") for r in (0, 1))
     with open(tmp_path / "tr" / "all_reduce-65536-int8_block=256.rank1.json") as f:
-        assert EXPECTED <= {e.get("name") for e in json.load(f)["traceEvents"]}
+        assert EXPECTED_ONE <= {e.get("name") for e in json.load(f)["traceEvents"]}
     assert "# breakdown all_reduce 65536 B int8:block=256" in out.stdout
-    assert "ccoll.exchange.all_to_all" in out.stdout and "% of ideal" in out.stdout
+    assert "ccoll.exchange.all_gather" in out.stdout and "% of ideal" in out.stdout
     rows = json.load(open(tmp_path / "r.json"))["rows"]
     split = rows[1]["breakdown"]["split"]
-    # the split adds up; bytes sent: this rank's half of the encoded tensor in the all-to-all + its chunk in the all-gather
+    # the split adds up; bytes sent: the whole encoded tensor in the one all-gather, which on two ranks is
+    # what flat's two exchanges send (half the encoded tensor in the all-to-all + its chunk in the all-gather)
     assert abs(split["idle_codec"] + split["idle_host"] + split["in_flight"] - split["wall"]) < 1e-9
     enc = ccoll.get_codec("int8:block=256").encoded_nbytes(8192, torch.float32)
-    assert split["sent_bytes"] == 2 * enc
+    assert split["sent_bytes"] == 2 * enc == ccoll.get_codec("int8:block=256").encoded_nbytes(16384, torch.float32)
     assert abs(split["wire"] - 2 * enc * 8 / 1e9) < 1e-12
     assert "breakdown" not in rows[0]  # native: nothing to split
 

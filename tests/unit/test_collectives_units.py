@@ -198,6 +198,7 @@ def test_decide_given_sparse_complex_or_quantized_tensor_expect_exact_native_pat
 
 def test_decide_given_each_passthrough_rule_expect_none_and_otherwise_the_cached_codec():
     from ccoll.collectives.call import as_codec, decide
+    from ccoll.defaults import DEFAULT_MIN_BYTES
 
     x = torch.randn(4096)
     c = decide("int8:block=64", x, op="avg", min_bytes=0, transport=_Group(1, 4))
@@ -209,8 +210,9 @@ def test_decide_given_each_passthrough_rule_expect_none_and_otherwise_the_cached
     assert decide("bf16", torch.empty(0), min_bytes=0) is None
     assert decide("bf16", x, op="max", min_bytes=0) is None
     assert decide("bf16", x, min_bytes=4 * 4096 + 1) is None
-    assert decide("bf16", x[:1023]) is None  # the default threshold (4 KiB)
-    assert decide("bf16", x[:1024]) is not None
+    assert DEFAULT_MIN_BYTES == 8192  # derived in ccoll/defaults.py from python -m ccoll.bench.overhead
+    assert decide("bf16", x[:2047]) is None  # the default threshold (8 KiB)
+    assert decide("bf16", x[:2048]) is not None
     assert decide("int8:block=64", torch.randn(4096, dtype=torch.float64), min_bytes=0) is None  # not its dtype
     # the pair form a policy uses before there is a group
     assert decide("bf16", ((32, 32), torch.float32), min_bytes=4096) is not None
