@@ -7,15 +7,16 @@ launch and a network round trip, plus two quantizations and the Python around th
 exchange and one quantization. Every rank runs the same ``decode_sum`` on the same bytes in the same row
 order (its own payload decoded like the others, never its exact input), so replicas are bit-identical.
 
-The price is bytes: each rank receives p-1 whole encoded tensors instead of 2(p-1)/p of one. At p = 2
-that is the same (one encoded tensor's worth each way), so with two ranks every tensor of one pipeline
-segment goes this way (a tensor of several segments keeps flat's pipeline, which overlaps codec work
-with the wire). At p > 2 the extra (p-1)(p-2)/p encoded tensors per rank must cost less than the
-exchange they save, on the fastest link considered: :func:`one_exchange`. Codec work grows too: every
-rank decodes p whole payloads (flat: two tensors' worth), which at p = 2 is half a tensor more; with no
-wire at all (``python -m ccoll.bench.overhead``'s in-process table) a 1 MiB call on the CPU is then
-slower than flat's, while over two gloo ranks, where the exchange saved is hundreds of microseconds, it
-is faster at 1 MiB too.
+Only at p = 2: there each rank receives one encoded tensor either way (flat: two halves), so the
+one-exchange path saves an exchange and a quantization for free, and every tensor of one pipeline
+segment takes it (a tensor of several segments keeps flat's pipeline, which overlaps codec work with
+the wire). At p > 2 each rank would receive p-1 whole encoded tensors instead of 2(p-1)/p of one:
+bytes traded for latency, which pays on a fast link and loses on a slow one, and the rule cannot know
+the link (every rank must choose alike from what the call says), so p > 2 keeps flat's algorithm.
+Codec work grows a little: every rank decodes both whole payloads (flat: one and a half tensors'
+worth); with no wire at all (``python -m ccoll.bench.overhead``'s in-process table) a 1 MiB call on
+the CPU is then slower than flat's, while over two gloo ranks, where the exchange saved is hundreds of
+microseconds, it is faster at 1 MiB too.
 """
 from __future__ import annotations
 
@@ -30,28 +31,12 @@ from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
 from .salts import OWN, salts
 from .segments import segments
 
-#: what one exchange costs at the least: a collective launch plus a network round trip on a fast
-#: fabric (NCCL on InfiniBand / NVLink: ~10-30 us; gloo over TCP measured 300-800 us per exchange by
-#: ``python -m ccoll.bench.overhead``), so the lower end, which makes the rule below conservative
-SAVED_EXCHANGE_S = 20e-6
-#: the fastest link considered: 400 Gbit/s per rank
-FASTEST_LINK_BYTES_PER_S = 400e9 / 8
-#: extra bytes a rank may receive to save one exchange: what the fastest link moves in that time (1 MB)
-EXTRA_BYTES = int(SAVED_EXCHANGE_S * FASTEST_LINK_BYTES_PER_S)
-
 
 def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
     """Whether an all_reduce of ``numel`` elements of ``dtype`` over ``p`` ranks runs in one exchange:
-    a single pipeline segment, and the bytes it receives beyond flat's two-exchange algorithm,
-    (p-1)(p-2)/p encoded tensors, within :data:`EXTRA_BYTES` (always at p = 2, where there are none).
-    Depends on (codec, p, numel, dtype) only, so every rank chooses alike.
-
-    Per world size this admits encoded tensors up to: p = 3 -> 1.5 MB, 4 -> 667 KB, 8 -> 190 KB,
-    64 -> 16 KB, 256 -> 3.9 KB (int8: about 4x that in fp32 input bytes)."""
-    if p < 2 or len(segments(numel, p, dtype.itemsize, c.align_numel)) != 1:
-        return False
-    extra = (p - 1) * (p - 2) * c.encoded_nbytes(numel, dtype) // p
-    return extra <= EXTRA_BYTES
+    two ranks and a single pipeline segment. Depends on (codec, p, numel, dtype) only, so every rank
+    chooses alike."""
+    return p == 2 and len(segments(numel, p, dtype.itemsize, c.align_numel)) == 1
 
 
 def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str, async_op: bool,
@@ -85,4 +70,4 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
                           [tensor])
 
 
-__all__ = ["EXTRA_BYTES", "FASTEST_LINK_BYTES_PER_S", "SAVED_EXCHANGE_S", "all_reduce", "one_exchange"]
+__all__ = ["all_reduce", "one_exchange"]

@@ -168,7 +168,8 @@ def _pipe_job(rank: int, world: int):
 
     peer = topo.get_rank(pipe=1 - coord.pipe, data=coord.data, model=0)
     g = torch.Generator().manual_seed(7)
-    half, full = torch.randn(1, 1, SEQ, SEQ, generator=g).half(), torch.randn(1, 1, SEQ, SEQ, generator=g)
+    # fp32 of 8 KiB: at ccoll.defaults.DEFAULT_MIN_BYTES, so compressed
+    half, full = torch.randn(1, 1, SEQ, SEQ, generator=g).half(), torch.randn(1, 2, SEQ, SEQ, generator=g)
     with patch.installed(str(CONFIGS / "hybrid.yaml"), TopologyResolver(topo)):
         if coord.pipe == 0:
             dist.send(half, peer)

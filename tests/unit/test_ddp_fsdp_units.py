@@ -52,9 +52,10 @@ def test_given_compression_state_when_saved_and_loaded_expect_steps_and_residual
 @pytest.mark.parametrize("segment_bytes", [None, 4096 * 4 * 2])
 def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_each_parameters_own_residual(
         monkeypatch, segment_bytes):
-    """World of 2, rank 1: rows of the reduce-scatter map to consecutive chunks of the packed layout,
-    the all-gather residual to this rank's chunk; store() writes them back per parameter. With a small
-    SEGMENT_BYTES the collective segments the buffer and the mapping follows its segments."""
+    """World of 2, rank 1. One segment: the one-exchange all_reduce's "whole" residual is the packed
+    buffer. With a small SEGMENT_BYTES the collective segments the buffer (flat's algorithm): rows of
+    the reduce-scatter map to consecutive chunks of the packed layout, the all-gather residual to this
+    rank's chunk, following the segments; store() writes them back per parameter."""
     if segment_bytes is not None:
         monkeypatch.setattr(segmenting, "SEGMENT_BYTES", segment_bytes)
     codec = get_codec("int8:block=64")
@@ -69,6 +70,15 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec, world=2, rank=1)
     segments = segmenting.segments(total, 2, 4, codec.align_numel)
     assert (len(segments) > 1) == (segment_bytes is not None)
+    if segment_bytes is None:  # one segment on two ranks: the one-exchange all_reduce's "whole" residual
+        whole = ef.buffer(("k", "whole"), total, torch.float32, "cpu", codec)
+        assert whole.data_ptr() == ef._packed["whole"].data_ptr() and set(ef._packed) == {"whole"}
+        whole.add_(1)
+        ef.store()
+        assert torch.equal(st.feedback.residual(("a", "whole")), torch.ones(sizes["a"]))
+        with pytest.raises(PolicyError, match="unexpected"):
+            ef.buffer(("k", "rs"), 2 * total, torch.float32, "cpu", codec)
+        return
     seen = 0
     for s, (lo, seg_numel, chunk) in enumerate(segments):
         suffix = () if s == 0 else (s,)
