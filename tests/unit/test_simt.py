@@ -263,7 +263,7 @@ def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_pa
     sync = "    __syncwarp();\n    assemble_tile_lane("
     assert text.count(sync) == 1
     bad = tmp_path / "zfp_nosync.cu"
-    # its own namespace and kernel names: two simt libraries in one process must not share C++ symbols
+    # its own kernel names, so the launches below say which library they mean
     bad.write_text(text.replace(sync, "    assemble_tile_lane(").replace("ccoll_zfp", "nosync_zfp"))
     em = ccoll.get_codec("zfp:rate=5.3", backend="emulated")  # 21 bits per block: words span lanes
     n = 4 * 32 * 3 + 5
@@ -356,6 +356,25 @@ def test_quant_decodes_read_a_payload_that_is_not_16_byte_aligned(spec):
             kernel_call.call("cupy", "quant", em.kernel_format, "decode_sum", torch.float32, cpu, em._groups(n),
                              src, rows, payloads.shape[1], n, em.block, s)
         assert torch.equal(s.view(torch.int32), s_ref.view(torch.int32)), f"{spec} {order}: decode_sum"
+
+
+def test_two_libraries_with_the_same_kernel_names_run_their_own_code(tmp_path):
+    """Two simt builds in one process whose C++ symbols coincide (a modified copy of a kernel source keeps
+    its kernel names): each launch runs its own library's kernel and its own ``__shared__`` variable. g++
+    emits a template's static members and an inline function's statics (simt's kernel descriptors,
+    ``__shared__``) as STB_GNU_UNIQUE, which the dynamic linker binds process-wide to the first library
+    loaded, whatever RTLD_LOCAL says; simt builds with -fno-gnu-unique so they stay per library."""
+    src = ("__device__ __forceinline__ int twin_value() { __shared__ int v; if (threadIdx.x == 0) v = VALUE; "
+           "__syncthreads(); return v; }\n"
+           "extern \"C\" __global__ void simt_twin_fill(int* out) { out[threadIdx.x] = twin_value(); }\n")
+    outs = []
+    for value in (11, 22):
+        path = tmp_path / f"twin_{value}.cu"
+        path.write_text(src.replace("VALUE", str(value)))
+        out = _guarded_like(torch.zeros(32, dtype=torch.int32))
+        simt.launch(path, "simt_twin_fill", 1, 32, (out,))
+        outs.append(out)
+    assert outs[0].tolist() == [11] * 32 and outs[1].tolist() == [22] * 32
 
 # --------------------------------------------------------------------------------------------------------------
 # negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
