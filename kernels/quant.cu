@@ -98,8 +98,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     of 35; ~2 conversions of 4.4). bf16/f16 encode: ~22..26 instr/value against 21..28 at 75..100% -- at
     the edge (~65..80%); stochastic bf16 below (~50..60%): instruction-bound by the hash. decode_rows: now
     >= 75% (~80..90%) on bytes in flight and instructions, unless the half-sector stores above bind;
-    decode_sum ~80..90%. Rotate kernels (95..167 registers, 128..256 B stack): not streaming kernels,
-    ~25..40%.
+    decode_sum ~80..90%. Rotate kernels (123..167 registers, 128..256 B stack, from the check): not
+    streaming kernels, ~25..40%.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
     re-reading them per word (two passes, q words kept through selects, residuals in a third pass) spills
