@@ -42,10 +42,13 @@ from .errors import KernelError
 
 SIMT_DIR = kernels.ROOT / "kernels" / "simt"
 #: g++ flags of every simt build. -O1: the test matrix compiles and runs fastest overall; -ffp-contract=off:
-#: no a*b+c contraction (as the GPU build's --fmad=false); alignment traps instead of UBSan's runtime.
+#: no a*b+c contraction (as the GPU build's --fmad=false); alignment traps instead of UBSan's runtime;
+#: -fno-gnu-unique: template statics (simt::Entry<&kernel>::desc) and inline functions' statics
+#: (``__shared__``) stay per library instead of binding process-wide to the first library that defines
+#: them (STB_GNU_UNIQUE ignores RTLD_LOCAL), so two builds with the same kernel names each run their own.
 CXXFLAGS = (
     "-std=c++17", "-O1", "-fPIC", "-shared", "-DCCOLL_SIMT", "-ffp-contract=off", "-fno-strict-aliasing",
-    "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-w",
+    "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-fno-gnu-unique", "-w",
 )
 ORDERS = {"forward": 0, "reverse": 1}
 

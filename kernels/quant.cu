@@ -50,36 +50,64 @@ shared with the host build):
           A block of <= 8 T values (B <= 256: int8/int4 at the default block, every MX block) is read once;
           a larger one is read again for the quantize pass (L1/L2-resident). Coalesced: consecutive lanes
           touch consecutive words, consecutive teams consecutive blocks.
-  decode_rows: one thread per q word of any row (G outputs, vector store when aligned); pure streaming.
-  decode_sum: one thread per q word of the output, looping over the p payload rows in order 0..p-1.
+  decode_rows: one thread per 16-byte q group (4 q words: 16 values, int4 32) of any row: one 16-byte
+          vector load (a warp: 512 contiguous bytes, 4 full lines), then per word decode and store (one
+          vector store of its G outputs when aligned); pure streaming.
+  decode_sum: one thread per 16-byte q group of the output, looping over the p payload rows in order
+          0..p-1 (the group loads of 2 rows in flight, int4 1: its 32 accumulators fill the budget).
+  Payload pointers that are not 16-byte aligned (the codecs never pass one: ccoll/codecs/buffers.py
+  copies them) fall back to word loads; outputs that are not aligned, to element stores.
   _rot kernels: one team per block for every op; the team holds the whole block in registers (CqRot).
 
 Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
 kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
-with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS); all plain kernels are at 32..64 registers,
-0 bytes local, so >= 4 CTAs of 256 threads = 32 warps (50% occupancy) per SM; encode_rows is capped there
-by __launch_bounds__(256, 4).
-  bytes per value (q payload, + 4/B or 1/B scale bytes; feedback adds 8 B: residual read + write):
+with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS). sm_80 / sm_90: encode_rows 61..64
+registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% occupancy), decode_sum
+54..64 (also capped: 32 warps), decode_rows 44..47 (5 CTAs: 40 warps); 0 bytes local everywhere.
+  H200: 132 SMs, ~1.98 GHz, 4.8 TB/s HBM = ~18 bytes per clock per SM; ~800 ns loaded latency, so by
+    Little's law ~29 KB per SM must be in flight to stream at full bandwidth (what one thread has in
+    flight is its loads: stores retire into L2 without waiting).
+  Bytes per value (q payload, + 4/B or 1/B scale bytes; feedback adds 8 B: residual read + write):
     encode f32 4 + 1 = 5 B (int4: 4.5), bf16/f16 2 + 1 = 3 B (int4: 2.5); decode_rows 1 + 4 / 1 + 2 B;
-    decode_sum p + 4 B. A copy of the same dtype moves 8 B (f32) / 4 B (bf16) per value.
-  instructions per value (SASS estimate): encode int8 nearest ~20 (abs/max 2, div.rn.f32 fast path ~8
+    decode_sum p + 4 B. A copy of the same dtype moves 8 B (f32) / 4 B (bf16) per value, so ">= 75% of copy
+    bandwidth" means >= 3.6 TB/s of these bytes.
+  Transactions per warp instruction (sector = 32 B, line = 128 B):
+    encode: input loads 32 lanes x 16 B contiguous (f32 int8 / fp8: 4 lines, every sector whole); int4
+      f32 a lane's two 16-B halves of a word are two instructions over the same sectors (the second an L1
+      hit); bf16/f16 int8 / fp8 8-B loads (2 lines). q stores 32 x 4 B consecutive words = 1 whole line.
+    decode_rows / decode_sum: q loads 32 x 16 B = 512 contiguous bytes (4 lines, was 1 line of 4-B words).
+      Output stores: a thread's 16 outputs are contiguous, so one store instruction covers half of each of
+      32 sectors (f32 int8 / fp8: lanes 64 B apart; bf16 8-B stores: a quarter); the group's next stores
+      fill the rest before L2 writes back, so HBM sees whole sectors, but L1 -> L2 carries 2x (4x) the
+      store requests of a lane-contiguous layout. L2 bandwidth is several times HBM's, so this is not
+      expected to bind; it is the first thing to measure on a device (the fix: exchange the group's
+      words across lanes with shuffles before decoding, so each store instruction is contiguous).
+  Bytes in flight per SM (loads): decode_rows 40 warps x 32 x 16 B = 20 KB of q (the q share of its
+    traffic is 1/5 (f32) to 1/3 (bf16), needing ~6..10 KB: met 2..3x; the 4-B word loads before gave
+    ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB (int4 16 KB; its traffic is mostly
+    reads: met); encode 32 warps x 32 x 32 B = 32 KB for f32 (bf16 16 KB, ~60% of the 29 KB: its reads are
+    3/5 of the traffic, so it needs ~17 KB: about met).
+  Instructions per value (SASS estimate): encode int8 nearest ~20 (abs/max 2, div.rn.f32 fast path ~8
     with MUFU.RCP + FCHK, FRND + F2I, clamp 2, pack 3, per-word addressing / count ~3), fp8 ~16 (no
-    division: a multiply and integer rounding), stochastic +~12 (two mix32 hashes, floor, add), bf16/f16
-    input +1..3 (unpack; f16 -> f32 in integer code ~6). decode_rows ~6..10 (extract, I2F, multiply,
-    pack), decode_sum ~8 per row (its row loop unrolled by 4: four rows' loads in flight).
-  H200 (132 SMs, ~1.98 GHz, 4.8 TB/s): issue limit ~33e12 thread-instructions/s; conversions (FRND, F2I,
-    I2F) and MUFU at 16/clk/SM, ~4.2e12/s. Streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s, i.e. a
-    budget of ~35 instructions per value (f32 encode) and ~21 (bf16 encode, 3 B/value).
-  Expected: f32 encode (int8/int4/fp8, nearest) memory-bound, >= 75% of copy bandwidth: ~20 instr/value
-    against a 35 budget and ~2 conversions/value against 4.4 available; 2 x 16 B loads in flight per
-    thread at 1024 threads/SM ~ 32 KB/SM, about what ~800 ns of HBM latency needs (~29 KB/SM). bf16/f16
-    encode: ~22..26 instr/value against 21..28 at 75..100% -- at the edge (~65..80%); stochastic bf16
-    below (~50..60%): instruction-bound by the hash. decode_rows: few instructions (32..42 registers, up to
-    48 warps/SM), but one 4-byte q load per thread in flight (~6 KB/SM, about what its 1/5 read share of
-    the bandwidth needs): expected ~70..90%; decode_sum (4 rows in flight) ~75..90%. Rotate kernels (95..127 registers, 128..256 B stack): not streaming kernels, ~25..40%.
-  What would lift the edge cases: 16-byte payload groups per thread (4 q words per lane: 4x the bytes in
-    flight for decode, one 16-B store), a cheaper correctly rounded division (int formats), fp16 -> fp32
-    through the hardware conversion (bit-identical for finite values, NaN payload aside).
+    division), stochastic +~12 (two mix32 hashes, floor, add), bf16/f16 input +1..3 (f16 -> f32 in integer
+    code ~6). decode_rows ~5..8 (extract, I2F, multiply, pack; addressing now once per 4 words), decode_sum
+    ~7 per row. Budget: 33e12 thread-instructions/s issue, ~4.2e12/s conversions (FRND, F2I, I2F) and
+    MUFU; streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s: ~35 instructions per value (f32 encode),
+    ~21 (bf16 encode, 3 B/value), ~26 (f32 decode_rows).
+  Expected: f32 encode (int8/int4/fp8, nearest) memory-bound, >= 75% of copy bandwidth (~20 instr/value
+    of 35; ~2 conversions of 4.4). bf16/f16 encode: ~22..26 instr/value against 21..28 at 75..100% -- at
+    the edge (~65..80%); stochastic bf16 below (~50..60%): instruction-bound by the hash. decode_rows: now
+    >= 75% (~80..90%) on bytes in flight and instructions, unless the half-sector stores above bind;
+    decode_sum ~80..90%. Rotate kernels (123..167 registers, 128..256 B stack, from the check): not
+    streaming kernels, ~25..40%.
+  Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
+    store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
+    re-reading them per word (two passes, q words kept through selects, residuals in a third pass) spills
+    8..44 B at the 64-register cap on int4 and on some f16 / int8 kernels (ptxas 13, sm_80 / sm_90). The
+    q store is 1/5 of encode's bytes and a warp's 4-B word stores already fill whole lines, so the gain
+    would be fewer store instructions only. Other lifts for the edge cases: a cheaper correctly rounded
+    division (int formats), fp16 -> fp32 through the hardware conversion (bit-identical for finite values,
+    NaN payload aside), 16-B input loads for bf16/f16 (two words per load).
 
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
@@ -515,17 +543,6 @@ struct CqDiv {
     }
 };
 
-// decode of q word w (of block b) of one payload row, rounded to the codec's dtype and widened back
-// (what decode_sum adds: the decoded tensor's values)
-template <class Tr, class F>
-CQ_HD void cq_decode_row_word(const cq_u8* row, cq_i64 scale_nbytes, cq_i64 w, cq_i64 b, float* v) {
-    constexpr int G = F::G;
-    const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + scale_nbytes);
-    cq_decode_word<F>(qwords[w], F::load_scale(row, b), v);
-#pragma unroll
-    for (int k = 0; k < G; ++k) v[k] = Tr::to_f(Tr::from_f(v[k]));
-}
-
 // ------------------------------------------------------------------------------------------------
 // batches of rows: the per-block encode and the per-word decode, shared by the GPU and the host build
 
@@ -563,6 +580,30 @@ struct CqUnit {
 };
 
 CQ_HD bool cq_aligned16(const void* p) { return (reinterpret_cast<cq_u64>(p) & 15u) == 0; }
+
+// 16-byte payload groups: the plain decodes give each thread a group of CQ_GROUP_WORDS consecutive q words,
+// read as one 16-byte vector load, so a warp's q load is 512 contiguous bytes per instruction (4 full
+// 128-byte lines) and each thread has 16 payload bytes in flight per load instead of 4. A group starts on
+// a 16-byte boundary of a row's q section (q word index a multiple of 4; the section starts and ends on
+// 16 bytes), so a group load never leaves the section -- its tail words are the zero padding.
+#define CQ_GROUP_WORDS 4
+
+// the CQ_GROUP_WORDS q words at word w0 (a multiple of CQ_GROUP_WORDS) of a q section; vec: the section is
+// 16-byte aligned (one vector load), else word loads (the host build always)
+CQ_HD void cq_load_group(const cq_u32* qwords, cq_i64 w0, bool vec, cq_u32* q) {
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
+    if (vec) {
+        const CqV16 r = *reinterpret_cast<const CqV16*>(qwords + w0);
+#pragma unroll
+        for (int j = 0; j < CQ_GROUP_WORDS; ++j) q[j] = r.w[j];
+        return;
+    }
+#else
+    (void)vec;
+#endif
+#pragma unroll
+    for (int j = 0; j < CQ_GROUP_WORDS; ++j) q[j] = qwords[w0 + j];
+}
 
 // the lanes that encode one quant block: a serial "team" of one on the host, T lanes of a warp on the GPU
 struct CqTeam {
@@ -873,39 +914,55 @@ template <class Tr, class F>
 struct CqDecodeRows {
     typedef typename Tr::storage S;
     static constexpr int G = F::G;
+    static constexpr int GW = CQ_GROUP_WORDS;
+    static constexpr int GV = GW * G;
     const cq_u8* payloads;  // [rows, row_nbytes]
     S* y;                   // numel values
     CqRows<F> g;
-    CqDiv row_of_word, block_of_word, row_of_block;
-    bool vec;
+    cq_i64 groups_per_row;  // 16-byte q groups per payload row
+    CqDiv row_of_group, block_of_word, row_of_block;
+    bool vec, vec_q, one_scale;
     CqRot rot;
 
     CQ_HD CqDecodeRows(const cq_u8* payloads_, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, S* y_,
                        cq_u32 rot_seed)
         : payloads(payloads_), y(y_), g(numel, rows, row_numel, block),
-          row_of_word((row_numel + G - 1) / G), block_of_word(block / G), row_of_block(cq_nblocks(row_numel, block)),
-          vec(cq_aligned16(y_) && g.word_aligned()), rot(rot_seed, block) {}
+          groups_per_row(((row_numel + G - 1) / G + GW - 1) / GW), row_of_group(groups_per_row),
+          block_of_word(block / G), row_of_block(cq_nblocks(row_numel, block)),
+          vec(cq_aligned16(y_) && g.word_aligned()), vec_q(cq_aligned16(payloads_)), one_scale(block % GV == 0),
+          rot(rot_seed, block) {}
 
     // rows whose values lie (at least partly) below numel
     CQ_HD cq_i64 nrows() const { return cq_min(g.rows, (g.numel + g.row_numel - 1) / g.row_numel); }
-    CQ_HD cq_i64 nwords() const { return nrows() * g.words_per_row; }
+    CQ_HD cq_i64 ngroups() const { return nrows() * groups_per_row; }
     CQ_HD cq_i64 nunits() const { return nrows() * g.blocks_per_row; }
 
-    CQ_HD void word(cq_i64 word_index) const {
-        const cq_i64 row = g.rows == 1 ? 0 : row_of_word(word_index);  // no division per word for one row
-        word_of_row(row, word_index - row * g.words_per_row);
+    CQ_HD void group(cq_i64 group_index) const {
+        const cq_i64 row = g.rows == 1 ? 0 : row_of_group(group_index);  // no division per group for one row
+        group_of_row(row, group_index - row * groups_per_row);
     }
 
-    // q word w of payload row `row`
-    CQ_HD void word_of_row(cq_i64 row, cq_i64 w) const {
-        const cq_i64 e = row * g.row_numel + w * G;
-        const cq_i64 count = cq_min(cq_min(G, g.row_numel - w * G), g.numel - e);
-        if (count <= 0) return;
+    // 16-byte q group gq of payload row `row`: one vector load, then per word decode and store. The scale is
+    // loaded once when a group cannot straddle blocks (block a multiple of GV values), else per word.
+    CQ_HD void group_of_row(cq_i64 row, cq_i64 gq) const {
+        const cq_i64 w0 = gq * GW;
+        const cq_i64 e0 = row * g.row_numel + w0 * G;
+        const cq_i64 have = cq_min(g.row_numel - w0 * G, g.numel - e0);  // values of the group to write
+        if (have <= 0) return;
         const cq_u8* payload = payloads + row * g.row_nbytes;
         const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
-        float v[G];
-        cq_decode_word<F>(qwords[w], F::load_scale(payload, block_of_word(w)), v);
-        cq_store_word<Tr, G>(y, e, (int)count, vec, v);
+        cq_u32 q[GW];
+        cq_load_group(qwords, w0, vec_q, q);
+        const float scale0 = F::load_scale(payload, block_of_word(w0));
+#pragma unroll
+        for (int j = 0; j < GW; ++j) {
+            const int count = (int)cq_min(G, have - j * G);
+            if (count <= 0) break;
+            const float scale = one_scale || j == 0 ? scale0 : F::load_scale(payload, block_of_word(w0 + j));
+            float v[G];
+            cq_decode_word<F>(q[j], scale, v);
+            cq_store_word<Tr, G>(y, e0 + j * G, count, vec, v);
+        }
     }
 
     // rotate=hadamard: block `unit` of any row by team t (the whole block is decoded and rotated back, then
@@ -933,42 +990,63 @@ struct CqDecodeRows {
     }
 };
 
-// fp32 row-order sum of the decodes of p payloads of numel values each, per q word
+// fp32 row-order sum of the decodes of p payloads of numel values each, per 16-byte q group
 template <class Tr, class F>
 struct CqDecodeSum {
     static constexpr int G = F::G;
+    static constexpr int GW = CQ_GROUP_WORDS;
+    static constexpr int GV = GW * G;
+    // rows whose group loads are in flight together (each 16 bytes): 2; int4's 32 accumulators leave room for 1
+    static constexpr int ROWS_IN_FLIGHT = GV <= 16 ? 2 : 1;
     const cq_u8* payloads;
     cq_i64 p, row_nbytes, numel, block, scale_nbytes;
     CqDiv block_of_word;
     float* out;
-    bool vec;
+    bool vec, vec_q, one_scale;
     CqRot rot;
 
     CQ_HD CqDecodeSum(const cq_u8* payloads_, cq_i64 p_, cq_i64 row_nbytes_, cq_i64 numel_, cq_i64 block_,
                       float* out_, cq_u32 rot_seed)
         : payloads(payloads_), p(p_), row_nbytes(row_nbytes_), numel(numel_), block(block_),
           scale_nbytes(cq_scale_nbytes<F>(numel_, block_)), block_of_word(block_ / G), out(out_),
-          vec(cq_aligned16(out_)), rot(rot_seed, block_) {}
+          vec(cq_aligned16(out_)), vec_q(cq_aligned16(payloads_) && row_nbytes_ % 16 == 0),
+          one_scale(block_ % GV == 0), rot(rot_seed, block_) {}
 
-    CQ_HD cq_i64 nwords() const { return (numel + G - 1) / G; }
+    CQ_HD cq_i64 ngroups() const { return ((numel + G - 1) / G + GW - 1) / GW; }
     CQ_HD cq_i64 nunits() const { return cq_nblocks(numel, block); }
 
-    CQ_HD void word(cq_i64 w) const {
-        float acc[G];
+    CQ_HD void group(cq_i64 gi) const {
+        const cq_i64 w0 = gi * GW;
+        const cq_i64 have = numel - w0 * G;  // > 0: values of the group in the output
+        float acc[GV];
 #pragma unroll
-        for (int k = 0; k < G; ++k) acc[k] = 0.0f;
-        const cq_i64 b = block_of_word(w);
-        // unrolled: the q word and scale loads of 4 rows are in flight together (the adds stay in row order)
-#pragma unroll 4
+        for (int k = 0; k < GV; ++k) acc[k] = 0.0f;
+        const cq_i64 b0 = block_of_word(w0);
+        // unrolled: the group loads of ROWS_IN_FLIGHT rows are in flight together (the adds stay in row order)
+#pragma unroll ROWS_IN_FLIGHT
         for (cq_i64 r = 0; r < p; ++r) {
-            float v[G];
-            cq_decode_row_word<Tr, F>(payloads + r * row_nbytes, scale_nbytes, w, b, v);
+            const cq_u8* row = payloads + r * row_nbytes;
+            cq_u32 q[GW];
+            cq_load_group(reinterpret_cast<const cq_u32*>(row + scale_nbytes), w0, vec_q, q);
+            const float scale0 = F::load_scale(row, b0);
 #pragma unroll
-            for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], v[k]);
+            for (int j = 0; j < GW; ++j) {
+                if (j * G >= have) break;
+                const float scale = one_scale || j == 0 ? scale0 : F::load_scale(row, block_of_word(w0 + j));
+                float v[G];
+                cq_decode_word<F>(q[j], scale, v);
+#pragma unroll
+                for (int k = 0; k < G; ++k) acc[j * G + k] = cq_add(acc[j * G + k], Tr::to_f(Tr::from_f(v[k])));
+            }
         }
 #pragma unroll
-        for (int k = 0; k < G; ++k) acc[k] = cq_canonical_nan(acc[k]);
-        cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), w * G, (int)cq_min(G, numel - w * G), vec, acc);
+        for (int j = 0; j < GW; ++j) {
+            if (j * G >= have) break;
+#pragma unroll
+            for (int k = 0; k < G; ++k) acc[j * G + k] = cq_canonical_nan(acc[j * G + k]);
+            cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(out), (w0 + j) * G, (int)cq_min(G, have - j * G), vec,
+                                    acc + j * G);
+        }
     }
 
     // rotate=hadamard: block b by team t; each payload's block is rotated back and rounded to the input type
@@ -1018,17 +1096,17 @@ __device__ void cq_teams_kernel(const Op& op, int team) {
         op.team_block(base + lane / team, t);
 }
 
-// one thread per q word (decode_rows, decode_sum)
+// one thread per 16-byte q group (decode_rows, decode_sum)
 template <class Op>
-__device__ void cq_words_kernel(const Op& op) {
-    const cq_i64 n = op.nwords();
-    for (cq_i64 w = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; w < n; w += (cq_i64)gridDim.x * blockDim.x)
-        op.word(w);
+__device__ void cq_groups_kernel(const Op& op) {
+    const cq_i64 n = op.ngroups();
+    for (cq_i64 i = (cq_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (cq_i64)gridDim.x * blockDim.x)
+        op.group(i);
 }
 
 // extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}[_rot]_{f32,bf16,f16}
 // (ccoll/kernels/call.py FAMILIES / SIGNATURES list them). Plain kernels contain no rotation code: the decodes
-// run one thread per q word. The _rot kernels are rotate=hadamard with signs from rot_seed, one team of `team`
+// run one thread per 16-byte q group. The _rot kernels are rotate=hadamard with signs from rot_seed, one team of `team`
 // lanes per block for every op.
 // ptxas keeps a plain kernel within 64 registers at the launch's 256 threads per CTA (ccoll/kernels/call.py
 // FAMILIES["quant"].threads): 4 CTAs, 32 warps per SM
@@ -1049,16 +1127,16 @@ __device__ void cq_words_kernel(const Op& op) {
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_rows_##NAME(                                          \
         const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
-        cq_words_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, 0u));             \
+        cq_groups_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, 0u));             \
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_rows_rot_##NAME(                                      \
         const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y, \
         int team, cq_u32 rot_seed) {                                                                      \
         cq_teams_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, rot_seed), team); \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_##FMT##_decode_sum_##NAME(                                           \
+    extern "C" __global__ void CQ_STREAMING ccoll_##FMT##_decode_sum_##NAME(                                           \
         const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out) {     \
-        cq_words_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
+        cq_groups_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_sum_rot_##NAME(                                       \
         const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out,       \
@@ -1091,18 +1169,18 @@ static void cq_host_teams(const Op& op) {
 }
 
 template <class Op>
-static void cq_host_words(const Op& op) {
-    const cq_i64 n = op.nwords();
+static void cq_host_groups(const Op& op) {
+    const cq_i64 n = op.ngroups();
 #pragma omp parallel for schedule(static)
-    for (cq_i64 w = 0; w < n; ++w) op.word(w);
+    for (cq_i64 i = 0; i < n; ++i) op.group(i);
 }
 
 template <class Tr, class F>
-static void cq_host_words(const CqDecodeRows<Tr, F>& op) {  // row by row: no division per word
+static void cq_host_groups(const CqDecodeRows<Tr, F>& op) {  // row by row: no division per group
     const cq_i64 rows = op.nrows();
     for (cq_i64 row = 0; row < rows; ++row) {
 #pragma omp parallel for schedule(static)
-        for (cq_i64 w = 0; w < op.g.words_per_row; ++w) op.word_of_row(row, w);
+        for (cq_i64 i = 0; i < op.groups_per_row; ++i) op.group_of_row(row, i);
     }
 }
 
@@ -1125,7 +1203,7 @@ static void cq_host_words(const CqDecodeRows<Tr, F>& op) {  // row by row: no di
     extern "C" void ccoll_host_##FMT##_decode_rows_##NAME(const void* payloads, cq_i64 rows,              \
                                                           cq_i64 row_numel, cq_i64 numel, cq_i64 block,   \
                                                           void* y) {                                      \
-        cq_host_words(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel,    \
+        cq_host_groups(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel,    \
                                           block, static_cast<TR::storage*>(y), 0u));                      \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_rows_rot_##NAME(const void* payloads, cq_i64 rows,          \
@@ -1137,7 +1215,7 @@ static void cq_host_words(const CqDecodeRows<Tr, F>& op) {  // row by row: no di
     extern "C" void ccoll_host_##FMT##_decode_sum_##NAME(const void* payloads, cq_i64 p,                  \
                                                          cq_i64 row_nbytes, cq_i64 numel, cq_i64 block,   \
                                                          void* out) {                                     \
-        cq_host_words(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,       \
+        cq_host_groups(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,       \
                                          block, static_cast<float*>(out), 0u));                           \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_sum_rot_##NAME(const void* payloads, cq_i64 p,              \

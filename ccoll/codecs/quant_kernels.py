@@ -15,10 +15,19 @@ from .buffers import aligned, aligned_like
 class QuantKernelBackend:
     """``_encode_rows_<b>`` / ``_decode_rows_<b>`` / ``_decode_sum_<b>`` for b in emulated, cupy."""
 
+    #: q words per 16-byte payload group: the plain kernels' unit of work per thread (kernels/quant.cu
+    #: CQ_GROUP_WORDS)
+    GROUP_WORDS = 4
+
     def _team(self) -> int:
-        """Lanes per quant block in the GPU kernels: a power of two <= 32 covering its q words."""
+        """Lanes per quant block in the encode kernels (and the rotate=hadamard decodes): a power of two <= 32
+        covering its q words."""
         words = self.block * self.bits // 32
         return min(32, 1 << (words - 1).bit_length())
+
+    def _groups(self, numel: int) -> int:
+        """16-byte q groups of a payload of ``numel`` values: the plain decodes' threads."""
+        return -(-(-(-numel * self.bits // 32)) // self.GROUP_WORDS)
 
     def _rot(self) -> tuple:
         """The rotate=hadamard instantiation's trailing argument (its sign seed); () for the plain kernels."""
@@ -46,8 +55,8 @@ class QuantKernelBackend:
         if self.rotate:  # one team per block
             nthreads = rows * -(-row_numel // self.block) * self._team()
             rot = (self._team(), self.params["rotate_seed"])
-        else:  # one thread per q word
-            nthreads = rows * -(-row_numel * self.bits // 32)
+        else:  # one thread per 16-byte q group
+            nthreads = rows * self._groups(row_numel)
             rot = ()
         kernel_call.call(
             backend, "quant", self.kernel_format, self._op("decode_rows"), out.dtype, out.device, nthreads,
@@ -57,7 +66,7 @@ class QuantKernelBackend:
     def _decode_sum_kernel(self, backend: str, payloads: torch.Tensor, numel: int, dtype: torch.dtype,
                            out: torch.Tensor) -> None:
         payloads = aligned(payloads)
-        nthreads = -(-numel // self.block) * self._team() if self.rotate else -(-numel * self.bits // 32)
+        nthreads = -(-numel // self.block) * self._team() if self.rotate else self._groups(numel)
         rot = (self._team(), self.params["rotate_seed"]) if self.rotate else ()
         kernel_call.call(
             backend, "quant", self.kernel_format, self._op("decode_sum"), dtype, payloads.device, nthreads,

@@ -57,9 +57,9 @@ FAMILIES = {
 SIGNATURES = {
     # src, numel, rows, row_numel, block, ~team, stochastic, seed, feedback, out
     ("quant", "encode_rows"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p"),
-    # in, rows, row_numel, numel, block, out (one thread per q word)
+    # in, rows, row_numel, numel, block, out (one thread per 16-byte q group)
     ("quant", "decode_rows"): ("p", "q", "q", "q", "q", "p"),
-    # in, rows, row_nbytes, numel, block, out (fp32; one thread per q word)
+    # in, rows, row_nbytes, numel, block, out (fp32; one thread per 16-byte q group)
     ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p"),
     # rotate=hadamard: the same, then the sign seed; the decodes run one team per block
     ("quant", "encode_rows_rot"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u"),

@@ -42,8 +42,17 @@ What simt cannot see:
   * device arithmetic: fp32 ops run on the host path (exact twins of the PTX ops by construction) and
     __CUDA_ARCH__ stays undefined, so code only under __CUDA_ARCH__ (intrinsics like __ffsll, atomicOr,
     inline PTX) is not executed -- the host twin is. `__shared__` is a function static: CTAs run one at a
-    time so it is per CTA, but it is not re-poisoned between CTAs; `extern __shared__ T a[]` is not
-    supported (simt_dyn_shared() gives the launch's dynamic bytes).
+    time so it is per CTA, but it is not re-poisoned between CTAs.
+  * `extern __shared__ T a[]` is not supported (ccoll/simt.py refuses a source declaring one;
+    simt_dyn_shared() gives the launch's dynamic bytes), so a kernel using it cannot run here unchanged.
+  * two simt libraries in one process whose C++ symbols coincide (a modified copy of a kernel source
+    keeping its kernel names) stay apart only because ccoll/simt.py builds with -fno-gnu-unique: g++
+    otherwise emits template statics (simt::Entry<&kernel>::desc) and inline functions' statics
+    (`__shared__`) as STB_GNU_UNIQUE, which the dynamic linker binds process-wide to the first library
+    loaded despite RTLD_LOCAL -- a launch through the second library then runs the first one's kernel
+    thunk against the first one's idle runtime state, a SIGSEGV (tests/unit/test_simt.py::
+    test_two_libraries_with_the_same_kernel_names_run_their_own_code without the flag). A library built
+    by other means has no such guarantee.
   * reads in the < 64 canary bytes between a misaligned buffer's end and its guard page; any access
     past a buffer that was not made by guarded_empty (an ordinary torch tensor: no guard page); reads of
     uninitialised memory (no shadow state; simt is not a memory checker).

@@ -296,16 +296,17 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
             if op == "decode_rows":
                 rows, row_numel, numel, block_numel = values[1:5]
                 units = min(rows, -(-numel // row_numel)) * -(-row_numel // block_numel)
-                words = min(rows, -(-numel // row_numel)) * -(-row_numel * quant_bits[fmt] // 32)
+                # 16-byte q groups (4 words) per row
+                groups = min(rows, -(-numel // row_numel)) * -(-(-(-row_numel * quant_bits[fmt] // 32)) // 4)
             else:
                 numel, block_numel = values[3:5]
                 units = -(-numel // block_numel)
-                words = -(-numel * quant_bits[fmt] // 32)
+                groups = -(-(-(-numel * quant_bits[fmt] // 32)) // 4)
             if rot:  # one team per block
                 team = values.pop(6)
                 assert grid * block >= units * team
-            else:  # one thread per q word
-                assert grid * block >= words
+            else:  # one thread per 16-byte q group
+                assert grid * block >= groups
         op += rot or ""
         host = kernel_call.host_function(kernel_call.kernel("quant", fmt, op, dtypes[dtype_name]))
         host(*values)

@@ -263,7 +263,7 @@ def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_pa
     sync = "    __syncwarp();\n    assemble_tile_lane("
     assert text.count(sync) == 1
     bad = tmp_path / "zfp_nosync.cu"
-    # its own namespace and kernel names: two simt libraries in one process must not share C++ symbols
+    # its own kernel names, so the launches below say which library they mean
     bad.write_text(text.replace(sync, "    assemble_tile_lane(").replace("ccoll_zfp", "nosync_zfp"))
     em = ccoll.get_codec("zfp:rate=5.3", backend="emulated")  # 21 bits per block: words span lanes
     n = 4 * 32 * 3 + 5
@@ -321,13 +321,60 @@ def test_huge_grid_top_ctas_past_2_pow_32():
     assert torch.equal(out[0, 4 * (top // 256): 4 * (top // 256 + nb)], ref[: 4 * nb])
     ref_sbytes = ref.numel() - tail
     assert torch.equal(out[0, sbytes + top: sbytes + top + tail], ref[ref_sbytes:])
-    # decode_rows: one thread per q word, 2^28 threads per grid stride: words >= 2^30 are threads 0..2047
-    # (CTAs 0..7) on their fifth iteration
+    # decode_rows: one thread per 16-byte q group (16 values), 2^28 threads per grid stride: groups >= 2^28
+    # (values >= 2^32) are threads 0..511 (CTAs 0..1) on their second iteration
     y = simt.guarded_empty(numel, torch.float32, noreserve=True)
-    with kernel_call.cupy_on_simt(ctas=(0, 8), record=record):
+    with kernel_call.cupy_on_simt(ctas=(0, 2), record=record):
         codec._decode_rows_cupy(out, y, numel)
     assert torch.equal(y[top:].view(torch.int32), codec.decode(ref, tail, torch.float32).view(torch.int32))
 
+
+
+@pytest.mark.parametrize("spec", ["int8:block=24", "int4:block=64", "fp8:format=e4m3,block=32"])
+def test_quant_decodes_read_a_payload_that_is_not_16_byte_aligned(spec):
+    """The plain decodes load each 16-byte q group with one vector load only from a 16-byte-aligned payload
+    (what the codecs pass: ccoll.codecs.buffers.aligned); from one that is only 4-byte aligned, launched
+    directly, they load words -- simt traps a misaligned vector load -- and give the emulated bytes."""
+    em = ccoll.get_codec(spec, backend="emulated")
+    n, rows = 24 * 13 + 8, 2
+    x = _values(rows * n, torch.float32, 21)
+    payloads = em.encode_rows(x, torch.empty(rows, em.encoded_nbytes(n, torch.float32), dtype=torch.uint8), n)
+    src = simt.guarded_empty(payloads.numel() + 4, torch.uint8)[4:]
+    src.copy_(payloads.reshape(-1))
+    assert src.data_ptr() % 16 == 4
+    cpu = torch.device("cpu")
+    y_ref = em.decode_rows(payloads, torch.empty(rows * n), n)
+    s_ref = em.decode_sum(payloads, n, torch.float32)
+    for order in ORDERS:
+        y = _guarded_like(y_ref, 0.0)
+        with kernel_call.cupy_on_simt(order=order):
+            kernel_call.call("cupy", "quant", em.kernel_format, "decode_rows", torch.float32, cpu,
+                             rows * em._groups(n), src, rows, n, rows * n, em.block, y)
+        assert torch.equal(y.view(torch.int32), y_ref.view(torch.int32)), f"{spec} {order}: decode_rows"
+        s = _guarded_like(s_ref, 0.0)
+        with kernel_call.cupy_on_simt(order=order):
+            kernel_call.call("cupy", "quant", em.kernel_format, "decode_sum", torch.float32, cpu, em._groups(n),
+                             src, rows, payloads.shape[1], n, em.block, s)
+        assert torch.equal(s.view(torch.int32), s_ref.view(torch.int32)), f"{spec} {order}: decode_sum"
+
+
+def test_two_libraries_with_the_same_kernel_names_run_their_own_code(tmp_path):
+    """Two simt builds in one process whose C++ symbols coincide (a modified copy of a kernel source keeps
+    its kernel names): each launch runs its own library's kernel and its own ``__shared__`` variable. g++
+    emits a template's static members and an inline function's statics (simt's kernel descriptors,
+    ``__shared__``) as STB_GNU_UNIQUE, which the dynamic linker binds process-wide to the first library
+    loaded, whatever RTLD_LOCAL says; simt builds with -fno-gnu-unique so they stay per library."""
+    src = ("__device__ __forceinline__ int twin_value() { __shared__ int v; if (threadIdx.x == 0) v = VALUE; "
+           "__syncthreads(); return v; }\n"
+           "extern \"C\" __global__ void simt_twin_fill(int* out) { out[threadIdx.x] = twin_value(); }\n")
+    outs = []
+    for value in (11, 22):
+        path = tmp_path / f"twin_{value}.cu"
+        path.write_text(src.replace("VALUE", str(value)))
+        out = _guarded_like(torch.zeros(32, dtype=torch.int32))
+        simt.launch(path, "simt_twin_fill", 1, 32, (out,))
+        outs.append(out)
+    assert outs[0].tolist() == [11] * 32 and outs[1].tolist() == [22] * 32
 
 # --------------------------------------------------------------------------------------------------------------
 # negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
