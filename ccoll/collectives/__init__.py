@@ -22,8 +22,8 @@ The path of one compressed all_reduce, ``ccoll.all_reduce(grad, "avg", group, "i
    size 1, non-float/sparse/complex/tiny tensors, MAX/MIN, dtypes the codec does not take -> native);
    :func:`.phases.labelled` then wraps codec and transport so each phase is a profiler range, only
    while a ``torch.profiler`` (or the bench's ``--breakdown``) listens;
-4. no hierarchy and a fixed-size codec: a small tensor (:func:`.small.one_exchange`; with two ranks
-   any tensor of one segment) is encoded whole once, all-gathered and decoded-and-summed by every rank
+4. no hierarchy and a fixed-size codec: on two ranks a tensor of one segment (:func:`.small.one_exchange`)
+   is encoded whole once, all-gathered and decoded-and-summed by every rank
    in rank order (:func:`.small.all_reduce`: one exchange, one quantization); otherwise
    :func:`.flat.all_reduce` encodes each segment's p chunks
    (one ``encode_rows``, with error feedback if given; with two ranks only the peer's chunk), all-to-alls
