@@ -523,12 +523,21 @@ def check_subgroup(env: Env) -> None:
     expect_close(env, "subgroup all_reduce", t, ref, sum_bound(c, inputs, ref))
 
 
-def relative_error(env: Env, spec: str, n: int = 65536) -> float:
-    """||all_reduce - exact|| / ||exact|| with the same per-rank data distribution at every p."""
+def relative_error(env: Env, spec: str, n: int = 65536, one_exchange: bool = False) -> float:
+    """||all_reduce - exact|| / ||exact|| with the same per-rank data distribution at every p, of flat's
+    two-exchange algorithm (forced: on two ranks this size would take the one-exchange path) or, with
+    ``one_exchange``, of the path ccoll.collectives.small takes on two ranks."""
+    from ccoll.collectives import small
+
     g = torch.Generator().manual_seed(60 + env.rank)
     t = torch.randn(n, generator=g)
     inputs = [torch.randn(n, generator=torch.Generator().manual_seed(60 + k)) for k in range(env.world)]
-    ccoll.all_reduce(t, "sum", env.group, spec, min_bytes=0)
+    rule = small.one_exchange
+    small.one_exchange = lambda c, p, numel, dtype: one_exchange  # the router reads the module attribute
+    try:
+        ccoll.all_reduce(t, "sum", env.group, spec, min_bytes=0)
+    finally:
+        small.one_exchange = rule
     ref = sum(x.double() for x in inputs)
     return float((t.double() - ref).norm() / ref.norm())
 
@@ -581,7 +590,10 @@ def run_all(env: Env, extra: Callable[[Env], None] | None = None, specs: list[st
     check_subgroup(env)
     if extra is not None:
         extra(env)
-    report = {"specs": specs, "rel_err": {s: relative_error(env, s) for s in specs if ccoll.get_codec(s).lossy}}
+    lossy = [s for s in specs if ccoll.get_codec(s).lossy]
+    report = {"specs": specs, "rel_err": {s: relative_error(env, s) for s in lossy}}
+    if env.world == 2:
+        report["rel_err_one_exchange"] = {s: relative_error(env, s, one_exchange=True) for s in lossy}
     report["error_feedback"] = error_feedback(env, lossiest_spec())
     return report
 

@@ -66,12 +66,23 @@ def test_gloo_given_repeated_all_reduce_when_error_feedback_expect_smaller_time_
 
 
 def test_gloo_given_more_ranks_when_all_reduce_expect_relative_error_does_not_grow():
-    """Two codec round trips whatever p: going from 2 to 4 ranks must not grow the relative error the
-    way per-hop recompression would (that would be ~sqrt(3)x for 3 hops of independent errors)."""
+    """Two codec round trips whatever p (flat's algorithm at every p): going from 2 to 4 ranks must not
+    grow the relative error the way per-hop recompression would (that would be ~sqrt(3)x for 3 hops of
+    independent errors)."""
     e2, e4 = _report(2)["rel_err"], _report(4)["rel_err"]
     assert e2 and set(e2) == set(e4)
     for spec in e2:
         assert e4[spec] <= 1.3 * e2[spec], (spec, e2[spec], e4[spec])
+
+
+def test_gloo_given_two_ranks_when_one_exchange_expect_error_not_above_flats():
+    """On two ranks a single-segment all_reduce takes one exchange: each input quantized once and the sum
+    exact in fp32, against flat's peer chunk quantized and the reduced sum quantized again, so its
+    error is not larger (about sqrt(2/3) of flat's for independent errors)."""
+    flat, one = _report(2)["rel_err"], _report(2)["rel_err_one_exchange"]
+    assert flat and set(flat) == set(one)
+    for spec in flat:
+        assert one[spec] <= flat[spec], (spec, one[spec], flat[spec])
 
 
 def _world_one(rank: int, world_size: int) -> None:
