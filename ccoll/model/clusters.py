@@ -4,6 +4,11 @@ Why: a prediction is only as good as the link rates behind it, and a rate nobody
 factor. Each shipped file cites its source per field; a user's file has the same fields and is checked
 here once, with errors that name the file and the key.
 
+Achieved vs nominal: the ``achieved_*`` fields say why a library's large-message bandwidth is below the link's --
+each is a published measurement on that hardware, cited in the file beside it, never a value chosen to match a
+result. The alpha-beta form of :mod:`ccoll.model.timing` (a latency per message plus bytes over the achieved rate)
+then gives the message-size dependence of the efficiency.
+
 Fields (bandwidths per direction):
     name, gpu                     strings
     gpus_per_node                 int >= 1
@@ -15,6 +20,12 @@ Fields (bandwidths per direction):
     inter.rails_per_node          rails of a node, shared by its GPUs
     inter.mtu_bytes, header_bytes payload and header bytes per packet (payload efficiency); optional
     inter.latency_us              per message
+    intra.achieved_fraction       optional, (0, 1]: the large-message rate an MPI/NCCL benchmark reached on this link,
+                                  as a fraction of gbit_per_s_per_gpu, from a cited measurement (default 1)
+    inter.achieved_gbit_per_s_per_rail  optional: a measured large-message data rate of one rail (replaces
+                                  rail x payload efficiency; at most rail_gbit_per_s), from a cited benchmark
+    inter.achieved_fraction       optional, (0, 1]: what the collective library reaches of that achievable rate,
+                                  from a cited measurement (default 1)
     memory_gib                    GPU memory capacity, GiB; optional (``ccoll.model.memory``: does a layout fit)
 """
 from __future__ import annotations
@@ -50,11 +61,40 @@ class Node:
     payload_efficiency: float = 1.0
     source: str = ""
     memory_gib: float | None = None
+    #: measured fraction of ``intra_gbps`` a library reaches with large messages (see the module docstring)
+    intra_achieved_fraction: float = 1.0
+    #: measured large-message data Gbit/s of one rail (None: ``rail_gbps`` x ``payload_efficiency``)
+    rail_achieved_gbps: float | None = None
+    #: measured fraction of the rail's achievable rate the collective library reaches
+    inter_achieved_fraction: float = 1.0
+
+    @property
+    def intra_data_gbps(self) -> float:
+        """Gbit/s one GPU moves to a peer inside the node with large messages: nominal x achieved fraction."""
+        return self.intra_gbps * self.intra_achieved_fraction
+
+    @property
+    def rail_data_gbps(self) -> float:
+        """Data Gbit/s of one rail with large messages: the measured rate where the file gives one, else the
+        signalling rate x packet payload efficiency; times the library's measured fraction of it."""
+        rate = self.rail_achieved_gbps if self.rail_achieved_gbps is not None else self.rail_gbps * self.payload_efficiency
+        return rate * self.inter_achieved_fraction
 
     @property
     def node_gbps(self) -> float:
-        """Data Gbit/s a node can send to other nodes: rails x rail rate x packet payload efficiency."""
-        return self.rails_per_node * self.rail_gbps * self.payload_efficiency
+        """Data Gbit/s a node can send to other nodes: rails x one rail's data rate (:attr:`rail_data_gbps`)."""
+        return self.rails_per_node * self.rail_data_gbps
+
+    def scaled(self, fraction: float, intra: bool = True) -> "Node":
+        """This node with its inter-node rates (rail, measured rail) and, if ``intra``, its intra-node rate times
+        ``fraction``: for diagnostics that ask how slow the links would have to be, never for a prediction."""
+        import dataclasses
+
+        if not fraction > 0:
+            raise ClusterError(f"cluster {self.name}: link rate fraction must be > 0, got {fraction!r}")
+        ach = None if self.rail_achieved_gbps is None else self.rail_achieved_gbps * fraction
+        return dataclasses.replace(self, intra_gbps=self.intra_gbps * (fraction if intra else 1.0),
+                                   rail_gbps=self.rail_gbps * fraction, rail_achieved_gbps=ach)
 
     def gpu_share_gbps(self, active: int | None = None) -> float:
         """Inter-node Gbit/s per GPU when ``active`` GPUs of the node (default: all) send at once: the
@@ -104,17 +144,37 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
         m = _get(inter, "mtu_bytes", int, f"{where}: inter")
         hdr = _get(inter, "header_bytes", int, f"{where}: inter", positive=False)
         eff = m / (m + hdr)
+    intra_frac = _fraction(intra, f"{where}: intra")
+    inter_frac = _fraction(inter, f"{where}: inter")
+    rail = _get(inter, "rail_gbit_per_s", float, f"{where}: inter")
+    achieved = None
+    if isinstance(inter, dict) and "achieved_gbit_per_s_per_rail" in inter:
+        achieved = _get(inter, "achieved_gbit_per_s_per_rail", float, f"{where}: inter")
+        if achieved > rail:
+            raise ClusterError(f"{where}: inter: achieved_gbit_per_s_per_rail {achieved:g} exceeds rail_gbit_per_s "
+                               f"{rail:g} (a measured data rate cannot exceed the signalling rate)")
     return Node(name=_get(d, "name", str, where), gpu=_get(d, "gpu", str, where),
                 gpus_per_node=_get(d, "gpus_per_node", int, where),
                 hbm_gbytes_per_s=_get(d, "hbm_gbytes_per_s", float, where),
                 peak_tflops={k: float(v) for k, v in peaks.items()},
                 intra_gbps=_get(intra, "gbit_per_s_per_gpu", float, f"{where}: intra"),
                 intra_latency_us=_get(intra, "latency_us", float, f"{where}: intra", positive=False),
-                rail_gbps=_get(inter, "rail_gbit_per_s", float, f"{where}: inter"),
+                rail_gbps=rail,
                 rails_per_node=_get(inter, "rails_per_node", int, f"{where}: inter"),
                 inter_latency_us=_get(inter, "latency_us", float, f"{where}: inter", positive=False),
                 payload_efficiency=eff, source=where,
-                memory_gib=_get(d, "memory_gib", float, where) if "memory_gib" in d else None)
+                memory_gib=_get(d, "memory_gib", float, where) if "memory_gib" in d else None,
+                intra_achieved_fraction=intra_frac, rail_achieved_gbps=achieved, inter_achieved_fraction=inter_frac)
+
+
+def _fraction(d, where: str) -> float:
+    """The optional ``achieved_fraction`` of a link section: a measured share in (0, 1], default 1."""
+    if not isinstance(d, dict) or "achieved_fraction" not in d:
+        return 1.0
+    v = _get(d, "achieved_fraction", float, where)
+    if v > 1:
+        raise ClusterError(f"{where}: achieved_fraction must be in (0, 1], got {v!r}")
+    return v
 
 
 def load_cluster(name_or_path: str) -> Node:

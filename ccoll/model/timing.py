@@ -14,7 +14,9 @@ The per-call forms are nccl-tests' (doc/PERFORMANCE.md): time = overhead + size 
 factors of the bandwidth-optimal algorithms -- all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast
 and reduce 1 (so DeepSpeed's pipeline p2p, a broadcast in a 2-rank group, costs a send). The per-message overhead
 ``a`` is the cluster file's latency; achieved bandwidth below the link's is modelled by its causes below (rails
-shared, packet headers, algorithm), never by an efficiency factor.
+shared, packet headers, algorithm) and, where the cluster file cites one, by a published large-message measurement
+of that link under that library (``achieved_*``: :mod:`ccoll.model.clusters`; ``B_i`` and ``B_n`` below are those
+achieved rates), never by a factor chosen to match a result.
 
 Per call, ``W`` = bytes a rank contributes on the wire, ``n`` = group size, ``B_i`` = intra-node Gbit/s per
 GPU, ``B_n`` = the node's inter-node Gbit/s (rails x rail x payload efficiency), ``g`` = GPUs per node (all
@@ -116,7 +118,7 @@ def call_seconds(op: str, w: float, n: int, k: int, intra: bool, node: Node, com
     if n <= 1 and op != "send":
         return 0.0
     if intra:
-        b, a = node.intra_gbps * 1e9 / 8, node.intra_latency_us * 1e-6
+        b, a = node.intra_data_gbps * 1e9 / 8, node.intra_latency_us * 1e-6
         if op == "all_reduce":
             return 2 * (n - 1) * (a + w / (n * b))
         if op == "reduce_scatter":
@@ -138,7 +140,7 @@ def call_seconds(op: str, w: float, n: int, k: int, intra: bool, node: Node, com
     ring = g * 2 * (n - 1) / n * w / k / bn + 2 * (n - 1) * a
     if k > 1 and n % k == 0:
         m = n // k
-        ib = node.intra_gbps * 1e9 / 8
+        ib = node.intra_data_gbps * 1e9 / 8
         hier = (g * 2 * (m - 1) / m * w / k / bn + 2 * (m - 1) * a
                 + 2 * (k - 1) * (node.intra_latency_us * 1e-6 + w / (k * ib)))
     else:
@@ -157,7 +159,7 @@ def tree_seconds(w: float, n: int, k: int, node: Node) -> float:
     """Native all-reduce by NCCL's double binary tree across the n/k nodes (see the module docstring)."""
     m = n // k
     bn, a, g = node.node_gbps * 1e9 / 8, node.inter_latency_us * 1e-6, node.gpus_per_node
-    chain = 2 * (w / (node.intra_gbps * 1e9 / 8) + (k - 1) * node.intra_latency_us * 1e-6) if k > 1 else 0.0
+    chain = 2 * (w / (node.intra_data_gbps * 1e9 / 8) + (k - 1) * node.intra_latency_us * 1e-6) if k > 1 else 0.0
     return g * 2 * w / k / bn + 2 * math.ceil(math.log2(m)) * a + chain
 
 
@@ -193,7 +195,7 @@ def hierarchy_seconds(op: str, raw: float, w_inter: float, n: int, k: int, node:
     """Wire seconds of one ``hierarchy: node`` call across nodes (see the module docstring): ``raw`` bytes a
     rank contributes, ``w_inter`` the wire bytes of what its compressed inter-node phase carries (all_reduce
     and reduce_scatter: its 1/k chunk of partial sums; all_gather: its encoded shard), ``k`` members per node."""
-    a_i, b_i = node.intra_latency_us * 1e-6, node.intra_gbps * 1e9 / 8
+    a_i, b_i = node.intra_latency_us * 1e-6, node.intra_data_gbps * 1e9 / 8
     peers = n // k
     inter = call_seconds(op, w_inter, peers, 1, False, node, True, algorithm)
     if op == "all_reduce":
