@@ -33,18 +33,19 @@ does); wire bytes what ccoll's collectives put on the wire for them under the po
 ``encoded_nbytes`` over the same segments/chunks the collectives use; calls the policy keeps native,
 including those below ``min_bytes``, count raw).
 
-Flat step time (``step_time`` with a ``Cluster`` of per-GPU rates, for ``--preset`` without ``--cluster`` and
-``--clusters``; ``--validate``, ``--from-run``, the shaped runs and ``--cluster`` use the mechanistic ``timing.predict``,
+Flat step time (``step_time`` with a ``Cluster`` of per-GPU rates, for rates given by hand: ``--tp-gbps`` /
+``--inter-gbps`` without ``--cluster``; ``--preset`` runs on its sourced node file, ``core.PRESET_CLUSTERS``, and
+``--clusters``, ``--validate``, ``--from-run``, the shaped runs and ``--cluster`` use the mechanistic ``timing.predict``,
 below) -- per rank, no overlap unless ``dp_overlap``: compute + TP + PP + DP link time + codec time,
 where link time = bytes moved by a bandwidth-optimal algorithm / bandwidth of that dimension
 (all-reduce 2(n-1)/n x size, reduce-scatter / all-gather (n-1)/n x size, p2p 1 x size) and codec time =
 values encoded and decoded / codec throughput. Compute: given, or 6 x parameters x tokens (+ attention)
 / (GPUs x peak x MFU), stretched by the pipeline bubble (m + pp - 1) / m.
 
-    python -m ccoll.model --preset neox20b-v100 --policy configs/hybrid.yaml
+    python -m ccoll.model --preset neox20b-v100 --policy configs/hybrid.yaml      # on its node file (lassen)
     python -m ccoll.model --layers 4 --hidden 128 --heads 4 --seq 128 --vocab 256 --micro-batch 4 \\
         --micro-batches 2 --dp 2 --pp 2 --tp 1 --zero 1 --dtype float32 --policy configs/hybrid.yaml
-    python -m ccoll.model --clusters --codec-gbps 100         # the table for real clusters
+    python -m ccoll.model --clusters --codec-gbps 100         # every preset on its node file
     python -m ccoll.model --validate results/convergence/summary.json
     python -m ccoll.model --preset neox20b-v100 --cluster lassen --policy configs/zhybrid.yaml   # mechanistic
     python -m ccoll.model --published                         # the seed paper's runs, published vs predicted
@@ -58,12 +59,13 @@ pipeline slots, DP after the schedule) is :mod:`ccoll.model.timing`; node descri
 from __future__ import annotations
 
 from .cli import cluster_table, format_step, main, print_traffic, why_line, why_line_node
-from .core import (_CODEC_PASSES, _LATE_STEP, DIMS, DTYPES, PRESETS, RUNNER, Cluster, Flow, Layout, _policy_op,
-                   _rate_gbps, codec_gbps_needed, codec_throughput, compute_seconds, flows, per_dim, runner_layout,
+from .core import (_CODEC_PASSES, _LATE_STEP, DIMS, DTYPES, PRESET_CLUSTERS, PRESETS, RUNNER, Cluster, Flow, Layout, _policy_op,
+                   _rate_gbps, codec_gbps_needed, codec_throughput, compute_seconds, flows, per_dim, preset_cluster,
+                   runner_layout,
                    step_time, traffic, training_flops, wire_nbytes)
 from .fromrun import from_run, validate
 
-__all__ = ["Cluster", "Flow", "Layout", "PRESETS", "RUNNER", "cluster_table", "codec_gbps_needed", "codec_throughput",
+__all__ = ["Cluster", "Flow", "Layout", "PRESETS", "PRESET_CLUSTERS", "preset_cluster", "RUNNER", "cluster_table", "codec_gbps_needed", "codec_throughput",
            "compute_seconds", "flows", "format_step", "main", "per_dim", "print_traffic", "runner_layout",
            "step_time", "traffic", "training_flops", "validate", "from_run", "why_line", "why_line_node",
            "wire_nbytes"]

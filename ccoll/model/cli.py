@@ -12,7 +12,7 @@ import torch
 from .. import units
 from ..errors import CcollError
 from .core import (DIMS, DTYPES, PRESETS, RUNNER, Cluster, Layout, codec_gbps_needed, codec_throughput, per_dim,
-                   step_time, traffic)
+                   preset_cluster, step_time, traffic)
 from .fromrun import validate
 
 # --- printing ----------------------------------------------------------------------------------------
@@ -72,31 +72,39 @@ def format_step(t: dict) -> str:
 
 
 def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
+    """Every preset on its own sourced node file (``PRESET_CLUSTERS``) through the mechanistic step time, at the
+    preset's MFU, every codec at ``codec_gbps`` (encode and decode): one row per (preset, policy)."""
+    from .clusters import load_cluster
+    from .timing import predict
+
     file = sys.stdout if file is None else file
     rows = []
-    print(f"# predicted step time and speedup over native (codec throughput {codec_gbps:g} GB/s, no DP overlap)",
-          file=file)
-    print(f"#{'preset':<14} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} {'codec s':>8} "
-          f"{'step s':>8} {'speedup':>8}", file=file)
+    print(f"# predicted step time and speedup over native on each preset's node file (codec throughput "
+          f"{codec_gbps:g} GB/s, mechanistic model: ccoll.model.timing)", file=file)
+    print(f"#{'preset':<14} {'node':<10} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} "
+          f"{'codec s':>8} {'step s':>8} {'speedup':>8}", file=file)
     for name, (lay, cl) in PRESETS.items():
-        cl = dataclasses.replace(cl, codec_gbps=codec_gbps)
-        base = step_time(lay, cl, None)
+        node = load_cluster(preset_cluster(name))
+        kw = dict(mfu=cl.mfu, codec_gbps=(codec_gbps, codec_gbps))
+        base = predict(lay, node, None, **kw)
         for pol in [None, *policies]:
-            t = step_time(lay, cl, pol)
+            t = predict(lay, node, pol, **kw)
             label = "native" if pol is None else os.path.splitext(os.path.basename(pol))[0]
-            row = {"preset": name, "policy": label, **{f"{d}_s": t["link_s"][d] for d in DIMS},
+            row = {"preset": name, "node": node.name, "policy": label, **{f"{d}_s": t["link_s"][d] for d in DIMS},
                    "compute_s": t["compute_s"], "codec_s": t["codec_s"], "step_s": t["total_s"],
                    "speedup": base["total_s"] / t["total_s"]}
             rows.append(row)
-            print(f" {name:<14} {label:<22} {row['compute_s']:>10.3f} {row['tp_s']:>8.3f} {row['pp_s']:>8.3f} "
-                  f"{row['dp_s']:>8.3f} {row['codec_s']:>8.3f} {row['step_s']:>8.3f} {row['speedup']:>7.2f}x", file=file)
+            print(f" {name:<14} {node.name:<10} {label:<22} {row['compute_s']:>10.3f} {row['tp_s']:>8.3f} "
+                  f"{row['pp_s']:>8.3f} {row['dp_s']:>8.3f} {row['codec_s']:>8.3f} {row['step_s']:>8.3f} "
+                  f"{row['speedup']:>7.3f}x", file=file)
     return rows
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ccoll.model", description="Analytical traffic and step-time model of GPT training per parallel dimension.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a real cluster layout (overrides the layout options)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a real layout (overrides the layout options), run on "
+                                                              "its sourced node file unless --cluster says otherwise")
     for k, v in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 128), ("vocab", 256), ("micro-batch", 4),
                  ("micro-batches", 2), ("dp", 2), ("tp", 1), ("pp", 2), ("zero", 1)):
         p.add_argument(f"--{k}", type=int, default=v)
@@ -110,13 +118,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
     p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step (default: from FLOPs)")
     p.add_argument("--peak-tflops", type=float, default=125.0)
-    p.add_argument("--mfu", type=float, default=0.35)
+    p.add_argument("--mfu", type=float, default=None,
+                   help="fraction of the dtype's dense peak reached (default: the preset's, else 0.35)")
     p.add_argument("--dp-overlap", type=float, default=0.0, help="fraction of DP link time hidden under backward")
     p.add_argument("--target-speedup", type=float, default=1.25,
                    help="print the codec throughput this speedup needs (or why no codec reaches it)")
     p.add_argument("--clusters", action="store_true", help="print the table for the real-cluster presets")
     p.add_argument("--validate", metavar="SUMMARY_JSON", help="compare with a ccoll.convergence summary.json")
     p.add_argument("--link-gbps", type=float, default=None, help="--validate: link Gbit/s (default: the run's netem rate)")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="--validate: the run's node map (CCOLL_NODE_MAP=L: L consecutive ranks per node), for "
+                        "hierarchy: node calls' bytes (default: the summary's meta.ranks_per_node, else no map)")
     p.add_argument("--json", default=None, help="write the result as JSON")
     p.add_argument("--cluster", metavar="NAME_OR_YAML",
                    help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800; or your own YAML with the "
@@ -148,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.validate:
             with open(args.validate) as f:
                 summary = json.load(f)
-            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
+            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps,
+                           ranks_per_node=args.ranks_per_node)
             print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
                   f"{100 * res['tolerance']:.0f}%")
             print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
@@ -207,14 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.preset:
             lay, cl = PRESETS[args.preset]
             cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
+            mfu = cl.mfu if args.mfu is None else args.mfu
+            if not args.cluster:  # a preset carries its sourced node: never the flat per-GPU rates
+                args.cluster = preset_cluster(args.preset)
+                print(f"# --preset {args.preset}: on its node file {args.cluster} (configs/clusters/{args.cluster}.yaml);"
+                      f" --cluster NAME_OR_YAML for another")
         else:
+            mfu = 0.35 if args.mfu is None else args.mfu
             extra = RUNNER if args.runner else {}
             lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
                          micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp, tp=args.tp,
                          pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
                                                                                  if k not in ("vocab", "zero")}})
             cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
-                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=args.mfu,
+                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=mfu,
                          dp_overlap=args.dp_overlap)
         pol = args.policy[0] if args.policy else None
         print_traffic(lay, pol)
@@ -222,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
             from .clusters import load_cluster
             from .timing import predict
             node = load_cluster(args.cluster)
-            kw = dict(mfu=args.mfu, codec_table=table, algorithm=args.algorithm, dp_overlap=args.dp_overlap > 0)
+            kw = dict(mfu=mfu, compute_s=args.compute_s, codec_table=table, algorithm=args.algorithm,
+                      dp_overlap=args.dp_overlap > 0)
             base = predict(lay, node, None, **kw)
             t = predict(lay, node, pol, **kw)
             print(f"# on {node.name} ({node.gpus_per_node} x {node.gpu} per node, {node.rails_per_node} x "
-                  f"{node.rail_gbps:g} Gbit/s rails, intra {node.intra_gbps:g} Gbit/s per GPU), MFU {args.mfu:g}, "
+                  f"{node.rail_gbps:g} Gbit/s rails (achieved {node.rail_data_gbps:.4g}), intra {node.intra_gbps:g} Gbit/s per GPU "
+                  f"(achieved {node.intra_data_gbps:.4g}), MFU {mfu:g}, "
                   f"placement k={t['placement']['k']}")
             print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
             if pol is not None:

@@ -203,13 +203,61 @@ def refresh_fraction(weight_delta: int, calls: int, steps: int | None = None) ->
     return min(1.0, per_step / calls)
 
 
-def traffic(lay: Layout, policy=None, steps: int | None = None) -> list[dict]:
+def members_per_node(lay: Layout, ranks_per_node: int) -> dict[str, int]:
+    """Members of one group of each dimension on a node of ``ranks_per_node`` consecutive ranks (Megatron / NeoX /
+    DeepSpeed order: model fastest, then data, then pipe): TP takes min(tp, g); DP members are tp apart, so
+    min(dp, g / tp) share a node when tp < g; PP neighbours are tp x dp apart. ``timing.placement`` uses it too."""
+    g = ranks_per_node
+    if lay.tp < g and g % lay.tp:
+        raise CcollError(f"placement: tp={lay.tp} does not divide gpus_per_node={g}")
+    return {"tp": min(lay.tp, g), "dp": 1 if lay.tp >= g else min(lay.dp, g // lay.tp),
+            "pp": 1 if lay.tp * lay.dp >= g else min(lay.pp, g // (lay.tp * lay.dp))}
+
+
+#: ops ``hierarchy: node`` runs in two levels (ccoll.collectives.hierarchy)
+_HIER_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def hierarchy_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int, k: int) -> tuple[int, int]:
+    """(raw, wire) bytes ``ccoll.stats`` records for one ``hierarchy: node`` call of a rank whose group of ``group``
+    has ``k`` members on each of its ``group / k`` nodes (ccoll.collectives.hierarchy, "Stats"): raw is what enters
+    the compressed inter-node phase, wire that phase's payload bytes; the exact intra-node phases are not counted
+    (they are the traffic the call would have without ccoll). ``numel``: the tensor a rank passes (all_reduce and
+    reduce_scatter: the whole input; all_gather: its shard). With N = group / k nodes:
+        all_reduce, N = 2   per segment of the flat collectives (``segments(numel, k, ...)``, chunk c_s), the
+                            rank's node-partial chunk c_s crosses once: raw sum c_s elements, wire sum encoded(c_s)
+        all_reduce, N > 2   the chunk ceil(numel / k) runs ccoll's flat all_reduce among the N peers
+        reduce_scatter      the numel / k partial sums run the flat reduce_scatter among the N peers
+        all_gather          the shard runs the flat all_gather among the N peers."""
+    from ..collectives.segments import segments
+
+    elt = torch.empty((), dtype=dtype).element_size()
+    n = group // k
+    if op == "all_reduce" and n == 2:
+        pieces = segments(numel, k, elt, codec.align_numel)
+        return (sum(c for _, _, c in pieces) * elt, sum(codec.encoded_nbytes(c, dtype) for _, _, c in pieces))
+    if op == "all_reduce":
+        c = -(-numel // k)
+        return c * elt, wire_nbytes(codec, "all_reduce", c, dtype, n)
+    if op == "reduce_scatter":
+        return numel // k * elt, wire_nbytes(codec, "reduce_scatter", numel // k, dtype, n)
+    if op == "all_gather":
+        return numel * elt, wire_nbytes(codec, "all_gather", numel, dtype, n)
+    raise CcollError(f"hierarchy: node has no {op}")
+
+
+def traffic(lay: Layout, policy=None, steps: int | None = None, ranks_per_node: int | None = None) -> list[dict]:
     """Per (dim, op, what): calls, raw and wire bytes per step summed over all ranks, the codec, and the
     same per rank of the busiest stage (for step time). ``steps``: a run's length, for the exact refreshes of
-    ``weight_delta`` all-gathers it holds (None: the steady state)."""
+    ``weight_delta`` all-gathers it holds (None: the steady state). ``ranks_per_node``: consecutive ranks per node
+    (what ``CCOLL_NODE_MAP=L`` / ``LOCAL_WORLD_SIZE`` tell ccoll); with it, a ``hierarchy: node`` rule's calls whose
+    group spans several nodes with several members on each count as ccoll.stats records them
+    (:func:`hierarchy_nbytes`); ccoll runs a group inside one node, or with one member per node, flat -- so do
+    these counts. None: no node map, every call flat."""
     from ..policy import load
 
     pol = load(policy) if policy is not None else None
+    per_node = members_per_node(lay, ranks_per_node) if ranks_per_node else None
     rows = []
     for f in flows(lay):
         dt = DTYPES[f.dtype]
@@ -217,10 +265,15 @@ def traffic(lay: Layout, policy=None, steps: int | None = None) -> list[dict]:
                  if pol is not None else None)
         raw = f.numel * torch.empty((), dtype=dt).element_size()
         wire = wire_nbytes(codec, f.op, f.numel, dt, f.group)
-        t = pol.rule(f.dim, _policy_op(f.op)).weight_delta if codec is not None and f.op == "all_gather" else 0
+        rule = pol.rule(f.dim, _policy_op(f.op)) if codec is not None else None
+        t = rule.weight_delta if rule is not None and f.op == "all_gather" else 0
+        k = per_node[f.dim] if per_node else 1
         if t:  # ccoll.wdelta: fp32 deltas (the codec's feedback dtype), and exact refreshes counted native
             frac = refresh_fraction(t, f.calls, steps)
             wire = frac * raw + (1 - frac) * wire_nbytes(codec, f.op, f.numel, codec.feedback_dtype(dt), f.group)
+        elif (rule is not None and rule.hierarchy == "node" and f.op in _HIER_OPS and not codec.variable_size
+              and k > 1 and f.group % k == 0 and f.group // k > 1):
+            raw, wire = hierarchy_nbytes(codec, f.op, f.numel, dt, f.group, k)
         rows.append({"dim": f.dim, "op": f.op, "what": f.what, "stage": f.stage, "codec": codec.spec if codec else "native",
                      "numel": f.numel, "calls_per_rank": f.calls, "ranks": f.ranks, "group": f.group,
                      "raw_per_rank": raw * f.calls, "wire_per_rank": wire * f.calls,
@@ -367,8 +420,9 @@ PRESETS = {
     # GPT-NeoX-20B in its published layout (GPT-NeoX configs/20B.yml: TP 2, PP 4, micro-batch 4 x 32, ZeRO-1, fp16,
     # recomputation, parallel residual) at 192 V100 (DP 24, the seed paper's largest scale) on Lassen figures
     # (configs/clusters/lassen.yaml: NVLink 2.0 peer pair 600 Gbit/s; 2 x EDR 100 Gbit/s per node of 4 GPUs =
-    # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). This flat
-    # Cluster view is the old per-GPU-rate model; ``--cluster lassen`` / ``--published`` use the mechanistic one.
+    # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). The flat
+    # Cluster view is the old per-GPU-rate model, kept for ``step_time`` callers; the command line runs a preset on
+    # its node file (``PRESET_CLUSTERS``) through the mechanistic model, as ``--published`` does.
     # DP gradients all-reduced as ccoll.model.published.NEOX20B (the paper's "DP All-reduce"; DeepSpeed's ZeRO-1
     # bucket reduction with ``reduce_scatter: true`` all-reduces buckets, stage_1_and_2.py ``average_tensor``).
     # (The former gpt13b-h800 preset is gone: its NVLink figure was twice the H800's 400 GB/s bidirectional and
@@ -379,6 +433,21 @@ PRESETS = {
                             dp_bucket_bytes=1_260_000_000 * 2),
                      Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
 }
+
+#: the sourced node file (configs/clusters/) each preset was written for: ``--preset`` without ``--cluster`` and
+#: ``--clusters`` run the preset's layout there through the mechanistic model (ccoll.model.timing), so a preset
+#: never falls back to the flat per-GPU rates above
+PRESET_CLUSTERS = {"neox20b-v100": "lassen"}
+
+
+def preset_cluster(name: str) -> str:
+    """The node file a preset runs on by default (``PRESET_CLUSTERS``); a preset without one is an error."""
+    if name not in PRESETS:
+        raise CcollError(f"preset {name!r}: unknown; presets: {', '.join(sorted(PRESETS))}")
+    if name not in PRESET_CLUSTERS:
+        raise CcollError(f"preset {name!r} has no node file in PRESET_CLUSTERS; give --cluster NAME_OR_YAML")
+    return PRESET_CLUSTERS[name]
+
 
 #: ccoll.convergence's model: replicated byte embedding with learned positions, gathered logits, fp32
 RUNNER = dict(vocab=256, dtype="float32", embedding="replicated", lm_head="gathered", learned_positions=True,

@@ -180,3 +180,43 @@ def test_given_target_speedup_when_codec_needed_expect_that_rate_to_reach_it_or_
     n = codec_gbps_needed(lay, fast_link, hybrid, 1.25)
     assert n["codec_gbps"] is None and 1.0 <= n["max_speedup"] < 1.25
     assert "out of reach" in why_line(lay, fast_link, hybrid, 1.25)
+
+
+def test_given_preset_without_cluster_when_run_expect_its_sourced_node_and_the_mechanistic_step(capsys, monkeypatch):
+    """A preset carries its node file: ``--preset`` alone never falls back to the flat per-GPU rates."""
+    from ccoll.model import PRESET_CLUSTERS, preset_cluster
+    from ccoll.model.clusters import load_cluster
+    from ccoll.model.timing import predict
+
+    assert set(PRESET_CLUSTERS) == set(PRESETS)
+    for name, (lay, cl) in PRESETS.items():  # every preset's node exists and has its dtype's peak
+        assert load_cluster(preset_cluster(name)).peak(lay.dtype) > 0
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    assert main(["--preset", "neox20b-v100", "--policy", hybrid]) == 0
+    out = capsys.readouterr().out
+    lay, cl = PRESETS["neox20b-v100"]
+    node = load_cluster("lassen")
+    base, t = predict(lay, node, None, mfu=cl.mfu), predict(lay, node, hybrid, mfu=cl.mfu)  # the preset's MFU 0.30
+    assert "on its node file lassen" in out and "MFU 0.3," in out
+    assert f"native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x" in out
+    assert main(["--preset", "neox20b-v100", "--policy", hybrid, "--mfu", "0.5"]) == 0
+    assert "MFU 0.5," in capsys.readouterr().out
+    with pytest.raises(CcollError, match="unknown"):
+        preset_cluster("nope")
+    monkeypatch.setitem(PRESETS, "orphan", PRESETS["neox20b-v100"])
+    with pytest.raises(CcollError, match="no node file"):
+        preset_cluster("orphan")
+    assert main(["--preset", "orphan"]) == 2
+    assert "give --cluster" in capsys.readouterr().err
+
+
+def test_given_presets_when_cluster_table_expect_the_mechanistic_step_on_each_presets_node(capsys):
+    from ccoll.model.clusters import load_cluster
+    from ccoll.model.timing import predict
+
+    hybrid = str(CONFIGS / "hybrid.yaml")
+    rows = cluster_table([hybrid], 100.0)
+    lay, cl = PRESETS["neox20b-v100"]
+    t = predict(lay, load_cluster("lassen"), hybrid, mfu=cl.mfu, codec_gbps=(100.0, 100.0))
+    row = next(r for r in rows if r["policy"] == "hybrid")
+    assert row["node"] == "lassen" and row["step_s"] == pytest.approx(t["total_s"])
