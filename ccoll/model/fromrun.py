@@ -51,18 +51,21 @@ def codec_overlaps(ranks: int, cores: int | None, runs: int) -> bool:
 
 def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.05, link_gbps: float | None = None,
              codec_gbps: float = 1.0, decode_gbps: float | None = None, cores: int | None = None,
-             runs: int = 2) -> dict:
+             runs: int = 2, ranks_per_node: int | None = None) -> dict:
     """Compare the model with a convergence summary: per policy and dimension, predicted vs measured raw
     and wire bytes (per step, summed over ranks; ``ok`` when within ``tolerance``), and predicted vs
     measured speedup over the baseline (compute taken from the baseline's measured step time minus its
     predicted wire time at ``link_gbps``; meaningful only for runs on shaped links). ``cores``, ``runs``: a CPU
-    test bed's cores and the runs sharing them (see the module docstring)."""
+    test bed's cores and the runs sharing them (see the module docstring). ``ranks_per_node``: the run's node map
+    (``CCOLL_NODE_MAP=L``: L consecutive ranks per node), so ``hierarchy: node`` calls count as ccoll.stats records
+    them (:func:`ccoll.model.core.hierarchy_nbytes`); default the summary's ``meta.ranks_per_node``, else none."""
     from .clusters import shaped_node
     from .timing import predict
 
     meta = summary["meta"]
     lay = runner_layout(meta)
     steps = meta["steps"]
+    ranks_per_node = ranks_per_node or meta.get("ranks_per_node")
     policies = meta.get("policies") or list(summary["policies"])
     paths = {os.path.splitext(os.path.basename(p))[0]: p for p in policies}
     out = {"layout": dataclasses.asdict(lay), "tolerance": tolerance, "policies": {}, "ok": True}
@@ -77,7 +80,7 @@ def validate(summary: dict, policy_dir: str | None = None, tolerance: float = 0.
             pol = None
         else:
             pol = path if policy_dir is None else os.path.join(policy_dir, os.path.basename(path))
-        pred = per_dim(traffic(lay, pol, steps=steps))
+        pred = per_dim(traffic(lay, pol, steps=steps, ranks_per_node=ranks_per_node))
         dims = {}
         for d in DIMS:
             meas = {k: p["bytes"][d][k] / steps for k in ("raw", "wire")}

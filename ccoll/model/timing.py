@@ -48,7 +48,9 @@ this GPU: HBM GB/s / bytes moved per value (encode: read the input + write the p
 fp32 error-feedback residual when the rule has it; decode: read the payload + write the output). The
 roofline is an upper bound; ZFP's transform is compute-heavier than the block quantisers, so a measured
 table (``make gpu-check``, ``python -m ccoll.model --codec-throughput``) is better for it.
-``hierarchy: node`` (ccoll.collectives.hierarchy; a group within one node is not compressed at all; variable-size
+``hierarchy: node`` (ccoll.collectives.hierarchy; a group within one node is modelled exact, the module's stated
+intent -- but note ccoll's router today runs such a group, and one with one member per node, through the flat
+compressed path (``nodes.layout_or_flat`` answers None), which ``core.traffic``'s byte counts follow; variable-size
 codecs never take it), across nodes, ``N = n/k`` peers of the same local index, ``R`` = raw bytes a rank contributes:
     all_reduce      exact intra reduce-scatter (k-1)(a_i + R/(k B_i)), the compressed all-reduce of the GPU's
                     1/k chunk among N, exact intra all-gather (k-1)(a_i + R/(k B_i)); codec on R/k, group N
@@ -101,14 +103,11 @@ class Placement:
 
 
 def placement(lay, node: Node) -> Placement:
-    g = node.gpus_per_node
-    tp_k = min(lay.tp, g)
-    dp_k = 1 if lay.tp >= g else min(lay.dp, g // lay.tp)
-    pp_k = 1 if lay.tp * lay.dp >= g else min(lay.pp, g // (lay.tp * lay.dp))
-    if lay.tp < g and g % lay.tp:
-        raise CcollError(f"placement: tp={lay.tp} does not divide gpus_per_node={g}")
-    k = {"tp": tp_k, "dp": dp_k, "pp": pp_k}
-    intra = {"tp": lay.tp <= g, "dp": dp_k >= lay.dp, "pp": pp_k >= lay.pp}
+    from .core import members_per_node
+
+    k = members_per_node(lay, node.gpus_per_node)
+    dp_k, pp_k = k["dp"], k["pp"]
+    intra = {"tp": lay.tp <= node.gpus_per_node, "dp": dp_k >= lay.dp, "pp": pp_k >= lay.pp}
     return Placement(k, intra)
 
 

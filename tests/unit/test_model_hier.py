@@ -140,3 +140,65 @@ def test_given_real_wdelta_run_when_validated_expect_dp_wire_bytes_within_tolera
     res = validate(json.loads(data.read_text()), policy_dir=str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
     dp = res["policies"]["hybrid_wdelta"]["dims"]["dp"]
     assert res["ok"] and dp["predicted_wire"] == pytest.approx(dp["measured_wire"], rel=0.001)
+
+
+def _dp_rows(rows):
+    return {r["op"]: (r["raw_per_rank"], r["wire_per_rank"]) for r in rows if r["dim"] == "dp"}
+
+
+def test_given_node_map_when_traffic_with_hierarchy_expect_the_bytes_ccoll_stats_records(tmp_path):
+    """--validate's bytes for ``hierarchy: node``: what enters the compressed inter-node phase (raw) and its payload
+    (wire), per ccoll.collectives.hierarchy's "Stats" (the exact intra-node phases are not counted)."""
+    from ccoll.model import traffic
+    from ccoll.model.core import hierarchy_nbytes, members_per_node
+
+    pol = tmp_path / "hier.yaml"
+    pol.write_text("version: 2\ndefault: {codec: native}\ndp: {codec: int8:block=256, hierarchy: node}\n")
+    c = get_codec("int8:block=256")
+    enc = lambda n: c.encoded_nbytes(n, torch.float32)  # noqa: E731 -- the codec's own size contract
+    lay = Layout(layers=2, hidden=64, heads=4, seq=16, vocab=256, micro_batch=1, micro_batches=1, dp=4,
+                 dtype="float32")
+    p = lay.stage_params(0)
+    assert p == 132864  # 2 x (12 x 64^2 + 7 x 64 + 6 x 64) + 256 x 64 + 2 x 64 + 256 x 64 (4 B each: one segment)
+    assert members_per_node(lay, 2) == {"tp": 1, "dp": 2, "pp": 1}
+    # DP 4 on 2 nodes x 2 (N = 2): the gradient's node-partial half (66432 values, 265728 B) crosses once;
+    # the ZeRO shard of 33216 values is all-gathered between the 2 peers
+    hier = _dp_rows(traffic(lay, str(pol), ranks_per_node=2))
+    assert hier["all_reduce"] == (66432 * 4, enc(66432))
+    assert hier["all_gather"] == (33216 * 4, enc(33216))
+    # flat (no node map): the whole 531456 B gradient, 4 encoded chunks of 33216 -- twice the hierarchy's wire
+    flat = _dp_rows(traffic(lay, str(pol)))
+    assert flat["all_reduce"] == (132864 * 4, 4 * enc(33216))
+    assert enc(66432) < 0.51 * 4 * enc(33216)  # N / (2 L) = 1/2 of flat's bytes, as the module says
+    # one node (4 ranks per node) or one rank per node: ccoll runs the group flat, and so do the counts
+    assert _dp_rows(traffic(lay, str(pol), ranks_per_node=4)) == flat
+    assert _dp_rows(traffic(lay, str(pol), ranks_per_node=1)) == flat
+    # DP 8 on 4 nodes x 2 (N = 4): the half-chunk runs ccoll's flat all_reduce among the 4 peers: 4 x 16608 values
+    big = Layout(**{**lay.__dict__, "dp": 8})
+    assert _dp_rows(traffic(big, str(pol), ranks_per_node=2))["all_reduce"] == (66432 * 4, 4 * enc(16608))
+    # reduce_scatter (ZeRO-2's): the 1/k partial sums among the N peers: 66432 values, 2 encoded spans of 33216
+    assert hierarchy_nbytes(c, "reduce_scatter", p, torch.float32, 4, 2) == (66432 * 4, 2 * enc(33216))
+    with pytest.raises(CcollError, match="no send"):
+        hierarchy_nbytes(c, "send", p, torch.float32, 4, 2)
+
+
+def test_given_hierarchy_run_summary_when_validate_expect_node_map_from_meta_or_argument(tmp_path):
+    from ccoll.model import traffic
+    from ccoll.model.core import per_dim
+    from ccoll.model.fromrun import validate
+
+    pol = tmp_path / "hier.yaml"
+    pol.write_text("version: 2\ndefault: {codec: native}\ndp: {codec: int8:block=256, hierarchy: node}\n")
+    lay = Layout(layers=2, hidden=64, heads=4, seq=16, vocab=256, micro_batch=1, micro_batches=1, dp=4,
+                 dtype="float32", embedding="replicated", lm_head="gathered", learned_positions=True,
+                 lm_head_bias=True)
+    steps = 3
+    measured = per_dim(traffic(lay, str(pol), ranks_per_node=2))  # what a 2 x 2 run's ccoll.stats would hold
+    meta = dict(steps=steps, dp=4, tp=1, pp=1, micro_batch=1, grad_accum=1, global_batch=4, policies=[str(pol)],
+                model=dict(hidden=64, layers=2, heads=4, seq_len=16))
+    s = {"baseline": "hier", "meta": meta, "policies": {"hier": {
+        "bytes": {d: {k: v * steps for k, v in b.items()} for d, b in measured.items()}, "samples_per_s": 1.0}}}
+    assert not validate(s)["ok"]  # without the node map the model counts flat calls
+    assert validate(s, ranks_per_node=2)["ok"]
+    s["meta"]["ranks_per_node"] = 2
+    assert validate(s)["ok"]
