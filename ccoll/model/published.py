@@ -200,9 +200,13 @@ def print_published(rows: list[dict], file=None) -> None:
     print("# published: Xu et al., CCGrid 2024 (arXiv 2409.02423); layout: GPT-NeoX configs/20B.yml; DP gradients "
           "all-reduced in fp16 after the pipeline schedule (DeepSpeed PipelineEngine ReduceGrads); m = 32 (20B.yml), "
           "16 (NeoX-20B's 1538-context batch at DP 24), 1", file=file)
-    print("# found in the public record: the 4 speedups, 192 V100, Lassen, NeoX-20B, 3D + ZeRO-1, MPI + GPU ZFP/MPC. "
-          "Not found: the paper's TP/PP/DP, micro-batch and accumulation, baseline TFLOPS or samples/s, MPI version "
-          "and algorithms, ZFP rates, the scale of each figure", file=file)
+    print("# found in the public record: the 4 speedups, 192 V100, Lassen, NeoX-20B, 3D + ZeRO-1, MPI + GPU ZFP/MPC; "
+          "achieved bandwidth of MPI on POWER9 + V100 + EDR nodes (Shafie Khorassani et al., ISC 2019 workshops: "
+          "MVAPICH2-GDR ~99% of achievable inter-node, ~95% NVLink) and of one EDR port (12.2 GB/s, nccl-tests issue 29), "
+          "modelled in configs/clusters/lassen.yaml; Sierra's 2:1 fabric taper (Zimmer et al., SC19). Not found: the "
+          "paper's TP/PP/DP, micro-batch and accumulation, baseline TFLOPS or samples/s, MPI version and collective "
+          "algorithms, ZFP rates, the scale of each figure, MPI_Allreduce/Allgather curves on GPU buffers at its "
+          "scale, whether Lassen's fabric is tapered", file=file)
     print(memory_line(), file=file)
     print(f"#{'scheme':<7} {'policy':<22} {'m':>3} {'published':>9} {'predicted':>9} {'pred/pub':>8} "
           f"{'gain seen':>9} {'base step s':>11} {'base comm s':>11} within {100 * TARGET:.0f}%", file=file)

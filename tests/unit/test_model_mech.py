@@ -259,6 +259,8 @@ def test_given_published_when_run_expect_frozen_predictions_beside_the_papers_fi
     assert main(["--published"]) == 0
     out = capsys.readouterr().out
     assert "arXiv 2409.02423" in out and "target missed" in out and "does NOT fit" in out and "bounds" in out
+    # the achieved-bandwidth sources it models, and what it could not find, are named
+    assert "Shafie Khorassani" in out and "nccl-tests issue 29" in out and "Not found" in out and "taper" in out
 
 
 def test_given_published_corners_when_bounds_expect_neither_peak_compute_nor_tiny_batch_is_a_prediction():
