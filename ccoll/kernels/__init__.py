@@ -489,8 +489,8 @@ _streams: dict[tuple[int, int], object] = {}
 
 
 def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device) -> None:
-    """Launch ``kernel`` of kernels/<module>.cu (loaded from its NVRTC module ``module_of``) with ``grid`` x ``block`` threads on torch's current
-    stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
+    """Launch ``kernel`` of kernels/<module>.cu (loaded from its NVRTC module, ``module_of``) with
+    ``grid`` x ``block`` threads on torch's current stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
     ``np.uint64`` device addresses of torch-owned memory). The one place that knows how kernels are
     loaded and launched: codecs call only this. Functions are cached per (module, kernel, device) and
     stream views per raw stream, so a launch costs two dict look-ups and the driver call."""

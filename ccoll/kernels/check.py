@@ -196,12 +196,13 @@ def main(argv: list[str]) -> int:
         if report:
             print(report)
     print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
+    target = "--gpu-architecture"  # the options printed are the module's, for every arch
     for module in modules_of(name):
         mb = [b for b in builds if b.name == module]
         print(f"{name}.cu {'' if module == name else f'(module {module}) '}compiles with NVRTC "
               f"{'.'.join(map(str, nvrtc().version))} for {', '.join(b.arch for b in mb)}: {len(mb[0].entries)} "
               f"entry points, every launched kernel present ({len(launched_kernels(name, module))} names/patterns), "
-              f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith('--gpu-architecture'))}")
+              f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith(target))}")
     limit = RESOURCE_LIMITS.get(name)
     if limit is not None:
         print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
