@@ -32,6 +32,8 @@ Optional rotate=hadamard (all formats): each whole block is replaced by H D x be
 rotated back after decoding (CqRot below); decode_sum rotates each payload's block back before adding it.
 It is a compile-time choice: every op has a plain kernel and a `_rot` kernel (CqEncodeRows<.., ROT>, the
 decodes' team_block), so the plain kernels contain no rotation code, no per-lane block arrays and no stack.
+On a GPU the two sets are separate NVRTC modules ("quant" and "quant_rot", CCOLL_QUANT_KERNELS below): the
+_rot module is compiled (or loaded from the bundle) on the first rotate=hadamard launch only.
 
 Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
   [scales: nblocks fp32 (int) or E8M0 bytes (fp8), zero-padded to a multiple of 16 bytes]
@@ -1119,24 +1121,26 @@ __device__ void cq_groups_kernel(const Op& op) {
         cq_teams_kernel(CqEncodeRows<TR, F, false>(x, numel, rows, row_numel, block, stochastic, seed,    \
                                                    feedback, out, 0u), team);                             \
     }                                                                                                     \
+    extern "C" __global__ void ccoll_##FMT##_decode_rows_##NAME(                                          \
+        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
+        cq_groups_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, 0u));             \
+    }                                                                                                     \
+    extern "C" __global__ void CQ_STREAMING ccoll_##FMT##_decode_sum_##NAME(                                           \
+        const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out) {     \
+        cq_groups_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
+    }
+
+#define CQ_GLOBALS_ROT(FMT, F, NAME, TR)                                                                      \
     extern "C" __global__ void ccoll_##FMT##_encode_rows_rot_##NAME(                                      \
         const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
         int stochastic, cq_u32 seed, float* feedback, cq_u8* out, cq_u32 rot_seed) {                      \
         cq_teams_kernel(CqEncodeRows<TR, F, true>(x, numel, rows, row_numel, block, stochastic, seed,     \
                                                   feedback, out, rot_seed), team);                        \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_##FMT##_decode_rows_##NAME(                                          \
-        const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y) { \
-        cq_groups_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, 0u));             \
-    }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_rows_rot_##NAME(                                      \
         const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y, \
         int team, cq_u32 rot_seed) {                                                                      \
         cq_teams_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, rot_seed), team); \
-    }                                                                                                     \
-    extern "C" __global__ void CQ_STREAMING ccoll_##FMT##_decode_sum_##NAME(                                           \
-        const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out) {     \
-        cq_groups_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
     }                                                                                                     \
     extern "C" __global__ void ccoll_##FMT##_decode_sum_rot_##NAME(                                       \
         const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out,       \
@@ -1154,7 +1158,16 @@ __device__ void cq_groups_kernel(const Op& op) {
     CQ_FORMAT(MACRO, fp8e4m3, CqE4M3)     \
     CQ_FORMAT(MACRO, fp8e5m2, CqE5M2)
 
+// CCOLL_QUANT_KERNELS selects which entry points an NVRTC build of this file defines (ccoll/kernels
+// MODULE_PARTS): 1 the plain kernels only ("quant"), 2 the rotate=hadamard ones only ("quant_rot"), unset both
+// (nvcc's compile check, the host build, simt). Split so that a run without rotate never pays NVRTC for the
+// _rot instantiations, the slowest to compile (their teams hold whole blocks in registers).
+#if !defined(CCOLL_QUANT_KERNELS) || CCOLL_QUANT_KERNELS == 1
 CQ_ALL_FORMATS(CQ_GLOBALS)
+#endif
+#if !defined(CCOLL_QUANT_KERNELS) || CCOLL_QUANT_KERNELS == 2
+CQ_ALL_FORMATS(CQ_GLOBALS_ROT)
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // host build: the "emulated" backend (OpenMP over the same blocks / words; teams of one)

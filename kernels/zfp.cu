@@ -40,27 +40,36 @@
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 63/56/56/92 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5)), no local memory, 16.5 KiB shared memory per 128-thread CTA.
+//    the row's 64-bit end). 64/63/63/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5); 63/56/56/92 before the dims=2 plane transpose), no local memory, 24.5 KiB shared memory
+//    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
+//    an SM.
 //  * encode_rows (kept as the reference and for comparison): one thread per block; words that lie inside
 //    the block are plain stores and the (at most two) boundary words are OR-ed atomically into an output
-//    the caller zeroes first. 72/74/74/112 registers (was 102/102/102/153 before the 32-bit plane words
-//    and the RECON/feedback register savings that both encoders share).
+//    the caller zeroes first. 72/72/72/119 registers and a 64/64/64/128-byte stack frame, the dims=2
+//    plane store (was 72/74/74/112 and none before the plane transpose; 102/102/102/153 before the 32-bit
+//    plane words and the RECON/feedback register savings that both encoders share).
 // The block coder itself is the same serial per-block function in both (encode_values); lanes of a warp
-// diverge only in how many group-test steps their blocks take.
+// diverge only in how many group-test steps their blocks take. A dims=2 block's bit planes come from a
+// bit-matrix transpose done once per block into a plane store (shared memory in the tile encoder, a
+// thread-private array in encode_rows and on the host; see transpose_planes); dims=1 gathers each plane.
 //
 // Roofline estimate (not measured: no GPU has run this yet). Per value, encode reads 4 B (f32) and writes
 // R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x ~1.9 GHz ~ 16e12
 // integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy bandwidth needs
 // ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Counted from
 // the code (f32, rate 8): dims=1 spends ~500-600 instructions per 4-value block (load + fixed point ~60,
-// lifting ~20, ~8 coded planes x ~50 for the plane gather, verbatim bits and group tests, ~40 to assemble
+// lifting ~20, ~7 coded planes x ~50 for the plane gather, verbatim bits and group tests, ~40 to assemble
 // its output word), i.e. ~140 per value, ~200 with lane divergence: ~15-20% of copy bandwidth, still
-// instruction-bound. dims=2 amortises the header and the assembly over 16 values (~1700 per block, ~110
-// per value, ~25-30% of copy). Memory is far from the limit either way (<= 5 B per value at ~4 TB/s).
-// What would cut the instruction count next: building bit planes with a bit-matrix transpose (or lanes
-// sharing a block's planes through __ballot_sync) instead of S shift/and/or per plane, and a warp-wide
-// plane loop (lanes coding 32 blocks' plane k together) to remove divergence.
+// instruction-bound. dims=2 amortises the header and the assembly over 16 values: ~1700 per block
+// (~110 per value) with a per-plane gather; the transpose (static sm_90 SASS of encode_tiles_f32 via
+// nvdisasm: +164 instructions before the plane loop, 57 -> 26 to start each plane) saves ~160 per block
+// at rate 8 (~10.5 coded planes a block for Gaussian values, counted by a Python mirror of the plane
+// loop) and ~410 at rate 16 (~18.5 planes): ~100 per value at rate 8, ~27-33% of copy. Memory is far
+// from the limit either way (<= 5 B per value at ~4 TB/s). What would cut the instruction count next:
+// dims=1's plane loop itself (21 instructions to start a plane, then the group tests), a warp-wide plane
+// loop (lanes coding 32 blocks' plane k together) to remove divergence, and the ~10 of dims=2's 26 that
+// recompute the lane's shared-memory address each plane (rematerialised under the register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -552,6 +561,69 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
   return kmin > 0 ? kmin : 0;
 }
 
+// ---- bit planes by a bit-matrix transpose (dims=2) -----------------------------------------------------
+// The coder needs plane k of the block (bit k of the S coefficients u[0..S-1], as an S-bit word) for
+// k = P-1, P-2, ... Gathering it per plane costs S shift/and/or: for dims=2 47 of the 57 SASS
+// instructions that start each plane (f32, sm_90). Instead a dims=2 block is transposed once: 4 rounds of
+// delta swaps exchanging bit s of the row index with bit s of the column index (s = 1, 2, 4, 8), after which
+//   t[k & 15] bits [k & ~15, (k & ~15) + 16)  = plane k,
+// i.e. word j holds planes j, j+16 (, j+32, j+48 for double) as 16-bit fields. The words go to a plane store
+// (the tile encoder: the lane's slice of shared memory, conflict-free; the per-block encoder and the host:
+// an array), because k is not a compile-time constant and a dynamically indexed register array would be
+// local memory; a plane is then one load, a shift and a mask (plane_of). Counted in the sm_90 SASS of
+// ccoll_zfp_encode_tiles_f32 (nvdisasm): the block's straight-line code before the plane loop grows by 164
+// instructions (32 swaps, those of the s = 8 round two byte permutes each, 16 stores; 188 with that round
+// as shifts too), each plane's start shrinks from 57 to 26. dims=1 keeps the gather: 4 values make it 11
+// instructions a plane, and the transpose's 34 extra instructions a block would cost about what the ~7
+// coded planes of a rate-8 block save.
+CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA's __byte_perm
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, sel);
+#else
+  ccoll_u64 xy = ((ccoll_u64)y << 32) | x;
+  ccoll_u32 r = 0;
+  for (int i = 0; i < 4; i++) r |= (ccoll_u32)((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+// rows a (index bit s clear) and b (set): a's columns c with (c & s) != 0 trade places with b's c - s
+template <class UInt> CCOLL_HD void delta_swap(UInt& a, UInt& b, int s) {
+  // the columns c with (c & s) == 0: 0x55.., 0x33.., 0x0f.., 0x00ff.. for s = 1, 2, 4, 8
+  const UInt m = ~(UInt)0 / (((UInt)1 << s) + 1);
+  UInt x = ((a >> s) ^ b) & m;
+  b ^= x;
+  a ^= x << s;
+}
+CCOLL_HD void delta_swap(ccoll_u32& a, ccoll_u32& b, int s) {
+  if (s == 8) {  // whole bytes: a = (a0, b0, a2, b2), b = (a1, b1, a3, b3), two PRMT instead of five ops
+    ccoll_u32 na = byte_perm(a, b, 0x6240), nb = byte_perm(a, b, 0x7351);
+    a = na;
+    b = nb;
+    return;
+  }
+  delta_swap<ccoll_u32>(a, b, s);
+}
+template <class UInt, int S> CCOLL_HD void transpose_planes(UInt* t) {
+#pragma unroll
+  for (int s = 1; s < S; s <<= 1) {
+#pragma unroll
+    for (int i = 0; i < S; i++)
+      if (!(i & s)) delta_swap(t[i], t[i + s], s);
+  }
+}
+
+// Where a block's transposed plane words live: word j at p[j * stride].
+template <class UInt> struct PlaneStore {
+  UInt* p;
+  int stride;
+  CCOLL_HD PlaneStore(UInt* base, int s) : p(base), stride(s) {}
+  CCOLL_HD void put(int j, UInt w) { p[j * stride] = w; }
+  // plane k (an S-bit word) of the block stored by put
+  template <int S> CCOLL_HD ccoll_u32 plane_of(int k) const {
+    return (ccoll_u32)(p[(k & (S - 1)) * stride] >> (k & ~(S - 1))) & (ccoll_u32)((1ull << S) - 1);
+  }
+};
+
 // ---- one block ------------------------------------------------------------------------------------
 
 // The values a decoder reconstructs from a block's coefficients u (bit planes as read) and exponent.
@@ -587,8 +659,10 @@ template <class Scalar> CCOLL_HD Scalar canonical_nan() {
 // LaneWriter (32-bit words into a lane-private buffer; the tile kernel). Both take n <= 32 bits per call.
 // Bits not written read as zero: BlockWriter's output is zeroed first, LaneWriter::finish() (which the
 // tile encoder calls after every block, also after an early return here) zero-fills the rest.
+// ps: S words of scratch for the transposed bit planes of a dims=2 block (transpose_planes; dims=1 uses none).
 template <class Scalar, int D, bool RECON, class W>
-CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d) {
+CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
+                            PlaneStore<typename Traits<Scalar>::UInt> ps) {
   typedef Traits<Scalar> T;
   typedef typename T::Int Int;
   typedef typename T::UInt UInt;
@@ -632,6 +706,15 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d) {
   UInt u[S];
 #pragma unroll
   for (int i = 0; i < S; i++) u[i] = ((UInt)q[Dims<D>::perm(i)] + T::nbmask()) ^ T::nbmask();
+  const bool TRANSPOSE = S == 16;  // dims=2 (see transpose_planes)
+  if (TRANSPOSE) {
+    UInt t[S];  // a copy: RECON still needs u after the plane loop
+#pragma unroll
+    for (int i = 0; i < S; i++) t[i] = u[i];
+    transpose_planes<UInt, S>(t);
+#pragma unroll
+    for (int j = 0; j < S; j++) ps.put(j, t[j]);
+  }
 
   // embedded bit-plane coder with group testing
   int bits = maxbits - 1 - T::EBITS;
@@ -645,8 +728,12 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d) {
   for (int k = P; bits > 0 && k > kmin;) {
     --k;
     ccoll_u32 x = 0;  // the plane as an S-bit word (S <= 16)
+    if (TRANSPOSE) {
+      x = ps.template plane_of<S>(k);
+    } else {
 #pragma unroll
-    for (int i = 0; i < S; i++) x |= (ccoll_u32)((u[i] >> k) & 1) << i;
+      for (int i = 0; i < S; i++) x |= (ccoll_u32)((u[i] >> k) & 1) << i;
+    }
     int m = nsig < bits ? nsig : bits;
     bits -= m;
     ccoll_u32 xr = x & ((1u << m) - 1);  // m <= 16
@@ -750,7 +837,7 @@ CCOLL_HD ccoll_u64 blocks_per(ccoll_u64 n, int dims) { return dims == 2 ? (n + 1
 // Encodes the block at sp (with error feedback when `feedback` is not null) through the bit writer w.
 template <class St, int D, class W>
 CCOLL_HD void encode_span(const typename St::Stor* src, const Span& sp, int maxbits, typename St::Fb* feedback,
-                          W& w) {
+                          W& w, PlaneStore<typename Traits<typename St::Code>::UInt> ps) {
   typedef typename St::Code Code;
   typedef typename St::Fb Fb;
   const int S = Dims<D>::S;
@@ -758,7 +845,7 @@ CCOLL_HD void encode_span(const typename St::Stor* src, const Span& sp, int maxb
   load_block<St, D>(src, sp, v);
   if (!feedback) {
     if (sp.m < S) pad_block<Code, D>(v, sp.m);
-    encode_values<Code, D, false>(v, maxbits, w, v);
+    encode_values<Code, D, false>(v, maxbits, w, v, ps);
     return;
   }
   // error feedback: c = x + r in the residual type, sent = c rounded to the tensor's dtype
@@ -767,7 +854,7 @@ CCOLL_HD void encode_span(const typename St::Stor* src, const Span& sp, int maxb
     if (i < sp.m) v[i] = round_to<St>((Code)add_rn((Fb)v[i], feedback[sp.g0 + i]));
   if (sp.m < S) pad_block<Code, D>(v, sp.m);
   Code d[S];  // what every receiver will decode
-  encode_values<Code, D, true>(v, maxbits, w, d);
+  encode_values<Code, D, true>(v, maxbits, w, d, ps);
 #pragma unroll
   for (int i = 0; i < S; i++) {
     if (i < sp.valid) {  // c recomputed from the (cached) inputs instead of held in registers
@@ -787,7 +874,10 @@ CCOLL_HD void encode_row_block(const typename St::Stor* src, ccoll_u64 numel, cc
   ccoll_u64 r = g / nblk_row, b = g - r * nblk_row;
   Span sp(numel, row_numel, r, b, Dims<D>::S);
   BlockWriter w(out + r * row_words, b * (ccoll_u64)maxbits, (b + 1) * (ccoll_u64)maxbits);
-  encode_span<St, D>(src, sp, maxbits, feedback, w);
+  // the plane words in a thread-private array (local memory on the GPU: this is the reference encoder;
+  // the tile encoder keeps them in shared memory)
+  typename Traits<typename St::Code>::UInt planes[Dims<D>::S];
+  encode_span<St, D>(src, sp, maxbits, feedback, w, PlaneStore<typename Traits<typename St::Code>::UInt>(planes, 1));
 }
 
 // ---- tiles: the warp-cooperative encoder (one warp per 32 consecutive blocks of a row) -----------------
@@ -806,6 +896,7 @@ const int TILE = 32;  // blocks per tile (= lanes of a warp)
 CCOLL_HD int lane_words(int maxbits) { return (maxbits + 31) >> 5; }
 CCOLL_HD int lane_stride(int maxbits) { return lane_words(maxbits) | 1; }
 const int MAX_LANE_STRIDE = 33;
+const int MAX_PLANE_WORDS = 16;  // transposed plane words per block (S of dims=2)
 
 // One block's bits into `nwords` 32-bit words, least significant bit first; finish() writes the
 // pending word and zeros up to nwords (idempotent). At most 32 bits per write_bits call.
@@ -846,15 +937,18 @@ struct LaneWriter {
 CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
 
 // Phase 1, lane `lane` of tile `tile` (over all rows): its block into buf + lane * lane_stride(maxbits).
+// planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved (word j of lane l at
+// planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
 template <class St, int D>
 CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 tile,
                                ccoll_u64 ntile_row, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
-                               int lane, ccoll_u32* buf) {
+                               int lane, ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
   ccoll_u64 r = tile / ntile_row, b = (tile - r * ntile_row) * TILE + lane;
   LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
   if (b < nblk_row) {
     Span sp(numel, row_numel, r, b, Dims<D>::S);
-    encode_span<St, D>(src, sp, maxbits, feedback, w);
+    encode_span<St, D>(src, sp, maxbits, feedback, w,
+                       PlaneStore<typename Traits<typename St::Code>::UInt>(planes + lane, TILE));
   }
   w.finish();
 }
@@ -981,16 +1075,17 @@ namespace ccoll_zfp {
 template <class St>
 __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
                                                   int rows, int dims, int maxbits, ccoll_u64 row_words,
-                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf) {
+                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
+                                                  typename Traits<typename St::Code>::UInt* planes) {
   const int lane = (int)(threadIdx.x & 31);
   const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
   const ccoll_u64 warps = (ccoll_u64)gridDim.x * (blockDim.x >> 5);
   // the tile index is the same for the 32 lanes of a warp: every lane runs every iteration (full-warp syncs)
   for (ccoll_u64 tile = (ccoll_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); tile < total; tile += warps) {
     if (dims == 2)
-      encode_tile_lane<St, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf);
+      encode_tile_lane<St, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
     else
-      encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf);
+      encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
     __syncwarp();
     assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, out);
     __syncwarp();  // the buffer is rewritten by the next tile
@@ -1004,9 +1099,12 @@ __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, 
       const ST::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, int rows, int dims, int maxbits,               \
       ccoll_u64 row_words, ST::Fb* feedback, ccoll_u64* out) {                                                  \
     __shared__ ccoll_u32 buf[CCOLL_ZFP_TILE_THREADS / 32][ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];        \
+    __shared__ ccoll_zfp::Traits<ST::Code>::UInt                                                                \
+        planes[CCOLL_ZFP_TILE_THREADS / 32][ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                      \
     if (blockDim.x != CCOLL_ZFP_TILE_THREADS) __trap();                                                         \
     ccoll_zfp::encode_tiles_warp<ST>(src, numel, row_numel, rows, dims, maxbits, row_words, feedback,          \
-                                     reinterpret_cast<ccoll_u32*>(out), buf[threadIdx.x >> 5]);                 \
+                                     reinterpret_cast<ccoll_u32*>(out), buf[threadIdx.x >> 5],                  \
+                                     planes[threadIdx.x >> 5]);                                                 \
   }
 
 CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f32, ccoll_zfp::StF32, 8)
@@ -1026,11 +1124,14 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
     _Pragma("omp parallel for schedule(static)")                                                                \
     for (ccoll_i64 tile = 0; tile < (ccoll_i64)(ntile * rows); tile++) {                                        \
       ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
+      ccoll_zfp::Traits<ST::Code>::UInt planes[ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                   \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
         if (dims == 2)                                                                                          \
-          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf); \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+                                              planes);                                                          \
         else                                                                                                    \
-          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf); \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+                                              planes);                                                          \
       }                                                                                                         \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
         ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, reinterpret_cast<ccoll_u32*>(out)); \

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="compiles at once (NVRTC releases the GIL)")
     args = ap.parse_args(argv)
     archs = [a for a in args.archs.split(",") if a]
-    jobs = [(name, arch) for name in kernels.kernel_names() for arch in archs]
+    jobs = [(name, arch) for name in kernels.module_names() for arch in archs]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         built = list(pool.map(lambda job: build_one(*job), jobs))
     keep = {b["file"] for b in built}

@@ -448,7 +448,7 @@ def environment(torch, device_type: str) -> dict:
         arch = f"sm_{props.major}{props.minor}"
         env.update(gpu=props.name, memory_GiB=props.total_memory >> 30, capability=f"{props.major}.{props.minor}",
                    cupy=cupy.__version__,
-                   bundle_matches={n: kernels.bundle_path(n, arch).exists() for n in kernels.kernel_names()})
+                   bundle_matches={n: kernels.bundle_path(n, arch).exists() for n in kernels.module_names()})
     return env
 
 

@@ -61,9 +61,59 @@ PTXAS_VERBOSE = "--ptxas-options=-v"
 
 _lock = threading.Lock()
 
+#: NVRTC modules (what a GPU loads and ``make gpu-bundle`` carries) made from part of a source: source ->
+#: ((module, kernel-name regex, extra NVRTC options), ...); a source not listed is one module of its own name.
+#: kernels/quant.cu's rotate=hadamard kernels (``_rot_``) are a module of their own, compiled on their first
+#: launch only: they take most of the file's NVRTC time (sm_90: the whole file 61 s, the plain kernels alone
+#: 11 s, the _rot ones 27 s, on a 2-core CI machine), which a run without rotate need not pay. The host build,
+#: nvcc's compile check and simt still compile the whole file (no CCOLL_QUANT_KERNELS).
+MODULE_PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    "quant": (("quant", r"(?!.*_rot_)\w+", ("-DCCOLL_QUANT_KERNELS=1",)),
+              ("quant_rot", r"\w+_rot_\w+", ("-DCCOLL_QUANT_KERNELS=2",))),
+}
+
 
 def kernel_names() -> list[str]:
+    """The sources kernels/*.cu by name (a host library, a simt library and a kernels-check each)."""
     return sorted(p.stem for p in KERNEL_DIR.glob("*.cu"))
+
+
+def modules_of(name: str) -> tuple[str, ...]:
+    """The NVRTC modules of source ``name`` (``MODULE_PARTS``; else the source's own name)."""
+    parts = MODULE_PARTS.get(name)
+    return tuple(p[0] for p in parts) if parts else (name,)
+
+
+def module_names() -> list[str]:
+    """Every NVRTC module, over all sources."""
+    return [m for name in kernel_names() for m in modules_of(name)]
+
+
+def _module_part(module: str) -> tuple[str, str, tuple[str, ...]]:
+    """(source, kernel regex, extra options) of an NVRTC module."""
+    for name, parts in MODULE_PARTS.items():
+        for part in parts:
+            if part[0] == module:
+                return name, part[1], part[2]
+    return module, r"\w+", ()
+
+
+def module_source(module: str) -> str:
+    """The source name an NVRTC module is compiled from."""
+    return _module_part(module)[0]
+
+
+def module_of(name: str, kernel: str) -> str:
+    """The NVRTC module of source ``name`` that defines ``kernel``."""
+    for part in MODULE_PARTS.get(name, ()):
+        if re.fullmatch(part[1], kernel):
+            return part[0]
+    return name
+
+
+def module_options(module: str, arch: str) -> tuple[str, ...]:
+    """``nvrtc_options(arch)`` plus the module's own defines (``MODULE_PARTS``): its effective NVRTC options."""
+    return nvrtc_options(arch) + _module_part(module)[2]
 
 
 def source(name: str) -> Path:
@@ -83,7 +133,8 @@ def _nvcc() -> str:
 
 
 def _deps(name: str) -> list[Path]:
-    return [source(name), *KERNEL_DIR.glob("*.cuh")]
+    """The files a build of source or module ``name`` depends on."""
+    return [source(module_source(name)), *KERNEL_DIR.glob("*.cuh")]
 
 
 def host_library_path(name: str) -> Path:
@@ -287,10 +338,11 @@ class NvrtcBuild:
 
 
 def compile_nvrtc(name: str, arch: str, verbose: bool = False) -> NvrtcBuild:
-    """Compile kernels/<name>.cu with NVRTC for ``arch`` using exactly ``nvrtc_options(arch)`` (``verbose``:
-    plus ``PTXAS_VERBOSE``, so the log reports each kernel's resources; an sm_XY target only)."""
-    options = nvrtc_options(arch) + ((PTXAS_VERBOSE,) if verbose else ())
-    path = source(name)
+    """Compile NVRTC module ``name`` (kernels/<name>.cu, or the part of a source ``MODULE_PARTS`` names) for
+    ``arch`` using exactly ``module_options(name, arch)`` (``verbose``: plus ``PTXAS_VERBOSE``, so the log
+    reports each kernel's resources; an sm_XY target only)."""
+    options = module_options(name, arch) + ((PTXAS_VERBOSE,) if verbose else ())
+    path = source(module_source(name))
     ptx, cubin, log = nvrtc().compile(path.read_text(), str(path), options)
     return NvrtcBuild(name, arch, options, ptx.rstrip(b"\0").decode(), cubin, log)
 
@@ -311,7 +363,7 @@ def device_target(capability: tuple[int, int]) -> str:
 def _cached_build(name: str, arch: str) -> bytes:
     """The module image for kernels/<name>.cu on ``arch``, cached under build/nvrtc/ keyed by the sources,
     the options and the NVRTC version (ranks of one job then compile once). Uncached if build/ is read-only."""
-    key = hashlib.sha256(repr((nvrtc().version, nvrtc_options(arch))).encode())
+    key = hashlib.sha256(repr((nvrtc().version, module_options(name, arch))).encode())
     for dep in sorted(_deps(name)):
         key.update(dep.name.encode() + b"\0" + dep.read_bytes())
     path = BUILD_DIR / "nvrtc" / f"{name}-{arch}-{key.hexdigest()[:20]}.bin"
@@ -344,7 +396,7 @@ def bundle_key(name: str, arch: str) -> str:
     as the relative "kernels", since the checkout's path differs between machines) and every source's bytes.
     Any edit to a .cu/.cuh file or to the options gives a new key, so a stale cubin is never loaded. The
     NVRTC version is not in the key: a cubin for sm_XY runs on any sm_XY device whose driver loads it."""
-    options = tuple("-Ikernels" if o == f"-I{KERNEL_DIR}" else o for o in nvrtc_options(arch))
+    options = tuple("-Ikernels" if o == f"-I{KERNEL_DIR}" else o for o in module_options(name, arch))
     key = hashlib.sha256(repr(options).encode())
     for dep in sorted(_deps(name)):
         key.update(dep.name.encode() + b"\0" + dep.read_bytes())
@@ -376,7 +428,7 @@ _modules: dict[tuple[str, int], object] = {}
 
 
 def cupy_module(name: str, device_index: int):
-    """kernels/<name>.cu as a CuPy ``Module`` on CUDA device ``device_index``: the carried cubin of
+    """NVRTC module ``name`` (``modules_of``) as a CuPy ``Module`` on CUDA device ``device_index``: the carried cubin of
     ``make gpu-bundle`` when one matches the sources (``bundle_path``), else NVRTC with
     ``nvrtc_options(device_target(capability))``; loaded with cuModuleLoadData. Once per process and device."""
     with _lock:
@@ -437,8 +489,8 @@ _streams: dict[tuple[int, int], object] = {}
 
 
 def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device) -> None:
-    """Launch ``kernel`` of kernels/<module>.cu with ``grid`` x ``block`` threads on torch's current
-    stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
+    """Launch ``kernel`` of kernels/<module>.cu (loaded from its NVRTC module, ``module_of``) with
+    ``grid`` x ``block`` threads on torch's current stream of CUDA ``device``, without synchronising. ``args`` are numpy scalars (pointers as
     ``np.uint64`` device addresses of torch-owned memory). The one place that knows how kernels are
     loaded and launched: codecs call only this. Functions are cached per (module, kernel, device) and
     stream views per raw stream, so a launch costs two dict look-ups and the driver call."""
@@ -448,7 +500,7 @@ def launch(module: str, kernel: str, grid: int, block: int, args: tuple, device)
     fn = _functions.get((module, kernel, index))
     cupy = _cupy()
     if fn is None:
-        mod = cupy_module(module, index)
+        mod = cupy_module(module_of(module, kernel), index)
         try:
             with cupy.cuda.Device(index):
                 fn = mod.get_function(kernel)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from ..errors import KernelError
 from . import (
-    CHECK_ARCHS, KERNEL_DIR, NVRTC_OPTIONS, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, compile_nvrtc,
-    kernel_names, nvrtc, source,
+    CHECK_ARCHS, KERNEL_DIR, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, compile_nvrtc,
+    kernel_names, module_of, module_options, module_source, modules_of, nvrtc, source,
 )
 
 
@@ -63,23 +63,28 @@ def check_compile(name: str, archs=CHECK_ARCHS) -> None:
 
 
 def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
-    """Compile kernels/<name>.cu with NVRTC for each sm_XY, exactly as the GPU path does on such a device
-    (plus ptxas's resource report), and verify each build (``verify_nvrtc_build``)."""
-    builds = [compile_nvrtc(name, arch, verbose=True) for arch in archs]
+    """Compile each NVRTC module of kernels/<name>.cu (``modules_of``) with NVRTC for each sm_XY, exactly as
+    the GPU path does on such a device (plus ptxas's resource report), and verify each build
+    (``verify_nvrtc_build``)."""
+    builds = [compile_nvrtc(module, arch, verbose=True) for module in modules_of(name) for arch in archs]
     for build in builds:
         verify_nvrtc_build(build)
     return builds
 
 
 def verify_nvrtc_build(build: NvrtcBuild) -> None:
-    """KernelError unless every kernel ccoll/codecs/<name>.py launches is an entry point of the build, no
-    instruction of its PTX flushes subnormals (``.ftz``) and, for a cubin with ptxas's resource report,
-    every kernel keeps to the source's ``RESOURCE_LIMITS``."""
+    """KernelError unless every kernel ccoll/codecs/<source>.py launches from this module is an entry point
+    of the build, no instruction of its PTX flushes subnormals (``.ftz``) and, for a cubin with ptxas's
+    resource report, every kernel keeps to the source's ``RESOURCE_LIMITS``."""
+    src = module_source(build.name)
     problems = [
-        f"no entry point matches {pattern!r} (launched by ccoll.codecs.{build.name})"
-        for pattern in launched_kernels(build.name)
+        f"no entry point matches {pattern!r} (launched by ccoll.codecs.{src})"
+        for pattern in launched_kernels(src, module=build.name)
         if not any(re.fullmatch(pattern, entry) for entry in build.entries)
     ]
+    # a module built from part of a source holds only its own kernels (else the split saves no compile time)
+    problems += [f"entry point {e} belongs to module {module_of(src, e)}" for e in sorted(build.entries)
+                 if module_of(src, e) != build.name]
     ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
     if ftz:
         problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
@@ -92,7 +97,7 @@ def verify_nvrtc_build(build: NvrtcBuild) -> None:
 def resource_problems(build: NvrtcBuild) -> list[str]:
     """``RESOURCE_LIMITS`` of build.name broken by the build's kernels; for a verbose cubin build, a kernel
     missing from ptxas's report is a problem too (the rule must not pass vacuously)."""
-    limit = RESOURCE_LIMITS.get(build.name)
+    limit = RESOURCE_LIMITS.get(module_source(build.name))
     if limit is None or build.cubin is None or PTXAS_VERBOSE not in build.options:
         return []
     resources = build.resources
@@ -111,7 +116,9 @@ def resource_report(builds: list[NvrtcBuild]) -> str:
     names = sorted(set().union(*(b.resources for b in builds)))
     width = max(len(n) for n in names)
     head = " | ".join(f"{b.arch} registers / local bytes" for b in builds)
-    lines = [f"{builds[0].name}.cu resources per thread ({head}):"]
+    module, src = builds[0].name, module_source(builds[0].name)
+    label = f"{src}.cu" if module == src else f"{src}.cu (module {module})"
+    lines = [f"{label} resources per thread ({head}):"]
     for n in names:
         cells = []
         for b in builds:
@@ -121,22 +128,23 @@ def resource_report(builds: list[NvrtcBuild]) -> str:
     return "\n".join(lines)
 
 
-def launched_kernels(name: str) -> list[str]:
+def launched_kernels(name: str, module: str | None = None) -> list[str]:
     """Regular expressions (exact names, escaped), one per kernel that ccoll/codecs/<name>.py launches from
     kernels/<name>.cu: its ``CUDA_KERNELS`` tuple, else the kernel table of ccoll/kernels/call.py (every
-    launch goes through it); [] for a name with no codec module."""
+    launch goes through it); [] for a name with no codec module. ``module``: only those loaded from that
+    NVRTC module (``module_of``)."""
     import importlib
 
     try:
-        module = importlib.import_module(f"ccoll.codecs.{name}")
+        codec = importlib.import_module(f"ccoll.codecs.{name}")
     except ImportError:
         return []
-    names = getattr(module, "CUDA_KERNELS", None)
+    names = getattr(codec, "CUDA_KERNELS", None)
     if names is None:
         from .call import cuda_kernels
 
         names = cuda_kernels(name)
-    return [re.escape(n) for n in names]
+    return [re.escape(n) for n in names if module is None or module_of(name, n) == module]
 
 
 def _check_in_processes(names: list[str]) -> int:
@@ -183,16 +191,20 @@ def main(argv: list[str]) -> int:
         nvcc = pool.submit(check_compile, name)
         builds = check_nvrtc(name)
         nvcc.result()
-    report = resource_report(builds)
-    if report:
-        print(report)
+    for module in modules_of(name):
+        report = resource_report([b for b in builds if b.name == module])
+        if report:
+            print(report)
     print(f"{name}.cu compiles for {', '.join(CHECK_ARCHS)}")
-    print(f"{name}.cu compiles with NVRTC {'.'.join(map(str, nvrtc().version))} for "
-          f"{', '.join(b.arch for b in builds)}: {len(builds[0].entries)} entry points, every launched "
-          f"kernel present ({len(launched_kernels(name))} names/patterns), no .ftz; options: "
-          f"{' '.join(NVRTC_OPTIONS)}")
+    target = "--gpu-architecture"  # the options printed are the module's, for every arch
+    for module in modules_of(name):
+        mb = [b for b in builds if b.name == module]
+        print(f"{name}.cu {'' if module == name else f'(module {module}) '}compiles with NVRTC "
+              f"{'.'.join(map(str, nvrtc().version))} for {', '.join(b.arch for b in mb)}: {len(mb[0].entries)} "
+              f"entry points, every launched kernel present ({len(launched_kernels(name, module))} names/patterns), "
+              f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith(target))}")
     limit = RESOURCE_LIMITS.get(name)
     if limit is not None:
         print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
-              f"local memory, for {', '.join(b.arch for b in builds)}")
+              f"local memory, for {', '.join(dict.fromkeys(b.arch for b in builds))}")
     return 0

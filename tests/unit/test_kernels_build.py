@@ -237,3 +237,31 @@ def test_given_launches_on_two_torch_streams_expect_one_build_one_lookup_and_no_
     monkeypatch.setattr(kernels, "compile_nvrtc", lambda *a: pytest.fail("recompiled despite the cache"))
     kernels.cupy_module("zfp", 0)
     assert log["load"][1] == log["load"][0]
+
+
+def test_given_quant_expect_rotate_kernels_in_their_own_nvrtc_module_so_plain_runs_never_compile_them():
+    """kernels/quant.cu is two NVRTC modules (``MODULE_PARTS``): the plain kernels ("quant") and the
+    rotate=hadamard ones ("quant_rot"), each with its own defines, cache and bundle key; every launched
+    kernel belongs to exactly one, and a launch loads the one that defines its kernel. No compile here: the
+    check (test above) verifies each module exports its launched kernels and nothing of the other's."""
+    from ccoll.kernels.call import cuda_kernels
+
+    assert kernels.modules_of("quant") == ("quant", "quant_rot")
+    assert kernels.modules_of("zfp") == ("zfp",) and kernels.module_source("zfp") == "zfp"
+    assert kernels.module_source("quant_rot") == "quant"
+    assert {"quant", "quant_rot", "zfp", "lossless"} <= set(kernels.module_names())
+    names = cuda_kernels("quant")
+    rot = [k for k in names if kernels.module_of("quant", k) == "quant_rot"]
+    plain = [k for k in names if kernels.module_of("quant", k) == "quant"]
+    assert len(rot) == len(plain) == 36 and all("_rot_" in k for k in rot) and not any("_rot_" in k for k in plain)
+    assert kernels.module_of("zfp", "ccoll_zfp_encode_tiles_f32") == "zfp"
+    assert kernels.module_options("quant", "sm_90") == kernels.nvrtc_options("sm_90") + ("-DCCOLL_QUANT_KERNELS=1",)
+    assert kernels.module_options("quant_rot", "sm_90")[-1] == "-DCCOLL_QUANT_KERNELS=2"
+    assert kernels.module_options("zfp", "sm_90") == kernels.nvrtc_options("sm_90")
+    assert kernels.bundle_key("quant", "sm_90") != kernels.bundle_key("quant_rot", "sm_90")
+    # a build holding the other module's kernels fails the check
+    ptx = ".visible .entry ccoll_int8_encode_rows_f32(\n.visible .entry ccoll_int8_encode_rows_rot_f32(\n"
+    build = kernels.NvrtcBuild("quant_rot", "compute_90", kernels.module_options("quant_rot", "compute_90"), ptx,
+                               None, "")
+    with pytest.raises(KernelError, match="ccoll_int8_encode_rows_f32 belongs to module quant"):
+        kernels_check.verify_nvrtc_build(build)
