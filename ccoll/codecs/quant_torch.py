@@ -10,6 +10,7 @@ import threading
 import torch
 
 from .buffers import aligned, aligned_like, empty_cpu
+from .rowsum import add_rows_
 from .quant_format import _hadamard_, _rotation_sign_bits, _uniform
 
 _FLT_MIN_NORMAL = 2.0**-126
@@ -19,13 +20,6 @@ _PLAIN_SCALE_LIMIT = 2.0**120
 _CHUNK_NUMEL = 1 << 20
 #: least elements per row of one decode_sum span (fewer, longer adds when there are many rows)
 _SUM_SPAN_NUMEL = 1 << 14
-#: decode_sum adds up to this many rows into the sum one ``add_`` each, more with one ``index_add_``.
-#: Why: the same fp32 adds in the same row order, but index_add_ (CPU: scatter_add_) splits even a
-#: 16K-value span over torch's thread pool; on a host whose cores are busy (the usual case when ranks
-#: share a node) the call then waits for a thread to be scheduled (int8 all_reduce of 64 KiB on two
-#: ranks, 2-core host under load: ~160 us per call in index_add_ for ~4 us of adding). A few plain adds
-#: cost a few us each; index_add_ stays where its constant op count wins (many ranks).
-_SUM_ADD_ROWS = 16
 #: 1.5 * 2^23: for |v| < 2^22, (v + _ROUND_MAGIC) - _ROUND_MAGIC is v rounded to the nearest integer,
 #: ties to even (the add rounds at unit precision in fp32's round-to-nearest-even; both steps are exact
 #: otherwise), i.e. rintf up to the sign of a zero. Why not ``round_``: torch's rounding ops go through
@@ -314,10 +308,9 @@ class QuantTorchBackend:
 
     def _decode_sum_torch(self, payloads: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor) -> None:
         """Row-order fp32 sum of the rows' decodes (each rounded to dtype first, as decode returns them).
-        All p rows of a span are decoded in one pass; the sum is one ``add_`` per row up to _SUM_ADD_ROWS
-        rows, else one ``index_add_`` per span, which on CPU adds the source rows into the accumulator in
-        index order (torch's reductions have no fixed order) -- the same adds in the same order -- over a
-        span that stays in cache: a constant number of ops whatever p.
+        All p rows of a span are decoded in one pass; the sum (``rowsum.add_rows_``: one ``add_`` per row for few
+        rows, one ``index_add_`` for many) adds the rows into the accumulator in row order (torch's
+        reductions have no fixed order) over a span that stays in cache.
 
         Row 0 is decoded straight into ``out`` when 0.0 + decode is the decode (fp32 output, no -0.0: int
         formats, unrotated -- the rotation's signs and 2^-k can make -0.0): no zeroing pass, no scratch, and
@@ -330,7 +323,6 @@ class QuantTorchBackend:
         work = _scratch("sum.work", rest * span, torch.float32) if rest else None
         narrow = None if dtype == torch.float32 else _scratch("sum.narrow", rest * span, dtype)
         qwork = self._unpack_scratch(max(rest, 1) * span)
-        zeros = torch.zeros(rest, dtype=torch.long) if rest > _SUM_ADD_ROWS else None
         for j0 in range(0, numel, span):
             j1 = min(numel, j0 + span)
             acc = out[j0:j1].view(1, -1)
@@ -343,8 +335,4 @@ class QuantTorchBackend:
                     v.view(-1).copy_(narrow[: v.numel()].copy_(v.view(-1)))
                 if not direct:
                     acc.zero_()
-                if rest <= _SUM_ADD_ROWS:
-                    for r in range(rest):
-                        acc.add_(v[r : r + 1])
-                else:
-                    acc.index_add_(0, zeros, v)
+                add_rows_(acc, v)
