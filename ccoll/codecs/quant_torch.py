@@ -20,11 +20,13 @@ _PLAIN_SCALE_LIMIT = 2.0**120
 _CHUNK_NUMEL = 1 << 20
 #: least elements per row of one decode_sum span (fewer, longer adds when there are many rows)
 _SUM_SPAN_NUMEL = 1 << 14
-#: 1.5 * 2^23: for |v| < 2^22, (v + _ROUND_MAGIC) - _ROUND_MAGIC is v rounded to the nearest integer,
-#: ties to even (the add rounds at unit precision in fp32's round-to-nearest-even; both steps are exact
-#: otherwise), i.e. rintf up to the sign of a zero. Why not ``round_``: torch's rounding ops go through
-#: its vectorised-math path, which splits a tensor over the thread pool from a few thousand values, and
-#: a busy host makes each small call wait for a thread (measured 5-100x a plain add at 16K values).
+#: 1.5 * 2^23: for |v| < 2^22, v + _ROUND_MAGIC rounds v to the nearest integer k, ties to even (the sum
+#: lies in [2^23, 2^24), where fp32's spacing is 1 and the add rounds to nearest even; _ROUND_MAGIC is
+#: even), and its bit pattern is 0x4B400000 + k, whose low byte is k's (0x4B400000 ends in a zero byte):
+#: the int32 -> int8 copy of those bits (two's complement, wraps) is k, for |k| <= 127 -- rintf's value,
+#: one elementwise pass as ``round_`` was. Why not ``round_``: torch's rounding ops go through its
+#: vectorised-math path, which splits a tensor over the thread pool from a few thousand values, and a busy
+#: host makes each small call wait for a thread (measured 5-100x a plain add at 16K values).
 _ROUND_MAGIC = 12582912.0
 
 _SCRATCH = threading.local()
@@ -128,10 +130,11 @@ class QuantTorchBackend:
             # |x| / fl(absmax/qmax) <= qmax (1 + 2^-23) when the scale is normal, so rounding cannot leave
             # [-qmax, qmax]; only a subnormal scale (absmax < 2^-119) can overshoot. The clamp runs before
             # the rounding here (rint(clamp(v)) = clamp(rint(v)): qmax is an integer and rint is monotone),
-            # which also keeps |v| < 2^22 for the add-and-subtract rounding (_ROUND_MAGIC)
+            # which also keeps |v| < 2^22 for the rounding by adding _ROUND_MAGIC
             if not plain and (must_clamp or bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any())):
                 v.clamp_(-qmax, qmax)
-            v.add_(_ROUND_MAGIC).sub_(_ROUND_MAGIC)  # half to even, as rintf (a zero's sign is lost in q)
+            q.copy_(v.add_(_ROUND_MAGIC).view(torch.int32))  # half to even, as rintf; v is scratch after this
+            return plain
         q.copy_(v)
         return plain
 
