@@ -49,11 +49,22 @@ NATIVE = "native"
 
 
 def _call(op: str, rank: int, p: int, group: Any, codec: str | None, x, out) -> Callable[[], None]:
-    """One call of ``op`` with ``codec`` (None: native) on this rank, as a closure to time."""
+    """One call of ``op`` with ``codec`` (None: native) on this rank, as a closure to time.
+
+    all_reduce first restores ``x`` from a copy taken here (one copy of ``size`` bytes, the same in every
+    variant, so it cancels in the overhead over native): a sum in place grows the tensor every call (x 2
+    per call with equal inputs), so without it the values reach Inf within ~130 calls and every later
+    call times the codecs' non-finite path (int8/int4: the isfinite/where/masked_fill branch), not the
+    common one."""
     import ccoll
 
     if op == "all_reduce":
-        return lambda: ccoll.all_reduce(x, "sum", group, codec, min_bytes=0)
+        x0 = x.clone()
+
+        def restored_all_reduce() -> None:
+            x.copy_(x0)
+            ccoll.all_reduce(x, "sum", group, codec, min_bytes=0)
+        return restored_all_reduce
     if op == "all_gather_into_tensor":
         return lambda: ccoll.all_gather_into_tensor(out, x, group, codec, min_bytes=0)
     if op == "sendrecv":
