@@ -9,9 +9,10 @@ import torch
 #: but index_add_ (CPU: scatter_add_) splits even a 16K-value row over torch's thread pool, and on a
 #: host whose cores are busy (the usual case when ranks share a node) a small call then waits for a
 #: thread to be scheduled (int8 all_reduce of 64 KiB on two ranks, 2-core host under load: ~160 us per
-#: call in index_add_ for ~4 us of adding). A few plain adds cost a few us each; index_add_ stays where
-#: its constant op count wins (many ranks).
-ADD_ROWS_MAX = 16
+#: call in index_add_ for ~4 us of adding). Two rows covers two ranks (flat sums one received row, the
+#: one-exchange path two); from three rows on, one index_add_, so a collective's torch op count does not
+#: depend on the world size (tests/dist/test_collectives_launch_counts.py: the same ops at p = 4, 16, 64).
+ADD_ROWS_MAX = 2
 
 
 def add_rows_(acc: torch.Tensor, rows: torch.Tensor) -> None:
