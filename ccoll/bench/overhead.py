@@ -49,11 +49,22 @@ NATIVE = "native"
 
 
 def _call(op: str, rank: int, p: int, group: Any, codec: str | None, x, out) -> Callable[[], None]:
-    """One call of ``op`` with ``codec`` (None: native) on this rank, as a closure to time."""
+    """One call of ``op`` with ``codec`` (None: native) on this rank, as a closure to time.
+
+    all_reduce first restores ``x`` from a copy taken here (one copy of ``size`` bytes, the same in every
+    variant, so it cancels in the overhead over native): a sum in place grows the tensor every call (x 2
+    per call with equal inputs), so without it the values reach Inf within ~130 calls and every later
+    call times the codecs' non-finite path (int8/int4: the isfinite/where/masked_fill branch), not the
+    common one."""
     import ccoll
 
     if op == "all_reduce":
-        return lambda: ccoll.all_reduce(x, "sum", group, codec, min_bytes=0)
+        x0 = x.clone()
+
+        def restored_all_reduce() -> None:
+            x.copy_(x0)
+            ccoll.all_reduce(x, "sum", group, codec, min_bytes=0)
+        return restored_all_reduce
     if op == "all_gather_into_tensor":
         return lambda: ccoll.all_gather_into_tensor(out, x, group, codec, min_bytes=0)
     if op == "sendrecv":
@@ -236,7 +247,12 @@ def _instant_group(p: int) -> Any:
             return done(async_op)
 
         def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Any:
-            output.view(p, -1).copy_(input.view(1, -1))
+            # one contiguous copy per rank, not one copy from a broadcast view: torch splits the latter over
+            # its thread pool from 32K elements, and on a busy host that call then waits for a thread
+            # (milliseconds), which is this stand-in transport's time, not ccoll's host path
+            src = input.view(-1)
+            for row in output.view(p, -1):
+                row.copy_(src)
             return done(async_op)
 
         def native_all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .base import CODECS, Codec, _absmax
+from .rowsum import add_rows_
 
 
 class _CastCodec(Codec):
@@ -92,8 +93,8 @@ class _CastCodec(Codec):
 
     def _decode_sum_cast(self, payloads, numel, dtype, out) -> None:
         """Row-order fp32 sum (the reference semantics: every decode is exact in fp32 after rounding to
-        ``dtype``, since the wire type is never wider than ``dtype``'s values need). CPU: ``index_add_``
-        adds source rows into one row in index order, one op. CUDA: an outer-dimension ``cumsum`` scans
+        ``dtype``, since the wire type is never wider than ``dtype``'s values need). CPU: ``rowsum.add_rows_``
+        adds the rows into one row in row order. CUDA: an outer-dimension ``cumsum`` scans
         each column sequentially in fp32; its last row is the row-order sum (one op, p x numel scratch)."""
         wire = self._wire_view(payloads, dtype)
         if wire is None:
@@ -106,7 +107,7 @@ class _CastCodec(Codec):
             out.copy_(torch.cumsum(rows, 0)[-1])
             return
         out.zero_()
-        out.view(1, numel).index_add_(0, torch.zeros(rows.shape[0], dtype=torch.long), rows)
+        add_rows_(out.view(1, numel), rows)
 
     # a cast is the same torch op on every device: one implementation serves all backends
     _encode_torch = _encode_cupy = _encode_emulated = _encode

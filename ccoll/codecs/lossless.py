@@ -33,6 +33,7 @@ from ..errors import CodecError
 from ..kernels import call as kernel_call
 from .base import CODECS, Codec, Param, per_backend
 from .buffers import aligned, aligned_like, round16
+from .rowsum import add_rows_
 
 if sys.byteorder != "little":  # the payload is little-endian; the torch backend packs through integer views
     raise ImportError("ccoll.codecs.lossless needs a little-endian host")
@@ -222,8 +223,8 @@ class LosslessCodec(Codec):
         getattr(self, f"_unpack_{backend}")(payloads, out, row_numel)
 
     def _decode_sum_any(self, payloads, numel, dtype, out) -> None:
-        """Row-order fp32 sum of the exact decodes (as codec "none"): one batched decode, one ``index_add_``
-        (CPU: rows added in index order) or an outer ``cumsum`` (CUDA: sequential in fp32)."""
+        """Row-order fp32 sum of the exact decodes (as codec "none"): one batched decode, ``rowsum.add_rows_``
+        (CPU: rows added in row order) or an outer ``cumsum`` (CUDA: sequential in fp32)."""
         p = payloads.shape[0]
         rows = torch.empty(p * numel, dtype=dtype, device=payloads.device)
         self.decode_rows(payloads, rows, numel)
@@ -232,7 +233,7 @@ class LosslessCodec(Codec):
             out.copy_(torch.cumsum(rows, 0)[-1])
             return
         out.zero_()
-        out.view(1, numel).index_add_(0, torch.zeros(p, dtype=torch.long), rows)
+        add_rows_(out.view(1, numel), rows)
 
     # --- torch backend: the group passes as vectorised integer ops ------------------------------------
     def _fields(self, src: torch.Tensor, rows: int, row_numel: int):
