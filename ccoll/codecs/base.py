@@ -178,7 +178,17 @@ class Codec:
     # --- public API -----------------------------------------------------------------------------
     @property
     def spec(self) -> str:
-        """Canonical spec string: parsing it gives an equal codec."""
+        """Canonical spec string: parsing it gives an equal codec. Made once per codec: the parameters are
+        fixed after construction, and every compressed call reads the spec (its stats row), where
+        formatting it again cost a few microseconds of a small message's host path."""
+        try:
+            return self._spec
+        except AttributeError:
+            self._spec: str = self._spec_text()
+            return self._spec
+
+    def _spec_text(self) -> str:
+        """The spec, formatted (a codec whose spec omits parameters overrides this)."""
         if not self.params:
             return self.name
         return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items())

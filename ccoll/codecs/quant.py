@@ -115,9 +115,8 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
     def rotate(self) -> bool:
         return self.params["rotate"] == "hadamard"
 
-    @property
-    def spec(self) -> str:
-        """Canonical spec; the rotation parameters appear only when the codec rotates."""
+    def _spec_text(self) -> str:
+        """The rotation parameters appear only when the codec rotates."""
         params = self.params if self.rotate else {k: v for k, v in self.params.items() if k not in ROTATE_PARAMS}
         return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in params.items())
 
