@@ -7,9 +7,11 @@ native one): compressing saves ``nbytes * (1 - 1/ratio) / link_rate`` of wire ti
 host overhead per call, so it pays only above ``overhead * link_rate / (1 - 1/ratio)``. Every factor is
 taken at its most favourable to compression:
 
-- overhead: 50 us, the lowest per-call overhead over native the tool measured (the simulated world at
-  p = 8, 4 KiB: 50-120 us per rank; two gloo ranks: 200-800 us, exchange scheduling included), which is
-  also ccoll's target for it;
+- overhead: 50 us, ccoll's target for its host path per call, and about what the tool measures for it
+  in process with the codec's time taken out (64 KiB all_reduce, quiet 2-core host: bf16 44 us, int8 52,
+  int4 57; the codec itself is one kernel launch on a GPU but 30-220 us of torch ops on this CPU); on two
+  gloo ranks exchange scheduling adds hundreds of microseconds (int4's own 57 us would give 8.3 KB below:
+  the same default);
 - link: 1 Gbit/s, the slowest considered (the saving per byte is largest on the slowest link; at
   400 Gbit/s a 4 KiB message is ~80 ns of wire, nothing to save against tens of microseconds);
 - ratio: 7.1, int4:block=64 on fp32 (36 bytes per 64 values), the highest of the fixed-size codecs.
