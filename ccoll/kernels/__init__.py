@@ -428,9 +428,10 @@ _modules: dict[tuple[str, int], object] = {}
 
 
 def cupy_module(name: str, device_index: int):
-    """NVRTC module ``name`` (``modules_of``) as a CuPy ``Module`` on CUDA device ``device_index``: the carried cubin of
-    ``make gpu-bundle`` when one matches the sources (``bundle_path``), else NVRTC with
-    ``nvrtc_options(device_target(capability))``; loaded with cuModuleLoadData. Once per process and device."""
+    """NVRTC module ``name`` (``modules_of``) as a CuPy ``Module`` on CUDA device ``device_index``: the
+    carried cubin of ``make gpu-bundle`` when one matches the sources (``bundle_path``), else NVRTC with
+    ``module_options(name, device_target(capability))``; loaded with cuModuleLoadData. Once per process and
+    device."""
     with _lock:
         mod = _modules.get((name, device_index))
         if mod is None:
