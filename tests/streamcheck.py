@@ -26,6 +26,10 @@ those accesses:
   (:meth:`Model.future` / :meth:`Model.complete` / :meth:`Model.consume`).
 
 Plugged into ccoll through its seam: ``ccoll.streams._api_for`` returns the model (:func:`install`).
+Paths that need a real process group (the patched ``torch.distributed.batch_isend_irecv`` calls
+torch's own) run on gloo ranks, each installing the same model in its process without pytest
+(:func:`installed`, a :class:`Patcher`), with torch's ``isend``/``irecv`` hooked as communications
+(:func:`hook_torch_p2p`).
 Findings are collected in :attr:`Model.violations` (raising inside the collectives would be swallowed
 by worker threads); tests assert the list is empty.
 """
@@ -360,7 +364,8 @@ _TRANSPORT_CALLS = {
 
 def install(monkeypatch, model: Model) -> Model:
     """Route ``ccoll.streams`` to ``model``, hook the in-memory transport's requests and make the
-    ccoll waiter threads track their ops too."""
+    ccoll waiter threads track their ops too. ``monkeypatch``: pytest's fixture, or a :class:`Patcher`
+    (a process without pytest's fixtures: a gloo rank)."""
     import ccoll.streams as streams
     import ccoll.transports.handle as handle
     import ccoll.transports.memory as memory
@@ -394,4 +399,59 @@ def install(monkeypatch, model: Model) -> Model:
     return model
 
 
-__all__ = ["Event", "Model", "Stream", "hook_codec", "install"]
+def hook_torch_p2p(monkeypatch, model: Model) -> None:
+    """Make ``torch.distributed.isend`` / ``irecv`` (on a real process group: gloo ranks) communications
+    of the model, as NCCL behaves: each runs on its own stream that waits for the current stream at
+    issue and returns a request whose ``wait()`` orders the waiting thread's current stream. Must run
+    before ``ccoll.patch.install``, so the patch's originals (what its wrappers and torch's
+    ``batch_isend_irecv`` call while ccoll is busy) are these."""
+    import torch.distributed as dist
+
+    from ccoll.patch.state import SLOT
+
+    assert not SLOT.originals, "hook torch's p2p before ccoll.patch.install (its originals must be the hooked ones)"
+    for name, sending in (("isend", True), ("irecv", False)):
+        inner = getattr(dist, name)
+
+        def call(tensor, *args, _inner=inner, _name=name, _sending=sending, **kwargs):
+            done = model.comm(f"comm torch {_name}", [tensor] if _sending else [], [] if _sending else [tensor])
+            with model.suspended():
+                work = _inner(tensor, *args, **kwargs)
+            return _CommWork(model, work, done)
+
+        monkeypatch.setattr(dist, name, call)
+        monkeypatch.setattr(dist.distributed_c10d, name, call)  # P2POp checks its op against this one
+
+
+class Patcher:
+    """What :func:`install` uses of pytest's ``monkeypatch`` (``setattr``, ``undo``), for processes that
+    have no pytest fixture: the gloo ranks a test starts."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def setattr(self, target: Any, name: str, value: Any) -> None:
+        self._saved.append((target, name, getattr(target, name)))
+        setattr(target, name, value)
+
+    def undo(self) -> None:
+        while self._saved:
+            target, name, value = self._saved.pop()
+            setattr(target, name, value)
+
+
+@contextlib.contextmanager
+def installed(model: Model, torch_p2p: bool = False):
+    """:func:`install` (and :func:`hook_torch_p2p` with ``torch_p2p``) for the block, then everything
+    put back: the same model in a process without pytest (a gloo rank)."""
+    patcher = Patcher()
+    try:
+        install(patcher, model)
+        if torch_p2p:
+            hook_torch_p2p(patcher, model)
+        yield model
+    finally:
+        patcher.undo()
+
+
+__all__ = ["Event", "Model", "Patcher", "Stream", "hook_codec", "hook_torch_p2p", "install", "installed"]
