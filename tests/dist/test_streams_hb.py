@@ -5,7 +5,9 @@ runs unchanged on CPU tensors in the simulated world; the model replaces only th
 rank computes on its own non-default stream ("compute<rank>", current in its thread) as training code
 does, consumes the results there or on another stream, then drops every tensor so the allocator model
 checks that nothing is reused while another stream may still touch it. A test fails with the model's
-message (an unordered read, overwrite, or a free while in use).
+message (an unordered read, overwrite, or a free while in use). The patched ``batch_isend_irecv``
+needs torch's own batch on a real process group: it runs on two gloo ranks with the model installed in
+each (its section below).
 """
 from __future__ import annotations
 
@@ -316,6 +318,159 @@ def test_given_fsdp_comms_expect_every_read_and_free_ordered(model):
     simulated_world(2, _on_compute(model, lambda r, g, c: _fsdp(model, r, g, c)),
                     hook_codec(model, ccoll.get_codec("int8:block=256")))
     _finish(model)
+
+
+# --- the patched batch_isend_irecv, on real gloo ranks ---------------------------------------------------
+# torch's own batch_isend_irecv needs a real process group, so these checks run on two gloo ranks, each
+# with the same model installed in its process (streamcheck.installed) and torch's isend/irecv hooked
+# as NCCL communications (streamcheck.hook_torch_p2p); each rank hands its findings back to the test.
+
+#: int8 compresses the float tensors; the int64 tensor (a dtype int8 does not take) and the 8-float
+#: tensor (under min_bytes) travel natively inside the same torch batch
+BATCH_POLICY = {"version": 1, "default": {"codec": "int8:block=256", "min_bytes": 1024}}
+
+#: the fix as it is, and with each of its orderings taken out (the model must then flag it)
+BATCH_VARIANTS = ("fixed", "no join", "no side wait", "no keep")
+
+
+def _batch_cases(model, rank: int) -> dict:
+    """The consumers of one patched batch (compressed and native ops in one list), on the rank's compute
+    stream: each case runs a fresh batch, reads its results where the case says, then drops everything
+    so the allocator model checks the payloads and the tensors the side stream used."""
+    import torch.distributed as dist
+
+    peer = 1 - rank
+    compute, consumer = model.stream(f"compute{rank}"), model.stream(f"consumer{rank}")
+    mine = _rand(model, 4096, rank, "float tensor sent")
+    ints = torch.arange(1000) * (rank + 1)
+    model.produce(ints, "int tensor sent")
+    small = _rand(model, 8, rank + 2, "small tensor sent")
+
+    def batch():
+        got, got_ints, got_small = torch.empty(4096), torch.empty(1000, dtype=torch.int64), torch.empty(8)
+        ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer),
+               dist.P2POp(dist.isend, ints, peer), dist.P2POp(dist.irecv, got_ints, peer),
+               dist.P2POp(dist.isend, small, peer), dist.P2POp(dist.irecv, got_small, peer)]
+        return dist.batch_isend_irecv(ops), (got, got_ints, got_small)
+
+    def read(outs, where, stream=None):
+        for name, t in zip(("compressed", "native int", "native small"), outs):
+            model.read(t, f"{name} received tensor ({where})")
+            if stream is not None:
+                model.keep(t, stream)  # the test's own use on a second stream (the tensor is compute's)
+
+    def dropped():
+        gc.collect()
+        model.collect()
+
+    # 1. every handle waited on the caller's stream, results read there
+    reqs, outs = batch()
+    for r in reqs:
+        r.wait()
+    read(outs, "caller's stream")
+    values = [t.clone() for t in outs]
+    del reqs, outs
+    dropped()
+    # 2. waited and read on another stream only (the first wait there finishes the batch)
+    reqs, outs = batch()
+    with model.use(consumer):
+        for r in reqs:
+            r.wait()
+        read(outs, "another stream", consumer)
+    del reqs, outs
+    dropped()
+    # 3. one op's handle waited (the send's), then the other ops' tensors read; then the receive's
+    #    handle waited on another stream and its tensor read there
+    reqs, outs = batch()
+    reqs[0].wait()
+    read(outs, "after waiting the send's handle")
+    with model.use(consumer):
+        reqs[1].wait()
+        read(outs[:1], "after the receive's handle waited on another stream", consumer)
+    del reqs, outs
+    dropped()
+    # 4. the receive's future consumed on another stream
+    reqs, outs = batch()
+    fut = reqs[1].get_future()
+    with model.use(consumer):
+        model.consume(fut)
+        read(outs, "the future's value on another stream", consumer)
+    for r in reqs:
+        r.wait()
+    del reqs, outs, fut
+    dropped()
+    assert model.current_stream() is compute
+    return {"sent": (mine, ints, small), "received": values}
+
+
+def _batch_job(rank: int, world: int) -> dict:
+    """Every variant of :data:`BATCH_VARIANTS` on this rank, each with its own model: the violations it
+    found (and the values of case 1, to check the bytes)."""
+    import ccoll.patch as patch
+    import ccoll.streams as streams
+    from ccoll import Policy
+    from tests.streamcheck import Patcher, installed
+
+    out = {}
+    for variant in BATCH_VARIANTS:
+        model, breaker = Model(), Patcher()
+        if variant == "no join":  # the stream that waits is not ordered after decoding
+            breaker.setattr(streams.Call, "join", lambda self: None)
+        elif variant == "no side wait":  # the side stream decodes without waiting for the communication
+            breaker.setattr(streams.Call, "wrap", lambda self, work: work)
+        elif variant == "no keep":  # the caller's tensors not record_stream-ed for the side stream
+            breaker.setattr(streams.Call, "keep", lambda self, *tensors: None)
+        try:
+            with installed(model, torch_p2p=True):
+                policy = patch.install(Policy.from_dict(BATCH_POLICY))
+                try:
+                    hook_codec(model, policy.rule("default", "send_recv").codec_obj)
+                    with model.use(model.stream(f"compute{rank}")), model.tracking():
+                        values = _batch_cases(model, rank)
+                finally:
+                    patch.uninstall()
+        finally:
+            breaker.undo()
+        gc.collect()
+        model.collect()
+        out[variant] = {"violations": sorted(set(model.violations)), **values}
+    return out
+
+
+@pytest.fixture(scope="module")
+def batch_results():
+    from ccoll.launch import run_gloo
+
+    return run_gloo(2, _batch_job, timeout_s=300)
+
+
+def test_given_patched_batch_isend_irecv_expect_every_read_and_free_ordered(batch_results):
+    """The patched batch (encode before, one torch batch, decode after) under the model: its results
+    read on the caller's stream, on another stream, after waiting another op's handle and through the
+    future, then dropped; no unordered read, overwrite or free on either rank."""
+    for rank, r in enumerate(batch_results):
+        assert r["fixed"]["violations"] == [], f"rank {rank}:\n" + "\n".join(r["fixed"]["violations"])
+
+
+def test_given_patched_batch_isend_irecv_under_the_model_expect_torchs_values(batch_results):
+    """The model changes no bytes: int8 values within a block's rounding of the peer's, natives exact."""
+    for rank, r in enumerate(batch_results):
+        mine, ints, small = batch_results[1 - rank]["fixed"]["sent"]
+        got, got_ints, got_small = r["fixed"]["received"]
+        assert torch.allclose(got, mine, atol=mine.abs().max().item() / 100) and not torch.equal(got, mine)
+        assert torch.equal(got_ints, ints) and torch.equal(got_small, small)
+
+
+@pytest.mark.parametrize("broken, flagged", [("no join", "unordered read: 'consume"),
+                                              ("no side wait", "unordered read: 'codec decode_rows'"),
+                                              ("no keep", "freed while in use")])
+def test_given_batch_ordering_broken_on_purpose_expect_the_model_to_flag_it(batch_results, broken, flagged):
+    """Negative controls: without the join a consumer's stream reads before decoding; without the side
+    stream's wait for the communication, decoding reads the payload before it arrived; without keeping
+    the caller's tensors for the side stream, a received tensor decoded there and waited for only on
+    another stream is freed while the side stream may still write it."""
+    for r in batch_results:
+        assert any(v.startswith(flagged) for v in r[broken]["violations"]), r[broken]["violations"]
 
 
 # --- the model itself ------------------------------------------------------------------------------
