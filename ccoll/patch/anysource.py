@@ -7,6 +7,11 @@ payload as if it were data would hand the user encoded bytes: gloo accepts a sho
 
 Variable-size codecs send a size first and then the payload, two messages an any-source receive cannot
 pair up: refused with a :class:`~ccoll.errors.TransportError` rather than received wrong.
+
+No stream ordering here, unlike every other compressed call (:mod:`ccoll.streams`): a receive from any
+source exists only on CPU tensors in practice (NCCL has no any-source receive; gloo has no send/recv of
+CUDA tensors), so there is no device stream for it to order. The happens-before model therefore does
+not run it (tests/dist/test_streams_hb.py).
 """
 from __future__ import annotations
 
