@@ -107,12 +107,31 @@ def _dtype_name(dtype) -> str:
 # inputs
 
 
+def portable_randn(torch, n: int, g):
+    """``n`` pseudo-normal float64 values with the same bits on every machine, for inputs whose digests
+    another machine must reproduce. torch.randn and torch.exp go through libm, and glibc picks its log /
+    cos / exp variant by the CPU it runs on (FMA, AVX2 paths): the same seed gave different last bits on
+    two x86 hosts (this test machine's digests went stale between sessions; a GPU host's CPU would differ
+    again). Here only exact operations: uniform doubles (53 random bits x 2^-53), four summed in a fixed
+    order with correctly rounded adds (Irwin-Hall, variance 1/3), one correctly rounded scaling."""
+    s = torch.rand(n, generator=g, dtype=torch.float64)
+    for _ in range(3):
+        s = s + torch.rand(n, generator=g, dtype=torch.float64)
+    return (s - 2.0) * 1.7320508075688772  # sqrt(3): unit variance
+
+
+def pow2(torch, k):
+    """Exactly 2^k for an integer tensor ``k`` in float64's normal range, built from its bits (no libm)."""
+    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def make_input(torch, kind: str, n: int, dtype, seed: int):
     """A CPU tensor of ``n`` values of ``dtype``. ``subnormal`` spans the dtype's smallest normals and its
     subnormals (zfp's tiny-block threshold 2^-98 and int8's absmax/127 underflow included for fp32/bf16);
     ``nonfinite`` holds NaN and +-Inf; ``misaligned`` is a view one element past an aligned start."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(2 * torch.randn(n, generator=g, dtype=torch.float64))
+    # magnitudes over ~2^-9..2^9 (heavy-tailed blocks, as gradients are), every value machine-independent
+    x = portable_randn(torch, n, g) * pow2(torch, torch.randint(-9, 10, (n,), generator=g))
     x[torch.rand(n, generator=g) < 0.05] = 0.0
     if n > 40:
         x[17:33] = 0.0  # whole zero blocks
@@ -125,13 +144,16 @@ def make_input(torch, kind: str, n: int, dtype, seed: int):
         digits = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}[dtype]
         span = 10 if dtype == torch.float16 else 30
         shift = torch.randint(min_exp - digits, min_exp + span, (runs,), generator=g).repeat_interleave(16)[:n]
-        x = torch.randn(n, generator=g, dtype=torch.float64) * torch.pow(2.0, shift.to(torch.float64))
-    elif kind == "nonfinite":
-        for i, v in zip(range(3, n, 37), (float("nan"), float("inf"), float("-inf")) * n):
-            x[i] = v
+        # two exact factors: 2^shift itself may lie below float64's normal range (the product rounds once)
+        x = portable_randn(torch, n, g) * pow2(torch, shift + 64) * 2.0**-64
     if dtype == torch.float16:
         x = x.clamp(-6e4, 6e4)
     x = x.to(dtype)
+    if kind == "nonfinite":
+        # set in the target dtype: a NaN's bits after a float64 -> bf16/f16 cast depend on the CPU's vector
+        # path (AVX-512 conversions keep another payload than the scalar one)
+        for i, v in zip(range(3, n, 37), (float("nan"), float("inf"), float("-inf")) * n):
+            x[i] = v
     if kind == "misaligned":
         base = torch.zeros(n + 1, dtype=dtype)
         base[1:] = x

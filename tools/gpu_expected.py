@@ -109,8 +109,7 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
     packed = torch.empty(gc.ROWS, nbytes_row, dtype=torch.uint8, device=device)
     codec.encode_rows(xd.contiguous(), packed, row_numel, salt=gc.FEEDBACK_SALT)
     out.append(digest(torch, packed))
-    fb = (torch.randn(gc.ROWS * row_numel, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
-          * 1e-3).to(codec.feedback_dtype(dtype))
+    fb = feedback_input(torch, gc.ROWS * row_numel, n, codec.feedback_dtype(dtype))
     fb[n:] = 0
     fb = fb.to(device)
     packed_fb = torch.empty_like(packed)
@@ -122,6 +121,23 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
     return " ".join(out)
 
 
+def collective_input(torch, rank: int):
+    """Rank ``rank``'s float32 input of the collective checks, made on the CPU with the same bits on
+    every machine (gpu_check.portable_randn)."""
+    import gpu_check as gc
+
+    g = torch.Generator().manual_seed(7000 + rank)
+    x = gc.portable_randn(torch, COLL_NUMEL, g) * gc.pow2(torch, torch.randint(-4, 5, (COLL_NUMEL,), generator=g))
+    return x.to(torch.float32)
+
+
+def feedback_input(torch, numel: int, seed: int, dtype):
+    """The error-feedback buffer the ``rows_fb`` case starts from: small values, machine-independent."""
+    import gpu_check as gc
+
+    return (gc.portable_randn(torch, numel, torch.Generator().manual_seed(seed)) * 1e-3).to(dtype)
+
+
 def collective_digests(torch, spec: str, device) -> dict:
     """op -> the ranks' result digests, space-separated, of each ``COLL_OPS`` op of ``spec`` on a simulated
     world of COLL_WORLD ranks with tensors on ``device`` (its default backend: torch on CPU, cupy on CUDA)."""
@@ -129,8 +145,7 @@ def collective_digests(torch, spec: str, device) -> dict:
     from ccoll.testing import simulated_world
 
     def inputs(rank):
-        g = torch.Generator().manual_seed(7000 + rank)
-        return (torch.randn(COLL_NUMEL, generator=g) * torch.exp(torch.randn(COLL_NUMEL, generator=g))).to(device)
+        return collective_input(torch, rank).to(device)
 
     def reduce(rank, group):
         x = inputs(rank)

@@ -4,6 +4,7 @@ its digests -- one case of every spec, rotating through dtypes, inputs and sizes
 collectives -- is recomputed here with the reference backend. Regenerate with `make gpu-expected`."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,3 +56,41 @@ def test_given_a_collective_recomputed_on_the_cpu_expect_the_committed_digests(d
         pytest.importorskip("zfpy", reason="the zfp reference is libzfp through zfpy")
     got = gpu_expected.collective_digests(torch, spec, torch.device("cpu"))
     assert got == doc["collectives"]["specs"][spec], REGENERATE
+
+
+_INPUT_DIGESTS = r"""
+import sys, hashlib, torch
+sys.path.insert(0, sys.argv[1])
+import gpu_check, gpu_expected
+h = lambda t: hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+out = [h(gpu_check.make_input(torch, k, n, d, seed=n))
+       for k in gpu_check.INPUTS for n in (5, 4099) for d in gpu_check._dtypes(torch)]
+out += [h(gpu_expected.collective_input(torch, r)) for r in range(gpu_expected.COLL_WORLD)]
+out += [h(gpu_expected.feedback_input(torch, 3 * 4099, 4099, d)) for d in (torch.float32, torch.float64)]
+g = torch.Generator().manual_seed(1)
+out.append(h(torch.randn(4099, generator=g, dtype=torch.float64) * torch.exp(torch.randn(4099, generator=g, dtype=torch.float64))))
+print(" ".join(out))
+"""
+
+#: glibc picks its libm variants (and torch its vector kernels) by the CPU; these switch both to the
+#: plain x86-64 paths, as a host without FMA / AVX2 / AVX-512 (or a GPU host's different CPU) would run
+_OTHER_CPU = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F", "ATEN_CPU_CAPABILITY": "default"}
+
+
+def test_given_another_cpus_libm_expect_the_same_input_bits():
+    """The digests are computed here and compared on a GPU host whose CPU differs: every input they depend
+    on must be the same bits on any CPU. torch.randn/exp are not (the last entry, kept as the control:
+    when the switched-off paths change nothing on this CPU, the check proves nothing and is skipped)."""
+    import os
+
+    def run(extra):
+        env = {**os.environ, **extra}
+        proc = subprocess.run([sys.executable, "-c", _INPUT_DIGESTS, str(Path(kernels.ROOT) / "tools")],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    here, other = run({}), run(_OTHER_CPU)
+    if here[-1] == other[-1]:
+        pytest.skip("this CPU's libm variants agree with the baseline x86-64 ones: nothing to compare")
+    assert here[:-1] == other[:-1], "an input of the carried digests depends on the CPU's libm/vector paths"
