@@ -157,6 +157,7 @@ class Codec:
             else:
                 self.params[key] = p.default
         self._validate()
+        self._nbytes_memo: dict[tuple[int, torch.dtype], int] = {}
 
     # --- subclass hooks -------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -174,6 +175,23 @@ class Codec:
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         raise NotImplementedError
+
+    #: (numel, dtype) answers :meth:`payload_nbytes` keeps per codec; a training run asks for few sizes
+    _NBYTES_MEMO_MAX = 4096
+
+    def payload_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        """``encoded_nbytes(numel, dtype)``, memoised: what the collectives and the batched calls' checks
+        ask. Why: a compressed call asks it three times (its send buffer, then encode_rows' and the
+        decode's size checks), each a fresh computation of the layout (~0.5 us, a few percent of a small
+        message's host path), and the answer never changes (the parameters are fixed after construction).
+        Only answers are kept: a (numel, dtype) that ``encoded_nbytes`` rejects raises every time."""
+        key = (numel, dtype)
+        nbytes = self._nbytes_memo.get(key)
+        if nbytes is None:
+            nbytes = self.encoded_nbytes(numel, dtype)
+            if len(self._nbytes_memo) < self._NBYTES_MEMO_MAX:
+                self._nbytes_memo[key] = nbytes
+        return nbytes
 
     # --- public API -----------------------------------------------------------------------------
     @property
@@ -344,8 +362,8 @@ class Codec:
         write into (allocated when None). Returns it."""
         if payloads.dim() != 2:
             raise CodecError(f"decode_sum expects a [p, nbytes] payload tensor, got shape {tuple(payloads.shape)}")
-        if payloads.shape[0]:  # row 0 stands for all (one [p, nbytes] tensor); no per-call unbind
-            self._check_payload(payloads[0], numel, dtype)
+        if payloads.shape[0]:  # every row has row 0's size: checked from the shape, no row view made
+            self._check_payload_size(payloads, payloads.shape[1], numel, dtype)
         if out is None:
             out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
         elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:
@@ -354,7 +372,7 @@ class Codec:
         with _host_clock(self.name, "decode_sum", payloads.shape[0] * numel * dtype.itemsize, payloads):
             fused = getattr(self, f"_decode_sum_{backend}", None)
             if fused is not None:
-                fused(payloads.contiguous(), numel, dtype, out.view(-1))
+                fused(payloads.contiguous(), numel, dtype, out if out.dim() == 1 else out.view(-1))
             else:
                 out.zero_()
                 for row in payloads:
@@ -444,7 +462,7 @@ class Codec:
         rows = rows2d.shape[0]
         if row_numel <= 0 or numel <= 0 or numel > rows * row_numel:
             raise CodecError(f"{what}: {numel} elements do not fit {rows} rows of {row_numel}")
-        nbytes = self.encoded_nbytes(row_numel, dtype)
+        nbytes = self.payload_nbytes(row_numel, dtype)
         if rows2d.shape[1] != nbytes or rows2d.stride(1) != 1 or rows2d.stride(0) != nbytes:
             raise CodecError(
                 f"codec {self.spec!r} {what}: rows must be contiguous [{rows}, {nbytes}] for "
@@ -492,15 +510,22 @@ class Codec:
             out[lo:hi].copy_(y[: hi - lo])
 
     def _check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        """One payload (all its bytes) standing for ``numel`` x ``dtype``."""
+        nbytes = payload.numel() if isinstance(payload, torch.Tensor) else None  # a non-tensor fails the first check
+        self._check_payload_size(payload, nbytes, numel, dtype)
+
+    def _check_payload_size(self, payload: torch.Tensor, nbytes: int | None, numel: int, dtype: torch.dtype) -> None:
+        """The checks of one payload of ``nbytes`` bytes (a 1-D payload's numel, or the row length of
+        [rows, nbytes] payloads, checked once for all rows) standing for ``numel`` x ``dtype``."""
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             raise CodecError("payload must be a uint8 torch.Tensor")
         if numel <= 0:
             raise CodecError(f"codec {self.spec!r}: numel must be positive, got {numel}")
         self.check_dtype(dtype)
-        expected = self.encoded_nbytes(numel, dtype)
-        if payload.numel() != expected:
+        expected = self.payload_nbytes(numel, dtype)
+        if nbytes != expected:
             raise CodecError(
-                f"codec {self.spec!r}: payload has {payload.numel()} bytes, expected {expected} "
+                f"codec {self.spec!r}: payload has {nbytes} bytes, expected {expected} "
                 f"for {numel} x {dtype}"
             )
 

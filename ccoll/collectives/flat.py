@@ -49,7 +49,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         out = output_flat(t)
         reducing = None  # the segment whose all-to-all is in flight
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
-            send = rows(p, c.encoded_nbytes(chunk, dtype), t.device)
+            send = rows(p, c.payload_nbytes(chunk, dtype), t.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c, side)
             own = _encode_scatter(c, flat, lo, seg_numel, chunk, send, fb, salt_of(OWN, s), tr.rank, p)
             recv = torch.empty_like(send)
@@ -149,7 +149,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
         for s, (a, span) in enumerate(pieces):
             # one span is the whole input; a span of several gathers its p row pieces (one copy)
             src = flat if len(pieces) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
-            send = rows(p, c.encoded_nbytes(span, dtype), inp.device)
+            send = rows(p, c.payload_nbytes(span, dtype), inp.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * span, dtype, inp.device, c, side)
             c.encode_rows(src, send, span, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
@@ -194,7 +194,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
     with side.on_side():
         flat, obuf, pieces = _span_buffers(side, c, inp, out, m, p)
         for s, (a, span) in enumerate(pieces):
-            payload = rows(1, c.encoded_nbytes(span, inp.dtype), inp.device)
+            payload = rows(1, c.payload_nbytes(span, inp.dtype), inp.device)
             c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(OWN, s))
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
@@ -236,7 +236,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
             c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
@@ -264,7 +264,7 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
     m, side = inp.numel() // tr.world_size, run.stream
     with side.on_side():
         side.keep(inp, out)
-        send = rows(tr.world_size, c.encoded_nbytes(m, inp.dtype), inp.device)
+        send = rows(tr.world_size, c.payload_nbytes(m, inp.dtype), inp.device)
         c.encode_rows(contig(inp.reshape(-1)), send, m, salt=salts(salt, tr)(OWN, 0))
         recv = torch.empty_like(send)
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
@@ -286,7 +286,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
     sending = [payload]
@@ -302,7 +302,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         inner = side.wrap(tr.irecv(payload.view(-1), peer, tag))
 
     return run.compressed(True, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),

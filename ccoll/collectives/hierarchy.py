@@ -113,7 +113,7 @@ def all_reduce(run: Run, c: Codec, lay: Layout, tensor: torch.Tensor, opn: str, 
             raw[0] += k * t.element_size()
             if N == 2:
                 # one lossy phase: each peer encodes its node's partial block once; both decode the same rows
-                payload = rows(1, c.encoded_nbytes(k, dtype), dev)
+                payload = rows(1, c.payload_nbytes(k, dtype), dev)
                 fb = feedback_buffer(ef, residual_key(key, "node", s), k, dtype, dev, c, side)
                 c.encode_rows(part, payload, k, feedback=fb, salt=salt_of(NODE, s))
                 received = rows(N, payload.shape[1], dev)

@@ -48,7 +48,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     side = run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, dtype), t.device)
         fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, t.device, c, side)
         c.encode_rows(contig(t.reshape(-1)), payload, n, feedback=fb, salt=salts(salt, tr)(OWN, 0))
         gathered = rows(p, payload.shape[1], t.device)

@@ -75,7 +75,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output, input, asy
     m = inp.numel()
     with run.stream.on_side():
         run.stream.keep(inp, out)
-        payload = rows(1, c.encoded_nbytes(m, inp.dtype), inp.device)
+        payload = rows(1, c.payload_nbytes(m, inp.dtype), inp.device)
         c.encode_rows(contig(inp.reshape(-1)), payload, m)
         gathered, wire = _gather_payload(tr, payload, c.used_nbytes(payload)[0])
         obuf = output_flat(out)
@@ -90,7 +90,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor, root: int, async_op: bo
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         size = torch.zeros(1, dtype=torch.int64, device=t.device)
         if tr.rank == root:
             c.encode_rows(contig(t.reshape(-1)), payload, n)
@@ -114,7 +114,7 @@ def _exact_reduce(c: Codec, tr: Transport, flat: torch.Tensor, chunk: int, opn: 
     """This rank's chunk (``chunk`` values of ``flat``'s dtype) of the exact reduction of every rank's
     ``flat`` (p chunks of ``chunk``, zero past its end), and the bytes this rank sent."""
     p, dtype = tr.world_size, flat.dtype
-    send = rows(p, c.encoded_nbytes(chunk, dtype), flat.device)
+    send = rows(p, c.payload_nbytes(chunk, dtype), flat.device)
     c.encode_rows(flat, send, chunk)
     used = torch.tensor(c.used_nbytes(send), dtype=torch.int64)
     theirs = torch.empty(p, dtype=torch.int64, device=flat.device)
@@ -153,7 +153,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor, opn: str, async_op: bo
     with run.stream.on_side():
         run.stream.keep(t)
         mine, wire = _exact_reduce(c, tr, contig(t.reshape(-1)), chunk, opn)
-        payload = rows(1, c.encoded_nbytes(chunk, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(chunk, t.dtype), t.device)
         c.encode_rows(mine, payload, chunk)
         gathered, _ = _gather_payload(tr, payload, c.used_nbytes(payload)[0])
         obuf = output_flat(t)
@@ -179,7 +179,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         c.encode_rows(contig(t.reshape(-1)), payload, n)
         used = c.used_nbytes(payload)[0] if _short_receives(tr) else payload.shape[1]
         work = run.stream.wrap(tr.isend(payload[0, :used], peer, tag))
@@ -199,7 +199,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = torch.zeros(1, c.encoded_nbytes(n, t.dtype), dtype=torch.uint8, device=t.device)
+        payload = torch.zeros(1, c.payload_nbytes(n, t.dtype), dtype=torch.uint8, device=t.device)
         work = run.stream.wrap(tr.irecv(payload[0], peer, tag))
     used = [payload.shape[1]]
 
