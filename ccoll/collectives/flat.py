@@ -21,7 +21,7 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
 from .salts import OWN, REDUCED, salts
 from .segments import segments, spans
 
@@ -45,7 +45,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     wire = 0
     with side.on_side():
         side.keep(t)
-        flat = contig(t.reshape(-1))
+        flat = contig(flat_view(t))
         out = output_flat(t)
         reducing = None  # the segment whose all-to-all is in flight
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
@@ -131,7 +131,7 @@ def _span_buffers(side, c: Codec, inp: torch.Tensor, out: torch.Tensor, m: int, 
     """reduce_scatter / all_gather set-up, with the side stream current: the caller's tensors kept
     alive there, the flat input, where to decode (``out``'s memory or scratch), the spans of ``m``."""
     side.keep(inp, out)
-    return contig(inp.reshape(-1)), output_flat(out), spans(m, p, inp.element_size(), c.align_numel)
+    return contig(flat_view(inp)), output_flat(out), spans(m, p, inp.element_size(), c.align_numel)
 
 
 def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tensor, input: torch.Tensor, opn: str,
@@ -195,7 +195,8 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
         flat, obuf, pieces = _span_buffers(side, c, inp, out, m, p)
         for s, (a, span) in enumerate(pieces):
             payload = rows(1, c.payload_nbytes(span, inp.dtype), inp.device)
-            c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(OWN, s))
+            src = flat if len(pieces) == 1 else flat[a:a + span]  # one span is the whole input: no slice view
+            c.encode_rows(src, payload, span, salt=salt_of(OWN, s))
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
             gathers.append((a, span, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))))
@@ -238,7 +239,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
-            c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
+            c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
     return run.compressed(async_op, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
@@ -265,7 +266,7 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
     with side.on_side():
         side.keep(inp, out)
         send = rows(tr.world_size, c.payload_nbytes(m, inp.dtype), inp.device)
-        c.encode_rows(contig(inp.reshape(-1)), send, m, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(inp)), send, m, salt=salts(salt, tr)(OWN, 0))
         recv = torch.empty_like(send)
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
@@ -287,7 +288,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     with side.on_side():
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
-        c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
     sending = [payload]
 
