@@ -54,10 +54,12 @@ class _Groups:
         self.lock = threading.Lock()
 
     def of(self, tr: Transport) -> _Group:
-        with self.lock:
-            group = self.by_transport.get(tr)
-            if group is None:
-                group = self.by_transport[tr] = _Group(tr)
+        group = self.by_transport.get(tr)  # a read needs no lock; the lock makes one _Group per transport
+        if group is None:
+            with self.lock:
+                group = self.by_transport.get(tr)
+                if group is None:
+                    group = self.by_transport[tr] = _Group(tr)
         return group
 
 
