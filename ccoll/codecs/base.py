@@ -157,6 +157,7 @@ class Codec:
             else:
                 self.params[key] = p.default
         self._validate()
+        self._nbytes_memo: dict[tuple[int, torch.dtype], int] = {}
 
     # --- subclass hooks -------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -174,6 +175,23 @@ class Codec:
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         raise NotImplementedError
+
+    #: (numel, dtype) answers :meth:`payload_nbytes` keeps per codec; a training run asks for few sizes
+    _NBYTES_MEMO_MAX = 4096
+
+    def payload_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        """``encoded_nbytes(numel, dtype)``, memoised: what the collectives and the batched calls' checks
+        ask. Why: a compressed call asks it three times (its send buffer, then encode_rows' and the
+        decode's size checks), each a fresh computation of the layout (~0.5 us, a few percent of a small
+        message's host path), and the answer never changes (the parameters are fixed after construction).
+        Only answers are kept: a (numel, dtype) that ``encoded_nbytes`` rejects raises every time."""
+        key = (numel, dtype)
+        nbytes = self._nbytes_memo.get(key)
+        if nbytes is None:
+            nbytes = self.encoded_nbytes(numel, dtype)
+            if len(self._nbytes_memo) < self._NBYTES_MEMO_MAX:
+                self._nbytes_memo[key] = nbytes
+        return nbytes
 
     # --- public API -----------------------------------------------------------------------------
     @property
@@ -344,17 +362,19 @@ class Codec:
         write into (allocated when None). Returns it."""
         if payloads.dim() != 2:
             raise CodecError(f"decode_sum expects a [p, nbytes] payload tensor, got shape {tuple(payloads.shape)}")
-        if payloads.shape[0]:  # row 0 stands for all (one [p, nbytes] tensor); no per-call unbind
-            self._check_payload(payloads[0], numel, dtype)
+        p, row_nbytes = payloads.shape
+        device = payloads.device
+        if p:  # every row has row 0's size: checked from the shape, no row view made
+            self._check_payload_size(payloads, row_nbytes, numel, dtype)
         if out is None:
-            out = torch.empty(numel, dtype=torch.float32, device=payloads.device)
-        elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != payloads.device:
-            raise CodecError(f"decode_sum out= must be a contiguous fp32 tensor of {numel} elements on {payloads.device}")
-        backend = self.resolve_backend(payloads.device)
-        with _host_clock(self.name, "decode_sum", payloads.shape[0] * numel * dtype.itemsize, payloads):
+            out = torch.empty(numel, dtype=torch.float32, device=device)
+        elif out.numel() != numel or out.dtype != torch.float32 or not out.is_contiguous() or out.device != device:
+            raise CodecError(f"decode_sum out= must be a contiguous fp32 tensor of {numel} elements on {device}")
+        backend = self.resolve_backend(device)
+        with _host_clock(self.name, "decode_sum", p * numel * dtype.itemsize, device):
             fused = getattr(self, f"_decode_sum_{backend}", None)
             if fused is not None:
-                fused(payloads.contiguous(), numel, dtype, out.view(-1))
+                fused(payloads.contiguous(), numel, dtype, out if out.dim() == 1 else out.view(-1))
             else:
                 out.zero_()
                 for row in payloads:
@@ -401,19 +421,20 @@ class Codec:
         mix it into their seed (the stochastic index of element j of row i is i*row_numel + j) so
         errors decorrelate across calls and ranks; deterministic codecs ignore it. It never travels:
         decoding does not need it."""
-        rows = self._check_rows(out, src.numel(), row_numel, src.dtype, "encode_rows")
+        numel, dtype, device = src.numel(), src.dtype, src.device  # read once: each read is a call into torch
+        rows = self._check_rows(out, numel, row_numel, dtype, "encode_rows")
         if not src.is_contiguous() or src.dim() != 1:
             raise CodecError("encode_rows: src must be a contiguous 1-D tensor")
         if feedback is not None and (
-            feedback.numel() != rows * row_numel or feedback.dtype != self.feedback_dtype(src.dtype)
-            or not feedback.is_contiguous() or feedback.device != src.device
+            feedback.numel() != rows * row_numel or feedback.dtype != self.feedback_dtype(dtype)
+            or not feedback.is_contiguous() or feedback.device != device
         ):
             raise CodecError(
-                f"encode_rows: feedback must be a contiguous {self.feedback_dtype(src.dtype)} tensor of "
-                f"{rows * row_numel} elements on {src.device}, got {feedback.numel()} x {feedback.dtype}"
+                f"encode_rows: feedback must be a contiguous {self.feedback_dtype(dtype)} tensor of "
+                f"{rows * row_numel} elements on {device}, got {feedback.numel()} x {feedback.dtype}"
             )
-        backend = self.resolve_backend(src.device)
-        with _host_clock(self.name, "encode", src.numel() * src.element_size(), src):
+        backend = self.resolve_backend(device)
+        with _host_clock(self.name, "encode", numel * dtype.itemsize, device):
             fn = getattr(self, f"_encode_rows_{backend}", None)
             if fn is not None:
                 fn(src, out, row_numel, feedback, salt)
@@ -425,11 +446,12 @@ class Codec:
         """Decode row i of ``payloads`` ([rows, encoded_nbytes(row_numel, out.dtype)]) into
         ``out[i*row_numel : (i+1)*row_numel]``, clipped at the end of ``out`` (a contiguous 1-D tensor
         of at most rows * row_numel elements; rows wholly past its end are not decoded). Returns ``out``."""
-        self._check_rows(payloads, out.numel(), row_numel, out.dtype, "decode_rows")
+        numel, dtype, device = out.numel(), out.dtype, out.device
+        self._check_rows(payloads, numel, row_numel, dtype, "decode_rows")
         if not out.is_contiguous() or out.dim() != 1:
             raise CodecError("decode_rows: out must be a contiguous 1-D tensor")
-        backend = self.resolve_backend(out.device)
-        with _host_clock(self.name, "decode", out.numel() * out.element_size(), out):
+        backend = self.resolve_backend(device)
+        with _host_clock(self.name, "decode", numel * dtype.itemsize, device):
             fn = getattr(self, f"_decode_rows_{backend}", None)
             if fn is not None:
                 fn(payloads, out, row_numel)
@@ -441,11 +463,11 @@ class Codec:
         if not isinstance(rows2d, torch.Tensor) or rows2d.dtype != torch.uint8 or rows2d.dim() != 2:
             raise CodecError(f"{what}: payloads must be a [rows, nbytes] uint8 tensor")
         self.check_dtype(dtype)
-        rows = rows2d.shape[0]
+        rows, row_nbytes = rows2d.shape
         if row_numel <= 0 or numel <= 0 or numel > rows * row_numel:
             raise CodecError(f"{what}: {numel} elements do not fit {rows} rows of {row_numel}")
-        nbytes = self.encoded_nbytes(row_numel, dtype)
-        if rows2d.shape[1] != nbytes or rows2d.stride(1) != 1 or rows2d.stride(0) != nbytes:
+        nbytes = self.payload_nbytes(row_numel, dtype)
+        if row_nbytes != nbytes or rows2d.stride() != (nbytes, 1):
             raise CodecError(
                 f"codec {self.spec!r} {what}: rows must be contiguous [{rows}, {nbytes}] for "
                 f"{row_numel} x {dtype}, got shape {tuple(rows2d.shape)} strides {rows2d.stride()}"
@@ -492,15 +514,22 @@ class Codec:
             out[lo:hi].copy_(y[: hi - lo])
 
     def _check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        """One payload (all its bytes) standing for ``numel`` x ``dtype``."""
+        nbytes = payload.numel() if isinstance(payload, torch.Tensor) else None  # a non-tensor fails the first check
+        self._check_payload_size(payload, nbytes, numel, dtype)
+
+    def _check_payload_size(self, payload: torch.Tensor, nbytes: int | None, numel: int, dtype: torch.dtype) -> None:
+        """The checks of one payload of ``nbytes`` bytes (a 1-D payload's numel, or the row length of
+        [rows, nbytes] payloads, checked once for all rows) standing for ``numel`` x ``dtype``."""
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             raise CodecError("payload must be a uint8 torch.Tensor")
         if numel <= 0:
             raise CodecError(f"codec {self.spec!r}: numel must be positive, got {numel}")
         self.check_dtype(dtype)
-        expected = self.encoded_nbytes(numel, dtype)
-        if payload.numel() != expected:
+        expected = self.payload_nbytes(numel, dtype)
+        if nbytes != expected:
             raise CodecError(
-                f"codec {self.spec!r}: payload has {payload.numel()} bytes, expected {expected} "
+                f"codec {self.spec!r}: payload has {nbytes} bytes, expected {expected} "
                 f"for {numel} x {dtype}"
             )
 
@@ -528,11 +557,11 @@ class _HostClock:
 _NO_CLOCK = contextlib.nullcontext()
 
 
-def _host_clock(name: str, phase: str, nbytes: int, t: torch.Tensor):
-    """A clock for one batched codec call when ``ccoll.stats.time_codecs()`` is on, the tensor is on the
+def _host_clock(name: str, phase: str, nbytes: int, device: torch.device):
+    """A clock for one batched codec call when ``ccoll.stats.time_codecs()`` is on, its tensors are on the
     host (a GPU call returns before its kernels have run) and no batched call of this thread is already
     timed (a generic decode_sum or an error-feedback encode may call decode_rows inside); else a no-op."""
-    if not _stats.codec_clock.on or t.device.type != "cpu" or getattr(_HostClock.busy, "on", False):
+    if not _stats.codec_clock.on or device.type != "cpu" or getattr(_HostClock.busy, "on", False):
         return _NO_CLOCK
     return _HostClock(name, phase, nbytes)
 

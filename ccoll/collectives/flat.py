@@ -21,7 +21,7 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
 from .salts import OWN, REDUCED, salts
 from .segments import segments, spans
 
@@ -45,11 +45,11 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     wire = 0
     with side.on_side():
         side.keep(t)
-        flat = contig(t.reshape(-1))
+        flat = contig(flat_view(t))
         out = output_flat(t)
         reducing = None  # the segment whose all-to-all is in flight
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
-            send = rows(p, c.encoded_nbytes(chunk, dtype), t.device)
+            send = rows(p, c.payload_nbytes(chunk, dtype), t.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c, side)
             own = _encode_scatter(c, flat, lo, seg_numel, chunk, send, fb, salt_of(OWN, s), tr.rank, p)
             recv = torch.empty_like(send)
@@ -131,7 +131,7 @@ def _span_buffers(side, c: Codec, inp: torch.Tensor, out: torch.Tensor, m: int, 
     """reduce_scatter / all_gather set-up, with the side stream current: the caller's tensors kept
     alive there, the flat input, where to decode (``out``'s memory or scratch), the spans of ``m``."""
     side.keep(inp, out)
-    return contig(inp.reshape(-1)), output_flat(out), spans(m, p, inp.element_size(), c.align_numel)
+    return contig(flat_view(inp)), output_flat(out), spans(m, p, inp.element_size(), c.align_numel)
 
 
 def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tensor, input: torch.Tensor, opn: str,
@@ -149,7 +149,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
         for s, (a, span) in enumerate(pieces):
             # one span is the whole input; a span of several gathers its p row pieces (one copy)
             src = flat if len(pieces) == 1 else flat.view(p, m)[:, a:a + span].reshape(-1)
-            send = rows(p, c.encoded_nbytes(span, dtype), inp.device)
+            send = rows(p, c.payload_nbytes(span, dtype), inp.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * span, dtype, inp.device, c, side)
             c.encode_rows(src, send, span, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
@@ -194,8 +194,9 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
     with side.on_side():
         flat, obuf, pieces = _span_buffers(side, c, inp, out, m, p)
         for s, (a, span) in enumerate(pieces):
-            payload = rows(1, c.encoded_nbytes(span, inp.dtype), inp.device)
-            c.encode_rows(flat[a:a + span], payload, span, salt=salt_of(OWN, s))
+            payload = rows(1, c.payload_nbytes(span, inp.dtype), inp.device)
+            src = flat if len(pieces) == 1 else flat[a:a + span]  # one span is the whole input: no slice view
+            c.encode_rows(src, payload, span, salt=salt_of(OWN, s))
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
             gathers.append((a, span, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))))
@@ -236,9 +237,9 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
-            c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
+            c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
     return run.compressed(async_op, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
@@ -264,8 +265,8 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
     m, side = inp.numel() // tr.world_size, run.stream
     with side.on_side():
         side.keep(inp, out)
-        send = rows(tr.world_size, c.encoded_nbytes(m, inp.dtype), inp.device)
-        c.encode_rows(contig(inp.reshape(-1)), send, m, salt=salts(salt, tr)(OWN, 0))
+        send = rows(tr.world_size, c.payload_nbytes(m, inp.dtype), inp.device)
+        c.encode_rows(contig(flat_view(inp)), send, m, salt=salts(salt, tr)(OWN, 0))
         recv = torch.empty_like(send)
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
@@ -286,8 +287,8 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
-        c.encode_rows(contig(t.reshape(-1)), payload, n, salt=salts(salt, tr)(OWN, 0))
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
+        c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
         inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
     sending = [payload]
 
@@ -302,7 +303,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     n, side = t.numel(), run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         inner = side.wrap(tr.irecv(payload.view(-1), peer, tag))
 
     return run.compressed(True, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),

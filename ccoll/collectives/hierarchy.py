@@ -57,7 +57,7 @@ from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import for_group
 from . import flat
-from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
 from .nodes import Layout
 from .salts import NODE, salts
 from .segments import segments
@@ -97,7 +97,7 @@ def all_reduce(run: Run, c: Codec, lay: Layout, tensor: torch.Tensor, opn: str, 
 
     with side.on_side():
         side.keep(t)
-        flat_in = contig(t.reshape(-1))
+        flat_in = contig(flat_view(t))
         for lo, seg_numel, k in pieces:  # every intra-node reduce-scatter is issued first, in order
             if seg_numel == L * k:
                 src = flat_in[lo:lo + seg_numel]
@@ -113,7 +113,7 @@ def all_reduce(run: Run, c: Codec, lay: Layout, tensor: torch.Tensor, opn: str, 
             raw[0] += k * t.element_size()
             if N == 2:
                 # one lossy phase: each peer encodes its node's partial block once; both decode the same rows
-                payload = rows(1, c.encoded_nbytes(k, dtype), dev)
+                payload = rows(1, c.payload_nbytes(k, dtype), dev)
                 fb = feedback_buffer(ef, residual_key(key, "node", s), k, dtype, dev, c, side)
                 c.encode_rows(part, payload, k, feedback=fb, salt=salt_of(NODE, s))
                 received = rows(N, payload.shape[1], dev)
@@ -159,7 +159,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, lay: Layout, output: torch.Tensor,
     m, side = out.numel(), run.stream
     with side.on_side():
         side.keep(inp, out)
-        arranged = _node_major(lay, contig(inp.reshape(-1)).view(p, m)).view(-1)
+        arranged = _node_major(lay, contig(flat_view(inp)).view(p, m)).view(-1)
         part = torch.empty(lay.nodes * m, dtype=out.dtype, device=out.device)
         side.wrap(for_group(lay.intra).native_reduce_scatter(part, arranged, "sum", True)).wait()
         mine = torch.empty(m, dtype=out.dtype, device=out.device)

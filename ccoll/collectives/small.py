@@ -27,16 +27,16 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
 from .salts import OWN, salts
-from .segments import segments
+from .segments import single_segment
 
 
 def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
     """Whether an all_reduce of ``numel`` elements of ``dtype`` over ``p`` ranks runs in one exchange:
     two ranks and a single pipeline segment. Depends on (codec, p, numel, dtype) only, so every rank
     chooses alike."""
-    return p == 2 and len(segments(numel, p, dtype.itemsize, c.align_numel)) == 1
+    return p == 2 and single_segment(numel, p, dtype.itemsize, c.align_numel)
 
 
 def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str, async_op: bool,
@@ -48,9 +48,9 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     side = run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, dtype), t.device)
         fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, t.device, c, side)
-        c.encode_rows(contig(t.reshape(-1)), payload, n, feedback=fb, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(t)), payload, n, feedback=fb, salt=salts(salt, tr)(OWN, 0))
         gathered = rows(p, payload.shape[1], t.device)
         inner = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))
     sending = [payload]  # the send buffer lives until the exchange completes

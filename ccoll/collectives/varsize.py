@@ -35,7 +35,7 @@ import torch
 from ..codecs import Codec
 from ..errors import TransportError
 from ..transports import Transport
-from .call import Run, contig, copy_back, output_flat, rows
+from .call import Run, contig, copy_back, flat_view, output_flat, rows
 
 
 def _rows_from(gathered: torch.Tensor, cap: int) -> torch.Tensor:
@@ -75,8 +75,8 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output, input, asy
     m = inp.numel()
     with run.stream.on_side():
         run.stream.keep(inp, out)
-        payload = rows(1, c.encoded_nbytes(m, inp.dtype), inp.device)
-        c.encode_rows(contig(inp.reshape(-1)), payload, m)
+        payload = rows(1, c.payload_nbytes(m, inp.dtype), inp.device)
+        c.encode_rows(contig(flat_view(inp)), payload, m)
         gathered, wire = _gather_payload(tr, payload, c.used_nbytes(payload)[0])
         obuf = output_flat(out)
         c.decode_rows(gathered, obuf, m)
@@ -90,10 +90,10 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor, root: int, async_op: bo
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         size = torch.zeros(1, dtype=torch.int64, device=t.device)
         if tr.rank == root:
-            c.encode_rows(contig(t.reshape(-1)), payload, n)
+            c.encode_rows(contig(flat_view(t)), payload, n)
             size[0] = c.used_nbytes(payload)[0]
         tr.native_broadcast(size, root)
         used = int(size[0])
@@ -114,7 +114,7 @@ def _exact_reduce(c: Codec, tr: Transport, flat: torch.Tensor, chunk: int, opn: 
     """This rank's chunk (``chunk`` values of ``flat``'s dtype) of the exact reduction of every rank's
     ``flat`` (p chunks of ``chunk``, zero past its end), and the bytes this rank sent."""
     p, dtype = tr.world_size, flat.dtype
-    send = rows(p, c.encoded_nbytes(chunk, dtype), flat.device)
+    send = rows(p, c.payload_nbytes(chunk, dtype), flat.device)
     c.encode_rows(flat, send, chunk)
     used = torch.tensor(c.used_nbytes(send), dtype=torch.int64)
     theirs = torch.empty(p, dtype=torch.int64, device=flat.device)
@@ -138,7 +138,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output, input, opn:
     out, inp = output.detach(), input.detach()
     with run.stream.on_side():
         run.stream.keep(inp, out)
-        mine, wire = _exact_reduce(c, tr, contig(inp.reshape(-1)), out.numel(), opn)
+        mine, wire = _exact_reduce(c, tr, contig(flat_view(inp)), out.numel(), opn)
         copy_back(out, mine)
     return _done(run, async_op, c, inp.numel() * inp.element_size(), wire, [output])
 
@@ -152,8 +152,8 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor, opn: str, async_op: bo
     chunk = -(-n // p)
     with run.stream.on_side():
         run.stream.keep(t)
-        mine, wire = _exact_reduce(c, tr, contig(t.reshape(-1)), chunk, opn)
-        payload = rows(1, c.encoded_nbytes(chunk, t.dtype), t.device)
+        mine, wire = _exact_reduce(c, tr, contig(flat_view(t)), chunk, opn)
+        payload = rows(1, c.payload_nbytes(chunk, t.dtype), t.device)
         c.encode_rows(mine, payload, chunk)
         gathered, _ = _gather_payload(tr, payload, c.used_nbytes(payload)[0])
         obuf = output_flat(t)
@@ -179,8 +179,8 @@ def isend(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = rows(1, c.encoded_nbytes(n, t.dtype), t.device)
-        c.encode_rows(contig(t.reshape(-1)), payload, n)
+        payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
+        c.encode_rows(contig(flat_view(t)), payload, n)
         used = c.used_nbytes(payload)[0] if _short_receives(tr) else payload.shape[1]
         work = run.stream.wrap(tr.isend(payload[0, :used], peer, tag))
     keep = [payload]  # the buffer lives until the send completes
@@ -199,7 +199,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
     n = t.numel()
     with run.stream.on_side():
         run.stream.keep(t)
-        payload = torch.zeros(1, c.encoded_nbytes(n, t.dtype), dtype=torch.uint8, device=t.device)
+        payload = torch.zeros(1, c.payload_nbytes(n, t.dtype), dtype=torch.uint8, device=t.device)
         work = run.stream.wrap(tr.irecv(payload[0], peer, tag))
     used = [payload.shape[1]]
 
