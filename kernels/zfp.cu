@@ -134,6 +134,41 @@ CCOLL_HD int ctz32(ccoll_u32 x) {  // x != 0
 #endif
 }
 
+CCOLL_HD int clz32(ccoll_u32 x) {  // 32 for 0
+#ifdef __CUDA_ARCH__
+  return __clz((int)x);
+#else
+  return x ? __builtin_clz(x) : 32;
+#endif
+}
+CCOLL_HD int clz64(ccoll_u64 x) {  // 64 for 0
+#ifdef __CUDA_ARCH__
+  return __clzll((long long)x);
+#else
+  return x ? __builtin_clzll(x) : 64;
+#endif
+}
+CCOLL_HD int clz_of(ccoll_u32 x) { return clz32(x); }
+CCOLL_HD int clz_of(ccoll_u64 x) { return clz64(x); }
+CCOLL_HD ccoll_u32 brev_of(ccoll_u32 x) {  // bit i -> bit 31 - i
+#ifdef __CUDA_ARCH__
+  return __brev(x);
+#else
+  x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+  x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+  x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+  x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
+  return (x >> 16) | (x << 16);
+#endif
+}
+CCOLL_HD ccoll_u64 brev_of(ccoll_u64 x) {  // bit i -> bit 63 - i
+#ifdef __CUDA_ARCH__
+  return __brevll(x);
+#else
+  return ((ccoll_u64)brev_of((ccoll_u32)x) << 32) | brev_of((ccoll_u32)(x >> 32));
+#endif
+}
+
 CCOLL_HD void atomic_or_word(ccoll_u64* w, ccoll_u64 v) {
 #ifdef __CUDA_ARCH__
   atomicOr(w, v);
@@ -573,9 +608,10 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
 // local memory; a plane is then one load, a shift and a mask (plane_of). Counted in the sm_90 SASS of
 // ccoll_zfp_encode_tiles_f32 (nvdisasm): the block's straight-line code before the plane loop grows by 164
 // instructions (32 swaps, those of the s = 8 round two byte permutes each, 16 stores; 188 with that round
-// as shifts too), each plane's start shrinks from 57 to 26. dims=1 keeps the gather: 4 values make it 11
-// instructions a plane, and the transpose's 34 extra instructions a block would cost about what the ~7
-// coded planes of a rate-8 block save.
+// as shifts too), each plane's start shrinks from 57 to 26. dims=1 keeps the gather for the planes that
+// still carry group tests (4 values make it 11 instructions a plane); it skips its leading all-zero planes
+// at once and writes its all-significant tail as a nibble stream (plane_nibbles below), so only ~2-3 planes
+// of a block are gathered.
 CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA's __byte_perm
 #ifdef __CUDA_ARCH__
   return __byte_perm(x, y, sel);
@@ -586,6 +622,35 @@ CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA
   return r;
 #endif
 }
+// ---- dims=1: planes as a nibble stream --------------------------------------------------------------
+// Once all 4 coefficients of a dims=1 block are significant, every further plane is its 4 bits verbatim,
+// so the rest of the block is the planes' nibbles back to back: plane k-1 (coefficient i at bit i), then
+// plane k-2, ... The encoder writes that tail 8 planes (32 bits) at a time from r_i = brev(u_i) (bit p of
+// r_i is plane P-1-p): the low bytes of r_i >> (P-k) (planes k-1 .. k-8 of coefficient i, bit p for
+// plane k-1-p), packed into one word (byte i) and transposed as a 4 x 8 bit matrix (bit 8i + p -> 4p + i).
+// Delta swap of index bits a > b of a 32-bit word: bits whose index has bit a clear and bit b set trade
+// places with those at + (2^a - 2^b); m selects the former.
+CCOLL_HD ccoll_u32 swap_index_bits(ccoll_u32 x, int d, ccoll_u32 m) {
+  ccoll_u32 t = (x ^ (x >> d)) & m;
+  return x ^ t ^ (t << d);
+}
+// bytes b_i (the low byte of each argument; bit p of b_i at bit 8i + p) -> bit 4p + i
+CCOLL_HD ccoll_u32 interleave_nibbles(ccoll_u32 b0, ccoll_u32 b1, ccoll_u32 b2, ccoll_u32 b3) {
+  ccoll_u32 x = byte_perm(byte_perm(b0, b1, 0x0040), byte_perm(b2, b3, 0x0040), 0x5410);
+  // index bits (i1 i0 p2 p1 p0) -> (p2 p1 p0 i1 i0) by four index swaps: 4<->2, 3<->1, 2<->0, 1<->0
+  x = swap_index_bits(x, 12, 0x0000f0f0u);
+  x = swap_index_bits(x, 6, 0x00cc00ccu);
+  x = swap_index_bits(x, 3, 0x0a0a0a0au);
+  return swap_index_bits(x, 1, 0x22222222u);
+}
+// the nibbles of planes k-1 .. k-8 (1 <= k <= P; planes below 0 read as zero) of the coefficients whose
+// bit-reversed words are r[0..3]
+template <class UInt> CCOLL_HD ccoll_u32 plane_nibbles(const UInt* r, int k) {
+  const int sh = (int)(8 * sizeof(UInt)) - k;
+  return interleave_nibbles((ccoll_u32)(r[0] >> sh), (ccoll_u32)(r[1] >> sh), (ccoll_u32)(r[2] >> sh),
+                            (ccoll_u32)(r[3] >> sh));
+}
+
 // rows a (index bit s clear) and b (set): a's columns c with (c & s) != 0 trade places with b's c - s
 template <class UInt> CCOLL_HD void delta_swap(UInt& a, UInt& b, int s) {
   // the columns c with (c & s) == 0: 0x55.., 0x33.., 0x0f.., 0x00ff.. for s = 1, 2, 4, 8
@@ -725,7 +790,43 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
   // zeros below; two scalars instead of a second u[] array (registers)
   int klast = P;
   ccoll_u32 xlast = 0;
-  for (int k = P; bits > 0 && k > kmin;) {
+  int k = P;
+  if (S == 4) {
+    // dims=1: the leading all-zero planes at once. With no coefficient significant yet, such a plane is
+    // one group-test bit, a zero (a bit the output already has or that finish() writes).
+    int z = clz_of((UInt)(u[0] | u[1] | u[2] | u[3]));
+    if (z > k - kmin) z = k - kmin;
+    if (z > bits) z = bits;
+    if (P > 32 && z > 32) { w.write_bits(0, 32); z -= 32; bits -= 32; k -= 32; }  // double
+    w.write_bits(0, z);
+    bits -= z;
+    k -= z;
+    if (RECON && k < P) klast = k;  // xlast stays 0
+  }
+  while (bits > 0 && k > kmin) {
+    if (S == 4 && nsig == S) {
+      // dims=1, every coefficient significant: the rest of the budget is the nibble stream of planes
+      // k-1, k-2, ... (see plane_nibbles), written 8 planes at a time
+      int n = 4 * (k - kmin) < bits ? 4 * (k - kmin) : bits;
+      UInt r[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) r[i] = brev_of(u[i]);
+      const int ktop = k;
+#pragma unroll 1
+      for (int done = 0; done < n; done += 32, k -= 8) {
+        int c = n - done < 32 ? n - done : 32;
+        w.write_bits(plane_nibbles<UInt>(r, k), c);
+      }
+      if (RECON) {  // the last plane reached, as far as the budget let it
+        int planes = (n + 3) >> 2;
+        klast = ktop - planes;
+        xlast = 0;
+#pragma unroll
+        for (int i = 0; i < S; i++) xlast |= (ccoll_u32)((u[i] >> klast) & 1) << i;
+        xlast &= (1u << (n - 4 * (planes - 1))) - 1;
+      }
+      break;
+    }
     --k;
     ccoll_u32 x = 0;  // the plane as an S-bit word (S <= 16)
     if (TRANSPOSE) {
@@ -917,12 +1018,13 @@ struct LaneWriter {
   // the low n bits of v (0 <= n <= 32), least significant first; returns v >> n
   CCOLL_HD ccoll_u64 write_bits(ccoll_u64 v, int n) {
     if (n == 0) return v;
-    ccoll_u32 low = (ccoll_u32)v & (n == 32 ? ~0u : ((1u << n) - 1));
-    acc |= low << fill;
+    ccoll_u32 low = (ccoll_u32)v << (32 - n) >> (32 - n);  // 1 <= n <= 32
+    ccoll_u64 wide = (ccoll_u64)low << fill;               // fill < 32: no bit lost
+    acc |= (ccoll_u32)wide;
     int total = fill + n;
     if (total >= 32) {
       words[widx++] = acc;
-      acc = fill ? low >> (32 - fill) : 0;  // the bits of low that did not fit
+      acc = (ccoll_u32)(wide >> 32);  // the bits of low that did not fit
       total -= 32;
     }
     fill = total;
