@@ -40,36 +40,49 @@
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 64/63/63/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5); 63/56/56/92 before the dims=2 plane transpose), no local memory, 24.5 KiB shared memory
+//    the row's 64-bit end). 63/63/63/95 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5) at 64 | 102; 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
+//    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
 //    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
 //    an SM.
 //  * encode_rows (kept as the reference and for comparison): one thread per block; words that lie inside
 //    the block are plain stores and the (at most two) boundary words are OR-ed atomically into an output
-//    the caller zeroes first. 72/72/72/119 registers and a 64/64/64/128-byte stack frame, the dims=2
-//    plane store (was 72/74/74/112 and none before the plane transpose; 102/102/102/153 before the 32-bit
+//    the caller zeroes first. 76/72/72/109 registers (72/72/72/119 before the dims=1 plane-loop changes)
+//    and a 64/64/64/128-byte stack frame, the dims=2 plane store (was 72/74/74/112 and none before the plane transpose; 102/102/102/153 before the 32-bit
 //    plane words and the RECON/feedback register savings that both encoders share).
 // The block coder itself is the same serial per-block function in both (encode_values); lanes of a warp
-// diverge only in how many group-test steps their blocks take. A dims=2 block's bit planes come from a
-// bit-matrix transpose done once per block into a plane store (shared memory in the tile encoder, a
-// thread-private array in encode_rows and on the host; see transpose_planes); dims=1 gathers each plane.
+// diverge only in how many group-test steps (dims=1: planes) their blocks take. A dims=2 block's bit planes
+// come from a bit-matrix transpose done once per block into a plane store (shared memory in the tile
+// encoder, a thread-private array in encode_rows and on the host; see transpose_planes); dims=1 gathers
+// the few planes it codes with group tests and writes the rest as a nibble stream (plane_nibbles).
 //
 // Roofline estimate (not measured: no GPU has run this yet). Per value, encode reads 4 B (f32) and writes
 // R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x ~1.9 GHz ~ 16e12
 // integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy bandwidth needs
-// ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Counted from
-// the code (f32, rate 8): dims=1 spends ~500-600 instructions per 4-value block (load + fixed point ~60,
-// lifting ~20, ~7 coded planes x ~50 for the plane gather, verbatim bits and group tests, ~40 to assemble
-// its output word), i.e. ~140 per value, ~200 with lane divergence: ~15-20% of copy bandwidth, still
-// instruction-bound. dims=2 amortises the header and the assembly over 16 values: ~1700 per block
-// (~110 per value) with a per-plane gather; the transpose (static sm_90 SASS of encode_tiles_f32 via
-// nvdisasm: +164 instructions before the plane loop, 57 -> 26 to start each plane) saves ~160 per block
-// at rate 8 (~10.5 coded planes a block for Gaussian values, counted by a Python mirror of the plane
-// loop) and ~410 at rate 16 (~18.5 planes): ~100 per value at rate 8, ~27-33% of copy. Memory is far
-// from the limit either way (<= 5 B per value at ~4 TB/s). What would cut the instruction count next:
-// dims=1's plane loop itself (21 instructions to start a plane, then the group tests), a warp-wide plane
-// loop (lanes coding 32 blocks' plane k together) to remove divergence, and the ~10 of dims=2's 26 that
-// recompute the lane's shared-memory address each plane (rematerialised under the register cap).
+// ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Memory is far
+// from the limit (<= 5 B per value at ~4 TB/s); encode is instruction-bound. The counts below are static
+// sm_90 SASS of ccoll_zfp_encode_tiles_f32 (nvcc -cubin -lineinfo with the NVRTC options, nvdisasm, split
+// into basic blocks) weighted by how often a Python mirror of the plane loop takes each path for Gaussian
+// values; an estimate, not a measurement.
+//  * dims=1 (f32): from the header write to the end of the plane loop a block costs ~290 instructions at
+//    rate 8 and ~340 at rate 16 (~475 / ~715 before the three dims=1 changes: leading all-zero planes
+//    skipped at once, each plane's verbatim bits and group tests one branch-free write from group_code,
+//    the all-significant tail a nibble stream 8 planes a write). That is: fixed point, lifting and header
+//    ~106, ~2.2 group-test planes x 56, ~1 (rate 16: ~2) tail writes x 48 + 12. With the load and max
+//    (~30) and the word assembly (~40): ~360 per block, ~90 per value at rate 8 (~100 at rate 16), i.e.
+//    ~35% of copy at full issue efficiency. Lanes still diverge in their number of group-test planes and
+//    tail writes: the longest of a warp's 32 lanes averages ~445 (rate 8; ~560 at rate 16) against ~290,
+//    so ~25% (rate 8) / ~20% (rate 16) of copy is the figure to expect (~15-20% before).
+//  * dims=2 (f32): ~1050 per block at rate 8 and ~1310 at rate 16 for the same part (~1165 / ~1450
+//    before the leading-zero-plane skip, which dims=2 shares, and the cheaper LaneWriter), of which the
+//    transpose and plane store (transpose_planes) are +164 before the loop and save ~31 at each plane's
+//    start: ~10.5 coded planes a block at rate 8 (~7.9 after the skip), ~18.5 at rate 16. The earlier
+//    whole-block estimate (~100 per value at rate 8) less these ~7 (~9 at rate 16): ~93 per value, ~33%
+//    of copy at full issue efficiency, less with its group-test divergence (not modelled).
+// What would cut the count next: a warp-wide plane loop (lanes coding 32 blocks' plane k together) to
+// remove the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16
+// coefficients) and the ~10 of dims=2's instructions per plane that recompute the lane's shared-memory
+// address (rematerialised under the register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -134,6 +147,48 @@ CCOLL_HD int ctz32(ccoll_u32 x) {  // x != 0
 #endif
 }
 
+CCOLL_HD int clz32(ccoll_u32 x) {  // 32 for 0
+#ifdef __CUDA_ARCH__
+  return __clz((int)x);
+#else
+  return x ? __builtin_clz(x) : 32;
+#endif
+}
+CCOLL_HD int clz64(ccoll_u64 x) {  // 64 for 0
+#ifdef __CUDA_ARCH__
+  return __clzll((long long)x);
+#else
+  return x ? __builtin_clzll(x) : 64;
+#endif
+}
+CCOLL_HD int popc32(ccoll_u32 x) {
+#ifdef __CUDA_ARCH__
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+CCOLL_HD int clz_of(ccoll_u32 x) { return clz32(x); }
+CCOLL_HD int clz_of(ccoll_u64 x) { return clz64(x); }
+CCOLL_HD ccoll_u32 brev_of(ccoll_u32 x) {  // bit i -> bit 31 - i
+#ifdef __CUDA_ARCH__
+  return __brev(x);
+#else
+  x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+  x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+  x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+  x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
+  return (x >> 16) | (x << 16);
+#endif
+}
+CCOLL_HD ccoll_u64 brev_of(ccoll_u64 x) {  // bit i -> bit 63 - i
+#ifdef __CUDA_ARCH__
+  return __brevll(x);
+#else
+  return ((ccoll_u64)brev_of((ccoll_u32)x) << 32) | brev_of((ccoll_u32)(x >> 32));
+#endif
+}
+
 CCOLL_HD void atomic_or_word(ccoll_u64* w, ccoll_u64 v) {
 #ifdef __CUDA_ARCH__
   atomicOr(w, v);
@@ -184,6 +239,8 @@ struct BlockWriter {
     }
     return n == 64 ? 0 : v >> n;
   }
+  // write_bits for 1 <= n <= 32 (LaneWriter's is cheaper without the n == 0 test)
+  CCOLL_HD void write_some(ccoll_u32 v, int n) { write_bits(v, n); }
   // the remaining bits of the block are zeros, already there
   CCOLL_HD void finish() {
     if (fill) flush_word();
@@ -573,9 +630,10 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
 // local memory; a plane is then one load, a shift and a mask (plane_of). Counted in the sm_90 SASS of
 // ccoll_zfp_encode_tiles_f32 (nvdisasm): the block's straight-line code before the plane loop grows by 164
 // instructions (32 swaps, those of the s = 8 round two byte permutes each, 16 stores; 188 with that round
-// as shifts too), each plane's start shrinks from 57 to 26. dims=1 keeps the gather: 4 values make it 11
-// instructions a plane, and the transpose's 34 extra instructions a block would cost about what the ~7
-// coded planes of a rate-8 block save.
+// as shifts too), each plane's start shrinks from 57 to 26. dims=1 keeps the gather for the planes that
+// still carry group tests (4 values make it 11 instructions a plane); it skips its leading all-zero planes
+// at once and writes its all-significant tail as a nibble stream (plane_nibbles below), so only ~2-3 planes
+// of a block are gathered.
 CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA's __byte_perm
 #ifdef __CUDA_ARCH__
   return __byte_perm(x, y, sel);
@@ -586,6 +644,43 @@ CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA
   return r;
 #endif
 }
+// ---- dims=1: planes as a nibble stream --------------------------------------------------------------
+// Once all 4 coefficients of a dims=1 block are significant, every further plane is its 4 bits verbatim,
+// so the rest of the block is the planes' nibbles back to back: plane k-1 (coefficient i at bit i), then
+// plane k-2, ... The encoder writes that tail 8 planes (32 bits) at a time from r_i = brev(u_i) (bit p of
+// r_i is plane P-1-p): the low bytes of r_i >> (P-k) (planes k-1 .. k-8 of coefficient i, bit p for
+// plane k-1-p), packed into one word (byte i) and transposed as a 4 x 8 bit matrix (bit 8i + p -> 4p + i).
+// dims=1 group tests of one plane: with y the plane's bits above nsig (coefficient nsig + j at bit j), the
+// bits the group-test loop writes are, for each one of y from the lowest, a 1 test and the scan (zeros up to
+// it, then its 1), and after the last one a 0 test: the scan's final 1 and that 0 are dropped when the last
+// one is the block's last coefficient (implied). group_code(y) is that sequence, least significant bit
+// first, with the final 1 always in and the 0 test (a zero) left to the length; 8 bits for each y in 0..15.
+CCOLL_HD ccoll_u32 group_code(ccoll_u32 y) {
+  return (ccoll_u32)(((y & 8) ? 0xff7d77395f2d2711ull : 0x3f1d17090f050300ull) >> (8 * (y & 7))) & 0xffu;
+}
+// Delta swap of index bits a > b of a 32-bit word: bits whose index has bit a clear and bit b set trade
+// places with those at + (2^a - 2^b); m selects the former.
+CCOLL_HD ccoll_u32 swap_index_bits(ccoll_u32 x, int d, ccoll_u32 m) {
+  ccoll_u32 t = (x ^ (x >> d)) & m;
+  return x ^ t ^ (t << d);
+}
+// bytes b_i (the low byte of each argument; bit p of b_i at bit 8i + p) -> bit 4p + i
+CCOLL_HD ccoll_u32 interleave_nibbles(ccoll_u32 b0, ccoll_u32 b1, ccoll_u32 b2, ccoll_u32 b3) {
+  ccoll_u32 x = byte_perm(byte_perm(b0, b1, 0x0040), byte_perm(b2, b3, 0x0040), 0x5410);
+  // index bits (i1 i0 p2 p1 p0) -> (p2 p1 p0 i1 i0) by four index swaps: 4<->2, 3<->1, 2<->0, 1<->0
+  x = swap_index_bits(x, 12, 0x0000f0f0u);
+  x = swap_index_bits(x, 6, 0x00cc00ccu);
+  x = swap_index_bits(x, 3, 0x0a0a0a0au);
+  return swap_index_bits(x, 1, 0x22222222u);
+}
+// the nibbles of planes k-1 .. k-8 (1 <= k <= P; planes below 0 read as zero) of the coefficients whose
+// bit-reversed words are r[0..3]
+template <class UInt> CCOLL_HD ccoll_u32 plane_nibbles(const UInt* r, int k) {
+  const int sh = (int)(8 * sizeof(UInt)) - k;
+  return interleave_nibbles((ccoll_u32)(r[0] >> sh), (ccoll_u32)(r[1] >> sh), (ccoll_u32)(r[2] >> sh),
+                            (ccoll_u32)(r[3] >> sh));
+}
+
 // rows a (index bit s clear) and b (set): a's columns c with (c & s) != 0 trade places with b's c - s
 template <class UInt> CCOLL_HD void delta_swap(UInt& a, UInt& b, int s) {
   // the columns c with (c & s) == 0: 0x55.., 0x33.., 0x0f.., 0x00ff.. for s = 1, 2, 4, 8
@@ -656,7 +751,8 @@ template <class Scalar> CCOLL_HD Scalar canonical_nan() {
 // without reading the bits back): the encoder knows every bit it emits, including the one libzfp's
 // decoder infers when the budget runs out inside a group test.
 // W is the bit writer: BlockWriter (64-bit words, boundary words OR-ed in; the per-block kernel) or
-// LaneWriter (32-bit words into a lane-private buffer; the tile kernel). Both take n <= 32 bits per call.
+// LaneWriter (32-bit words into a lane-private buffer; the tile kernel). Both take n <= 32 bits per call
+// (write_bits: 0..32, write_some: 1..32).
 // Bits not written read as zero: BlockWriter's output is zeroed first, LaneWriter::finish() (which the
 // tile encoder calls after every block, also after an early return here) zero-fills the rest.
 // ps: S words of scratch for the transposed bit planes of a dims=2 block (transpose_planes; dims=1 uses none).
@@ -725,7 +821,46 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
   // zeros below; two scalars instead of a second u[] array (registers)
   int klast = P;
   ccoll_u32 xlast = 0;
-  for (int k = P; bits > 0 && k > kmin;) {
+  int k = P;
+  {
+    // the leading all-zero planes at once: with no coefficient significant yet, such a plane is one
+    // group-test bit, a zero
+    UInt any = 0;
+#pragma unroll
+    for (int i = 0; i < S; i++) any |= u[i];
+    int z = clz_of(any);
+    if (z > k - kmin) z = k - kmin;
+    if (z > bits) z = bits;
+    if (P > 32 && z > 32) { w.write_bits(0, 32); z -= 32; bits -= 32; k -= 32; }  // double
+    w.write_bits(0, z);
+    bits -= z;
+    k -= z;
+    if (RECON && k < P) klast = k;  // xlast stays 0
+  }
+  while (bits > 0 && k > kmin) {
+    if (S == 4 && nsig == S) {
+      // dims=1, every coefficient significant: the rest of the budget is the nibble stream of planes
+      // k-1, k-2, ... (see plane_nibbles), written 8 planes at a time
+      int n = 4 * (k - kmin) < bits ? 4 * (k - kmin) : bits;
+      UInt r[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) r[i] = brev_of(u[i]);
+      const int ktop = k;
+#pragma unroll 1
+      for (int done = 0; done < n; done += 32, k -= 8) {
+        int c = n - done < 32 ? n - done : 32;
+        w.write_some(plane_nibbles<UInt>(r, k), c);
+      }
+      if (RECON) {  // the last plane reached, as far as the budget let it
+        int planes = (n + 3) >> 2;
+        klast = ktop - planes;
+        xlast = 0;
+#pragma unroll
+        for (int i = 0; i < S; i++) xlast |= (ccoll_u32)((u[i] >> klast) & 1) << i;
+        xlast &= (1u << (n - 4 * (planes - 1))) - 1;
+      }
+      break;
+    }
     --k;
     ccoll_u32 x = 0;  // the plane as an S-bit word (S <= 16)
     if (TRANSPOSE) {
@@ -733,6 +868,23 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
     } else {
 #pragma unroll
       for (int i = 0; i < S; i++) x |= (ccoll_u32)((u[i] >> k) & 1) << i;
+    }
+    if (S == 4 && !RECON) {
+      // dims=1 without feedback: the plane's verbatim bits and its group tests (the loop below) in one
+      // write: x's low nsig bits, then group_code(y) of y, x's bits above nsig, cut to the budget (where
+      // the budget runs out, the loop writes a prefix of the same bits and stops). With feedback the loop
+      // runs, as it also tracks what the decoder infers from a cut plane.
+      const int s0 = nsig;
+      ccoll_u32 y = x >> s0;
+      // h: the last new significant coefficient relative to s0 (-1 for none: then len is the one 0 test);
+      // h + 1 scan bits and a 1 test per one of y, then the 0 test, or the implied 1 dropped
+      int h = 31 - clz32(y);
+      int len = popc32(y) + h + (h == S - 1 - s0 ? 0 : 2);
+      nsig = s0 + h + 1;
+      int n = s0 + len < bits ? s0 + len : bits;
+      w.write_some((x ^ (y << s0)) | (group_code(y) << s0), n);  // n >= 1
+      bits -= n;
+      continue;
     }
     int m = nsig < bits ? nsig : bits;
     bits -= m;
@@ -917,16 +1069,21 @@ struct LaneWriter {
   // the low n bits of v (0 <= n <= 32), least significant first; returns v >> n
   CCOLL_HD ccoll_u64 write_bits(ccoll_u64 v, int n) {
     if (n == 0) return v;
-    ccoll_u32 low = (ccoll_u32)v & (n == 32 ? ~0u : ((1u << n) - 1));
-    acc |= low << fill;
+    write_some((ccoll_u32)v, n);
+    return v >> n;
+  }
+  // the low n bits of v, 1 <= n <= 32
+  CCOLL_HD void write_some(ccoll_u32 v, int n) {
+    ccoll_u32 low = v << (32 - n) >> (32 - n);
+    ccoll_u64 wide = (ccoll_u64)low << fill;  // fill < 32: no bit lost
+    acc |= (ccoll_u32)wide;
     int total = fill + n;
     if (total >= 32) {
       words[widx++] = acc;
-      acc = fill ? low >> (32 - fill) : 0;  // the bits of low that did not fit
+      acc = (ccoll_u32)(wide >> 32);  // the bits of low that did not fit
       total -= 32;
     }
     fill = total;
-    return v >> n;
   }
   CCOLL_HD void finish() {
     if (fill) { words[widx++] = acc; acc = 0; fill = 0; }
