@@ -135,6 +135,13 @@ class Codec:
     #: payloads use a per-row number of bytes up to ``encoded_nbytes`` (a capacity), read back with
     #: ``used_nbytes(rows)``; collectives then move only the used bytes (ccoll/collectives/varsize.py)
     variable_size: ClassVar[bool] = False
+    #: the payload carries the values' float bits as they are (casts, lossless), NaN payload bits included.
+    #: IEEE 754 leaves a NaN's payload to the implementation and torch's kernels differ (a float32 NaN
+    #: narrowed to bf16 is 0xffff on its AVX-512 path, 0x7fc0 on the scalar one, another pattern on CUDA),
+    #: so such a payload's NaN bits are not part of the contract: replicas on one kind of device agree,
+    #: machines need not. The GPU check (tools/gpu_expected.py) compares these codecs' payloads of
+    #: non-finite inputs decoded, NaN as NaN; every other case byte for byte.
+    float_bits_on_wire: ClassVar[bool] = False
     #: input dtypes this codec accepts
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)
     #: specs covering this codec's parameter space (see :meth:`example_specs`)

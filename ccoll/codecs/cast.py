@@ -17,6 +17,7 @@ class _CastCodec(Codec):
     """Payload = the input cast to ``wire_dtype``, as raw bytes (little-endian, as the device stores it)."""
 
     wire_dtype: torch.dtype
+    float_bits_on_wire = True
 
     def encoded_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         self.check_dtype(dtype)

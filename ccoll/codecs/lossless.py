@@ -107,6 +107,7 @@ class LosslessCodec(Codec):
     name = "lossless"
     lossy = False
     variable_size: ClassVar[bool] = True
+    float_bits_on_wire = True
     EXAMPLE_SPECS = ("lossless",)
     PARAMS = {"block": Param(int, 256, doc="values per exponent base: a multiple of 32 in [32, 65536]")}
     dtypes = (torch.float32, torch.bfloat16, torch.float16)

@@ -94,3 +94,32 @@ def test_given_another_cpus_libm_expect_the_same_input_bits():
     if here[-1] == other[-1]:
         pytest.skip("this CPU's libm variants agree with the baseline x86-64 ones: nothing to compare")
     assert here[:-1] == other[:-1], "an input of the carried digests depends on the CPU's libm/vector paths"
+
+
+_NONFINITE_DIGESTS = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import gpu_expected
+for case in gpu_expected.cases(torch, sys.argv[2].split(";")):
+    if case[2] == "nonfinite":
+        print(gpu_expected.case_id(*case), gpu_expected.case_digests(torch, *case, "torch", torch.device("cpu")), sep="\t")
+"""
+
+
+def test_given_another_cpus_vector_kernels_expect_the_same_nonfinite_digests(doc):
+    """A NaN narrowed to bf16 by torch keeps another payload on its AVX-512 path (0xffff) than on the
+    scalar one (0x7fc0), so payloads carrying float bits (casts, lossless) must be compared decoded for
+    non-finite inputs (Codec.float_bits_on_wire), or the committed digests hold only on CPUs like this
+    one. Recomputed under the baseline x86-64 paths, every such case must match the file."""
+    import os
+
+    import ccoll
+
+    specs = [s for s in gpu_check.check_specs() if ccoll.get_codec(s).float_bits_on_wire]
+    proc = subprocess.run([sys.executable, "-c", _NONFINITE_DIGESTS, str(Path(kernels.ROOT) / "tools"), ";".join(specs)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **_OTHER_CPU})
+    assert proc.returncode == 0, proc.stderr
+    got = dict(line.split("\t", 1) for line in proc.stdout.split("\n") if line)
+    assert len(got) >= 4 * len(specs)  # every spec's non-finite cases ran
+    differ = [f"{cid}: {v} != {doc['cases'][cid]}" for cid, v in got.items() if v != doc["cases"][cid]]
+    assert not differ, "digests depend on the CPU's vector kernels:\n" + "\n".join(differ[:10])
