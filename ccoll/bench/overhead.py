@@ -17,10 +17,23 @@ Three measurements, one table each:
    rounds: wall microseconds and process CPU microseconds (all threads of the rank, gloo's included:
    far less disturbed by other load on a shared machine than wall time), and the overhead over native
    as the median of the per-round differences (each difference from one round, so both sides saw the
-   same load). ``codec_us``: the time inside the codec's batched calls (``ccoll.stats.time_codecs``);
-   ``host_over_wall``: the wall overhead less it, i.e. ccoll's Python, launches and extra exchanges, the figure
-   that decides whether a small message can pay. ``sendrecv`` is one round trip: rank 0 sends then
-   receives, rank 1 the reverse.
+   same load). ``sendrecv`` is one round trip: rank 0 sends then receives, rank 1 the reverse.
+
+   Each round times every compressed variant three ways (tables 0 and 1), because the codec's own clock is
+   part of what it would measure:
+
+   - ``wall_us`` / ``cpu_us``: the call as users run it, codec clock off (the default);
+   - ``codec_us``: the time inside the codec's batched calls, from a second block with
+     ``ccoll.stats.time_codecs`` on (its two clock reads and the record per batched call cost ~2-3 us each,
+     so they are kept out of ``wall_us``); ``host_over_wall`` = ``over_wall`` less ``codec_us``;
+   - ``path_over``: a third block with the codec's arithmetic removed (:func:`codec_arithmetic_removed`:
+     the backend's batched hooks return at once; every check, allocation, exchange, decision and Python
+     step of ccoll and of the codec's own front end still runs), over native: ccoll's host path and
+     nothing else, the figure item 4 of the overhead issue asks for. ``host_over_wall`` exceeds it on a
+     CPU by what the codec's torch arithmetic does to the rest of the call (at 64 KiB ~20-30 us for
+     int8/int4, a few for bf16; not the allocator: unchanged with glibc's mmap/trim thresholds raised;
+     most likely the caches and predictors its kernels evict). On a GPU the arithmetic runs on the device,
+     so the host runs ``path_over`` plus the kernel launches.
 2. the simulated world (:func:`ccoll.testing.simulated_world`, threads over the memory transport) at
    p = ``--sim``: each rank's thread CPU time per call, median over ranks and rounds, over native. The
    codec clock is not subtracted there (it is wall time, which in threads sharing one interpreter
@@ -34,6 +47,7 @@ is the evidence for :data:`ccoll.defaults.DEFAULT_MIN_BYTES`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -85,6 +99,10 @@ def _variants(codecs: list[str]) -> list[tuple[str, str | None]]:
     return [(NATIVE, None)] + [(c, c) for c in codecs]
 
 
+def _codec_of(name: str) -> str | None:
+    return None if name == NATIVE else name
+
+
 def _rotated(items: list, r: int) -> list:
     k = r % len(items)
     return items[k:] + items[:k]
@@ -97,9 +115,42 @@ def _codec_seconds(dim: str) -> float:
     return sum(row["seconds"] for row in codec_stats() if row["dim"] == dim)
 
 
+@contextlib.contextmanager
+def codec_arithmetic_removed(spec: str):
+    """Within: the batched hooks (``_encode_rows_<b>``, ``_decode_rows_<b>``, ``_decode_sum_<b>``) of
+    ``spec``'s codec class on the host backend return at once, leaving their outputs as they were
+    (uninitialised payloads, garbage decodes). Why: what a compressed call costs beyond native and beyond
+    the codec's arithmetic is ccoll's host path; removing the arithmetic measures that path directly,
+    instead of as a difference of two larger, noisier figures. An instrument only: every rank must enter it
+    alike, and the caller restores any tensor a call decodes into before values matter again."""
+    import torch
+
+    from ..codecs import get_codec
+
+    cls = type(get_codec(spec))
+    backend = get_codec(spec).resolve_backend(torch.device("cpu"))
+    names = [f"_{op}_{backend}" for op in ("encode_rows", "decode_rows", "decode_sum") if hasattr(cls, f"_{op}_{backend}")]
+    own = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for n in names:
+        setattr(cls, n, nothing)
+    try:
+        yield
+    finally:
+        for n in names:
+            if n in own:
+                setattr(cls, n, own[n])
+            else:
+                delattr(cls, n)
+
+
 def _block(fn: Callable[[], None], calls: int, dim: str, cpu_clock: Callable[[], float]) -> tuple[float, float, float]:
     """(wall, CPU, codec) microseconds per call of ``calls`` calls of ``fn``; codec = the time spent in
-    the codec's batched calls (timed by ``ccoll.stats.time_codecs``, recorded under dimension ``dim``)."""
+    the codec's batched calls (timed by ``ccoll.stats.time_codecs`` when it is on, recorded under
+    dimension ``dim``)."""
     from ..stats import dimension
 
     with dimension(dim):
@@ -110,21 +161,49 @@ def _block(fn: Callable[[], None], calls: int, dim: str, cpu_clock: Callable[[],
     return (t1 - t0) / calls * 1e6, (c1 - c0) / calls * 1e6, (k1 - k0) / calls * 1e6
 
 
-def _summary(times: dict[str, list[tuple[float, float, float]]]) -> list[dict]:
+Times = tuple[float, float, float, float]  # wall, CPU, codec, wall without codec arithmetic (us per call)
+
+
+def _round(fn: Callable[[], None], codec: str | None, calls: int, dim: str, cpu_clock: Callable[[], float],
+           restore: list) -> Times:
+    """One round of one variant (see the module docstring): clock off, clock on, arithmetic removed.
+    ``restore``: tensors a call may decode into, put back after the block without arithmetic so the later
+    blocks code the same values (a garbage decode could be non-finite and take the codecs' slow path)."""
+    from ..stats import time_codecs
+
+    wall, cpu, _ = _block(fn, calls, dim, cpu_clock)
+    if codec is None:
+        return wall, cpu, 0.0, wall
+    time_codecs(True)
+    try:
+        codec_us = _block(fn, calls, dim, cpu_clock)[2]
+    finally:
+        time_codecs(False)
+    saved = [t.clone() for t in restore]
+    with codec_arithmetic_removed(codec):
+        path = _block(fn, calls, dim, cpu_clock)[0]
+    for t, s in zip(restore, saved):
+        t.copy_(s)
+    return wall, cpu, codec_us, path
+
+
+def _summary(times: dict[str, list[Times]]) -> list[dict]:
     """Per variant: median wall / CPU / codec time per call over rounds, the median per-round difference
-    to native, and the wall difference less the codec's own (wall) time (``host_over_wall``: ccoll's
-    Python, launches and extra exchanges, what this tool is about)."""
+    to native, the wall difference less the codec's own time (``host_over_wall``) and the wall without the
+    codec's arithmetic over native (``path_over_wall``: ccoll's Python, launches and extra exchanges,
+    what this tool is about)."""
     base = times[NATIVE]
     out = []
     for name, ts in times.items():
         out.append({
             "codec": name,
-            "wall_us": statistics.median(w for w, _, _ in ts),
-            "cpu_us": statistics.median(c for _, c, _ in ts),
-            "codec_us": statistics.median(k for _, _, k in ts),
-            "over_wall_us": statistics.median(w - b for (w, _, _), (b, _, _) in zip(ts, base)),
-            "over_cpu_us": statistics.median(c - b for (_, c, _), (_, b, _) in zip(ts, base)),
-            "host_over_wall_us": statistics.median(w - k - b for (w, _, k), (b, _, _) in zip(ts, base)),
+            "wall_us": statistics.median(t[0] for t in ts),
+            "cpu_us": statistics.median(t[1] for t in ts),
+            "codec_us": statistics.median(t[2] for t in ts),
+            "over_wall_us": statistics.median(t[0] - b[0] for t, b in zip(ts, base)),
+            "over_cpu_us": statistics.median(t[1] - b[1] for t, b in zip(ts, base)),
+            "host_over_wall_us": statistics.median(t[0] - t[2] - b[0] for t, b in zip(ts, base)),
+            "path_over_wall_us": statistics.median(t[3] - b[0] for t, b in zip(ts, base)),
         })
     return out
 
@@ -139,7 +218,7 @@ def _gloo_rank(rank: int, p: int, args: argparse.Namespace) -> list[dict]:
     from ..stats import time_codecs
 
     torch.manual_seed(rank)
-    time_codecs(True)
+    time_codecs(False)
     rows = []
     for op in args.ops:
         if op == "sendrecv" and p != 2:
@@ -152,11 +231,12 @@ def _gloo_rank(rank: int, p: int, args: argparse.Namespace) -> list[dict]:
             for _, fn in variants:  # warm-up: connections, allocator, codec caches
                 for _ in range(max(2, args.calls // 10)):
                     fn()
-            times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
+            times: dict[str, list[Times]] = {name: [] for name, _ in variants}
             for r in range(args.rounds):
                 for name, fn in _rotated(variants, r):
                     dist.barrier()
-                    times[name].append(_block(fn, args.calls, "overhead", time.process_time))
+                    times[name].append(_round(fn, _codec_of(name), args.calls, "overhead", time.process_time,
+                                              [x, out]))
             for s in _summary(times):
                 rows.append({"world": f"gloo p={p}", "op": op, "nbytes": n * 4, **s})
     dist.barrier()
@@ -182,10 +262,10 @@ def _sim_rank(rank: int, group: Any, op: str, size: int, codecs: list[str], call
     variants = [(name, _call(op, rank, p, group, codec, x, out)) for name, codec in _variants(codecs)]
     for _, fn in variants:
         fn()
-    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
+    times: dict[str, list[Times]] = {name: [] for name, _ in variants}
     for r in range(rounds):
         for name, fn in _rotated(variants, r):
-            times[name].append(_block(fn, calls, f"overhead-rank{rank}", time.thread_time))
+            times[name].append((*_block(fn, calls, f"overhead-rank{rank}", time.thread_time), 0.0))
     return times
 
 
@@ -213,7 +293,7 @@ def run_simulated(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
                 for s in _summary(merged):
                     # one clock here, CPU per rank; the codec clock is wall time, which in threads sharing
                     # one interpreter includes waiting for it, so it is not subtracted (see codec none)
-                    for k in ("wall_us", "over_wall_us", "host_over_wall_us", "codec_us"):
+                    for k in ("wall_us", "over_wall_us", "host_over_wall_us", "codec_us", "path_over_wall_us"):
                         s.pop(k)
                     rows.append({"world": f"simulated p={p}", "op": op, "nbytes": max(1, size // 4) * 4, **s})
     return rows, skipped
@@ -275,7 +355,7 @@ def run_in_process(args: argparse.Namespace) -> list[dict]:
 
     p = max(2, args.ranks)
     group = _instant_group(p)
-    time_codecs(True)
+    time_codecs(False)
     rows = []
     for op in SIM_OPS:
         if op not in args.ops:
@@ -288,10 +368,11 @@ def run_in_process(args: argparse.Namespace) -> list[dict]:
             for _, fn in variants:
                 for _ in range(max(2, args.calls // 10)):
                     fn()
-            times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in variants}
+            times: dict[str, list[Times]] = {name: [] for name, _ in variants}
             for r in range(args.rounds):
                 for name, fn in _rotated(variants, r):
-                    times[name].append(_block(fn, args.calls, "overhead", time.thread_time))
+                    times[name].append(_round(fn, _codec_of(name), args.calls, "overhead", time.thread_time,
+                                              [x, out]))
             for s in _summary(times):
                 rows.append({"world": f"in-process p={p}", "op": op, "nbytes": n * 4, **s})
     return rows
@@ -301,12 +382,13 @@ def run_in_process(args: argparse.Namespace) -> list[dict]:
 
 def _table(rows: list[dict], wall: bool) -> list[str]:
     head = f"{'world':<17}{'op':<23}{'bytes':>6} {'codec':<15}"
-    head += f"{'wall_us':>9}{'over_wall':>10}{'codec_us':>9}{'host_over_wall':>15}" if wall else ""
+    head += f"{'wall_us':>9}{'over_wall':>10}{'codec_us':>9}{'host_over_wall':>15}{'path_over':>10}" if wall else ""
     lines = [head + f"{'cpu_us':>9}{'over_cpu':>9}"]
     for r in rows:
         line = f"{r['world']:<17}{r['op']:<23}{format_nbytes(r['nbytes'], short=True):>6} {r['codec']:<15}"
         if wall:
-            line += f"{r['wall_us']:>9.1f}{r['over_wall_us']:>10.1f}{r['codec_us']:>9.1f}{r['host_over_wall_us']:>15.1f}"
+            line += (f"{r['wall_us']:>9.1f}{r['over_wall_us']:>10.1f}{r['codec_us']:>9.1f}"
+                     f"{r['host_over_wall_us']:>15.1f}{r['path_over_wall_us']:>10.1f}")
         lines.append(line + f"{r['cpu_us']:>9.1f}{r['over_cpu_us']:>9.1f}")
     return lines
 
@@ -358,13 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {load1:.2f} at end, "
           f"{os.cpu_count()} CPUs")
     if local:
-        print(f"# in process: a transport that completes every exchange at once (ccoll's host path alone), "
+        print(f"# in process: a transport that completes every exchange at once (ccoll's host path alone; "
+              f"path_over = the call without the codec's arithmetic, over native), "
               f"{args.rounds} rounds x {args.calls} calls, median per call, microseconds")
         print("\n".join(_table(local, wall=True)))
     if gloo:
         print(f"# gloo: {args.ranks} ranks, {args.rounds} interleaved rounds x {args.calls} calls, median per call "
               f"(rank 0), microseconds; over_* = median per-round difference to native; host_over_wall = "
-              f"over_wall less the codec's own time (codec_us)")
+              f"over_wall less the codec's own time (codec_us); path_over = the call without the codec's "
+              f"arithmetic, over native")
         print("\n".join(_table(gloo, wall=True)))
     if sim:
         print(f"# simulated world: thread CPU time per rank per call, {args.sim_rounds} rounds x {args.sim_calls} "

@@ -32,8 +32,11 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
         assert x["world"] == "gloo p=2" and x["wall_us"] > 0 and x["cpu_us"] >= 0
         if x["codec"] == "native":  # the difference of native to itself, round by round
             assert x["over_wall_us"] == x["over_cpu_us"] == x["codec_us"] == x["host_over_wall_us"] == 0
+            assert x["path_over_wall_us"] == 0
         else:
-            assert x["codec_us"] > 0  # the codec's calls were timed
+            assert x["codec_us"] > 0  # the codec's calls were timed (the clock-on block)
+    for x in res["in_process"]:
+        assert "path_over_wall_us" in x and (x["codec"] != "native" or x["path_over_wall_us"] == 0)
     sim = {(x["world"], x["op"], x["codec"]) for x in res["simulated"]}
     # all_gather at p=4: 4 * 4 * 4 KiB of outputs is above --sim-max-bytes, so skipped and said
     assert sim == {(f"simulated p={p}", op, c) for p in (2, 4) for op in ("all_reduce", "all_gather_into_tensor")
@@ -41,3 +44,33 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     assert res["skipped"] == ["all_gather_into_tensor 4KiB at p=4 (64KiB of outputs)"]
     assert "# skipped: all_gather_into_tensor 4KiB at p=4" in r.stdout
     assert len(res["load_average"]) == 2
+
+
+def test_given_arithmetic_removed_expect_hooks_skipped_within_and_every_class_restored_after():
+    """The instrument behind ``path_over``: inside, a call runs every check and allocation but no codec
+    arithmetic (the payload keeps the bytes it had); after, the codec classes are exactly as before (own
+    hooks put back, inherited ones uncovered again) and encode again."""
+    import torch
+
+    from ccoll.bench.overhead import codec_arithmetic_removed
+    from ccoll.codecs import get_codec
+    from ccoll.errors import CodecError
+
+    x = torch.linspace(-1, 1, 512)
+    for spec in ("int8:block=256", "bf16", "none"):
+        c = get_codec(spec)
+        cls = type(c)
+        before = dict(vars(cls))
+        want = c.encode(x)
+        out = torch.full((1, c.payload_nbytes(512, torch.float32)), 7, dtype=torch.uint8)
+        with codec_arithmetic_removed(spec):
+            c.encode_rows(x, out, 512)
+            assert bool((out == 7).all()), spec  # nothing written
+            try:  # the front end's checks still run
+                c.encode_rows(x, out[:, :-1], 512)
+                raise AssertionError("a bad payload shape was accepted")
+            except CodecError:
+                pass
+        assert dict(vars(cls)) == before, spec
+        c.encode_rows(x, out, 512)
+        assert torch.equal(out.view(-1), want.view(-1)), spec
