@@ -163,3 +163,44 @@ def test_whole_tool():
         assert int(slow_block) >= int(block) and int(slow_frac) <= int(frac)
     # the dims=1 plane loop and the dims=2 group tests are in the table, with nonzero counts
     assert re.search(r"^  plane\s+\d+ x\s+[1-9]", text, re.M) and re.search(r"^  test\s+-\s+-\s+\d+ x", text, re.M)
+
+
+def synthetic_sass(r: se.Regions) -> str:
+    """A made-up kernel in nvdisasm's format whose instructions sit on real lines of kernels/zfp.cu: a group
+    test branching at `if (t < lim)` to a found side and a limit side (a neutral write, then a word store), a
+    join, and a word-assembly loop whose first iteration is peeled."""
+    line = {name: min(n for n, v in r.line_region.items() if v == name) for name in ("test", "found", "sig")}
+    pieces = sorted(n for n, v in r.line_region.items() if v == "piece")[:2]
+    neutral, store = min(r.neutral), min(r.store)
+    rows = [(None, ".L_x_0:"), (line["test"], "ISETP.NE.AND P0, PT, R7, RZ, PT"),
+            (r.found_if_line, "@!P0 BRA `(.L_x_2)"),
+            (neutral, "IMAD.MOV.U32 R9, RZ, RZ, R15"), (neutral, "@P1 BRA `(.L_x_4)"),
+            (store, "STS [R17], R6"), (store, "BRA `(.L_x_4)"),
+            (None, ".L_x_2:"), (line["found"], "VIADD R15, R16, 0x1"), (store, "@P0 STS [R17], R6"),
+            (None, ".L_x_4:"), (line["sig"], "IMAD.IADD R5, R5, 0x1, R14"), (line["sig"], "@P0 BRA `(.L_x_0)"),
+            (pieces[0], "LDS R10, [R10]"), (pieces[1], "LOP3.LUT R13, R14, R13, RZ, 0xfc, !PT"),
+            (None, ".L_x_7:"), (pieces[0], "LDS R10, [R10]"), (pieces[1], "LOP3.LUT R13, R14, R13, RZ, 0xfc, !PT"),
+            (pieces[1], "@!P0 BRA P1, `(.L_x_7)"), (None, "EXIT")]
+    out, addr = [".text.synth:"], 0
+    for n, text in rows:
+        if n is None and text.startswith("."):
+            out.append(text)
+            continue
+        if n is not None:
+            out.append(f'\t//## File "kernels/zfp.cu", line {n}')
+        out.append(f"        /*{addr:04x}*/                   {text} ;")
+        addr += 16
+    return "\n".join(out) + "\n"
+
+
+def test_block_regions_rules():
+    """The region rules on a made-up kernel: the else side of `if (t < lim)` is 'limit' though its write has no
+    line of its own, an unpredicated word store is '<region>.store' (a predicated one is not), and a peeled loop
+    is '.first' (once per entry) and '.again' (the further iterations)."""
+    r = se.Regions.from_source((Path(kernels.ROOT) / "kernels" / "zfp.cu").read_text())
+    blocks = se.split_blocks(synthetic_sass(r), "synth")
+    assert [b.succ for b in blocks] == [[3, 1], [4, 2], [4], [4], [0, 5], [6], [6, 7], []]
+    names = se.block_regions(blocks, r, set(range(len(blocks))))
+    assert [names[i] for i in range(len(blocks))] == [
+        "test", "limit", "limit.store", "found", "sig", "piece.first", "piece.again", "piece.first"]
+    assert se.region_costs(blocks, r, set(range(len(blocks))))["piece.again"] == 3
