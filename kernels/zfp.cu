@@ -70,7 +70,7 @@
 // tests/unit/test_sass_estimate.py checks against libzfp. A region's blocks all count once per event, so
 // the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path,
 // one tile per warp as the codec launches it; per value; fraction of copy at full issue efficiency):
-//                    mean lane                 slowest lane of each warp (the time to expect)
+//                    mean lane                 slowest lane of each warp (a warp is at best this fast)
 //    dims=1 rate 8:   612 (153 per value, 21%)   780 (195 per value, 16%)
 //    dims=1 rate 16:  738 (185 per value, 17%)   976 (244 per value, 13%)
 //    dims=2 rate 8:  1788 (112 per value, 29%)  2065 (129 per value, 25%)
@@ -81,20 +81,21 @@
 //    a group-test plane 60 (x 2.2, one branch-free write from group_code); the all-significant tail 9, and
 //    49 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 42 per output
 //    word and 31 per lane buffer it reads (x 1; rate 16: x 2).
-//  * dims=2: per lane 259; per coded block 618 (the transpose and plane store, transpose_planes, ~164 of
+//  * dims=2: per lane 259; per coded block 618 (the transpose and plane store, transpose_planes, ~170 of
 //    them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its coefficient
 //    21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for either;
 //    word assembly as dims=1 for 4 words (rate 16: 8).
 // These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
 // ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
-// Their coder part is close to the tool's (from the max to the end of the plane loop, dims=1 rate 8: ~290
-// then, 314 now; dims=2: ~1050, 1236), but they put the load and the word assembly at ~70 per block where the
-// kernel's path spends 224 + 73 (dims=1 rate 8): per-lane set-up is now dims=1's largest region.
-// What would cut the count next: the per-lane set-up (the kernel prologue and the 64-bit tile-index
-// divisions, paid once per tile: a warp codes one tile), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove the
-// remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and
-// the ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised
-// under the register cap).
+// Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
+// write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
+// assembly at ~70 per block where the kernel's path spends 224 + 73 (dims=1 rate 8): the per-lane set-up is
+// now dims=1's largest region.
+// What would cut the count next: the per-lane set-up (the kernel prologue and the 64-bit tile-index divisions, paid
+// once per tile: a warp codes one tile), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
+// the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
+// ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
+// register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
