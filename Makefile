@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check gpu-check gpu-expected gpu-bundle clean
+.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check sass-estimate gpu-check gpu-expected gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ kernels-host: venv
 # registers / local memory per kernel (ptxas -v) and fails a plain quant kernel above 64 registers or with a stack
 kernels-check: venv
 	$(PY) -m ccoll.kernels check
+
+# the zfp encoder's roofline estimate in kernels/zfp.cu's header (tools/sass_estimate.py): NVRTC with the codec's
+# options + -lineinfo, nvdisasm, basic blocks weighted by a Python mirror of the coder checked against libzfp.
+# nvdisasm comes from its pip wheel (~5 MB) installed under build/tools/, not into the venv: nothing else needs it.
+NVDISASM_WHEEL := nvidia-cuda-nvdisasm==13.5.37
+sass-estimate: venv
+	test -x build/tools/nvdisasm/nvidia/cu13/bin/nvdisasm || \
+	  $(PY) -m pip install -q --no-deps --target build/tools/nvdisasm $(NVDISASM_WHEEL)
+	$(PY) tools/sass_estimate.py
 
 # kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
 test: venv kernels-host

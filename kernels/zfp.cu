@@ -56,33 +56,46 @@
 // encoder, a thread-private array in encode_rows and on the host; see transpose_planes); dims=1 gathers
 // the few planes it codes with group tests and writes the rest as a nibble stream (plane_nibbles).
 //
-// Roofline estimate (not measured: no GPU has run this yet). Per value, encode reads 4 B (f32) and writes
-// R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x ~1.9 GHz ~ 16e12
-// integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy bandwidth needs
-// ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency. Memory is far
-// from the limit (<= 5 B per value at ~4 TB/s); encode is instruction-bound. The counts below are static
-// sm_90 SASS of ccoll_zfp_encode_tiles_f32 (nvcc -cubin -lineinfo with the NVRTC options, nvdisasm, split
-// into basic blocks) weighted by how often a Python mirror of the plane loop takes each path for Gaussian
-// values; an estimate, not a measurement.
-//  * dims=1 (f32): from the header write to the end of the plane loop a block costs ~290 instructions at
-//    rate 8 and ~340 at rate 16 (~475 / ~715 before the three dims=1 changes: leading all-zero planes
-//    skipped at once, each plane's verbatim bits and group tests one branch-free write from group_code,
-//    the all-significant tail a nibble stream 8 planes a write). That is: fixed point, lifting and header
-//    ~106, ~2.2 group-test planes x 56, ~1 (rate 16: ~2) tail writes x 48 + 12. With the load and max
-//    (~30) and the word assembly (~40): ~360 per block, ~90 per value at rate 8 (~100 at rate 16), i.e.
-//    ~35% of copy at full issue efficiency. Lanes still diverge in their number of group-test planes and
-//    tail writes: the longest of a warp's 32 lanes averages ~445 (rate 8; ~560 at rate 16) against ~290,
-//    so ~25% (rate 8) / ~20% (rate 16) of copy is the figure to expect (~15-20% before).
-//  * dims=2 (f32): ~1050 per block at rate 8 and ~1310 at rate 16 for the same part (~1165 / ~1450
-//    before the leading-zero-plane skip, which dims=2 shares, and the cheaper LaneWriter), of which the
-//    transpose and plane store (transpose_planes) are +164 before the loop and save ~31 at each plane's
-//    start: ~10.5 coded planes a block at rate 8 (~7.9 after the skip), ~18.5 at rate 16. The earlier
-//    whole-block estimate (~100 per value at rate 8) less these ~7 (~9 at rate 16): ~93 per value, ~33%
-//    of copy at full issue efficiency, less with its group-test divergence (not modelled).
-// What would cut the count next: a warp-wide plane loop (lanes coding 32 blocks' plane k together) to
-// remove the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16
-// coefficients) and the ~10 of dims=2's instructions per plane that recompute the lane's shared-memory
-// address (rematerialised under the register cap).
+// Roofline estimate (not measured: no GPU has run this yet), re-derived by `make sass-estimate`
+// (tools/sass_estimate.py, which keeps the H200 constants below in its Budget class). Per value, encode reads
+// 4 B (f32) and writes R/8 B; a copy moves 8 B. On an H200 (~4 TB/s achievable, 132 SMs x 64 INT32 lanes x
+// ~1.9 GHz ~ 16e12 integer thread-instructions/s) a copy runs at ~5e11 values/s, so encode at 25% of copy
+// bandwidth needs ~1.25e11 values/s: a budget of ~130 thread-instructions per value at full issue efficiency.
+// Memory is far from the limit (<= 5 B per value at ~4 TB/s); encode is instruction-bound. The tool compiles
+// this file for sm_90 with NVRTC and the codec's own options plus -lineinfo, splits the SASS of
+// ccoll_zfp_encode_tiles_f32 (nvdisasm -c -g) into basic blocks, keeps each dims' path without error
+// feedback, gives every block a region by its source lines (once per lane, once per coded block, per plane,
+// per group test, per output word, ...) and weights the regions' static counts by the events of a Python
+// mirror of the block coder (Gaussian f32, seed 0, 3200 blocks a case), whose bytes
+// tests/unit/test_sass_estimate.py checks against libzfp. A region's blocks all count once per event, so
+// the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path,
+// one tile per warp as the codec launches it; per value; fraction of copy at full issue efficiency):
+//                    mean lane                 slowest lane of each warp (a warp is at best this fast)
+//    dims=1 rate 8:   612 (153 per value, 21%)   780 (195 per value, 16%)
+//    dims=1 rate 16:  738 (185 per value, 17%)   976 (244 per value, 13%)
+//    dims=2 rate 8:  1788 (112 per value, 29%)  2065 (129 per value, 25%)
+//    dims=2 rate 16: 2417 (151 per value, 21%)  2701 (169 per value, 19%)
+// Its regions (static instructions x events per block, rate 8):
+//  * dims=1: per lane 224 (kernel and tile-loop set-up, tile index arithmetic with 64-bit divisions, the
+//    block load); per coded block 119 (max, header, fixed point, lifting, leading all-zero planes at once);
+//    a group-test plane 60 (x 2.2, one branch-free write from group_code); the all-significant tail 9, and
+//    49 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 42 per output
+//    word and 31 per lane buffer it reads (x 1; rate 16: x 2).
+//  * dims=2: per lane 259; per coded block 618 (the transpose and plane store, transpose_planes, ~170 of
+//    them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its coefficient
+//    21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for either;
+//    word assembly as dims=1 for 4 words (rate 16: 8).
+// These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
+// ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
+// Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
+// write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
+// assembly at ~70 per block where the kernel's path spends 224 + 73 (dims=1 rate 8): the per-lane set-up is
+// now dims=1's largest region.
+// What would cut the count next: the per-lane set-up (the kernel prologue and the 64-bit tile-index divisions, paid
+// once per tile: a warp codes one tile), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
+// the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
+// ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
+// register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"

@@ -1,0 +1,206 @@
+"""tools/sass_estimate.py (`make sass-estimate`), the source of kernels/zfp.cu's roofline estimate: its Python
+mirror of the block coder is the real coder (its bytes are libzfp's), its basic-block splitter reads real
+nvdisasm output as it should, its budget arithmetic is the header's, and the whole tool runs where NVRTC and
+nvdisasm are available."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccoll import kernels
+from ccoll.errors import KernelError
+
+sys.path.insert(0, str(Path(kernels.ROOT) / "tools"))
+import sass_estimate as se  # noqa: E402
+
+try:
+    import zfpy
+except ImportError:
+    zfpy = None
+
+DATA = Path(__file__).parent / "data"
+
+
+def gaussian_with_zeros(n: int, seed: int) -> np.ndarray:
+    """Gaussian values over 2^-20 .. 2^20, a fifth of them zero (blocks with few significant coefficients):
+    lanes with few and with many planes. No tiny or non-finite blocks (libzfp leaves those undefined)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
+    x[rng.random(n) < 0.2] = 0.0
+    return x.astype(np.float32)
+
+
+def zfpy_stream(x: np.ndarray, rate: int, dims: int) -> bytes:
+    if zfpy is None:
+        pytest.skip("zfpy (libzfp's Python binding) is not installed: the mirror cannot be checked against libzfp")
+    return zfpy.compress_numpy(x if dims == 1 else x.reshape(-1, 4), rate=rate, write_header=False)
+
+
+@pytest.mark.parametrize("dims,rate", [(1, 3), (1, 8), (1, 13), (1, 16), (2, 2), (2, 8), (2, 16), (2, 23)])
+def test_mirror_bytes_are_libzfp(dims, rate):
+    x = gaussian_with_zeros(2048, seed=dims * 100 + rate)  # 512 dims=1 / 128 dims=2 blocks
+    got, events = se.encode(x, rate, dims)
+    assert got == zfpy_stream(x, rate, dims)
+    # every block had its header and used its whole budget or ran out of planes
+    assert sum(e["block"] + e["zero"] for e in events) == len(events)
+
+
+def test_mirror_events_are_the_coders():
+    """The events are those of the bits written: dims=2 writes one bit per group test and one plane's worth of
+    verbatim bits per significant coefficient; dims=1 at rate 16 reaches the all-significant tail in most blocks."""
+    x = gaussian_with_zeros(4096, seed=7)
+    _, ev2 = se.encode(x, 8, 2)
+    assert all(e["test"] >= e["found"] + e["limit"] for e in ev2)
+    assert all(e["plane"] <= 32 for e in ev2)
+    _, ev1 = se.encode(x, 16, 1)
+    assert np.mean([e["tail"] for e in ev1]) > 0.5
+    assert all(e["chunk"] == 0 or e["tail"] == 1 for e in ev1)
+
+
+@pytest.mark.parametrize("sabotage", ["skip a plane", "no transform", "identity order"])
+def test_mirror_check_can_fail(monkeypatch, sabotage):
+    """The byte comparison has teeth: a mirror that skips a plane, leaves out the decorrelating transform or
+    codes dims=2 coefficients in natural order does not match libzfp."""
+    dims = 1 if sabotage == "no transform" else 2
+    x = gaussian_with_zeros(1024, seed=3)
+    expect = zfpy_stream(x, 8, dims)
+    if sabotage == "skip a plane":
+        code = se._code_planes
+        monkeypatch.setattr(se, "_code_planes", lambda u, bits, S, out: code([v >> 1 for v in u], bits, S, out))
+    elif sabotage == "no transform":
+        monkeypatch.setattr(se, "lift", lambda p, i0, stride: None)
+    else:
+        monkeypatch.setattr(se, "PERM2", tuple(range(16)))
+    assert se.encode(x, 8, dims)[0] != expect
+
+
+def test_assembly_events():
+    # dims=1 rate 8: 32-bit blocks, one word per lane, one lane buffer per word
+    assert se.assemble_events(32, 5) == {"word": 1, "piece": 1}
+    # maxbits 36: a word meets two lane buffers where a block boundary falls inside it
+    ev = [se.assemble_events(36, lane) for lane in range(32)]
+    assert sum(e["word"] for e in ev) == 36
+    # the 31 block boundaries at bits 36k: those at multiples of 32 (k = 8, 16, 24) fall between words
+    assert sum(e["piece"] for e in ev) == 36 + 31 - 3
+
+
+def test_split_blocks_on_real_nvdisasm_output():
+    """A cut of real `nvdisasm -c -g` output: blocks end at branches (conditional ones fall through), labels
+    start blocks, BRX takes its BRANCH_TARGETS, BSSY/BSYNC/BREAK do not end a block, and a branch with a
+    predicate operand (`@!P0 BRA P1, ...`) is conditional."""
+    text = (DATA / "nvdisasm_cut.sass").read_text()
+    switch = se.split_blocks(text, "switch_cut")
+    assert [len(b.ins) for b in switch] == [2, 5, 1, 1, 1, 2, 5, 1, 1, 2, 1, 1]
+    assert [b.succ for b in switch] == [[6, 1], [2], [3, 4, 10], [4], [5], [8], [7], [8, 9, 11], [9], [11], [11], []]
+    assert switch[2].ins[0][1].startswith("BRX") and switch[10].ins[0][1].startswith("BREAK")
+    assert switch[0].ins[0][2] == ("zfp.cu", 457)
+    loop = se.split_blocks(text, "loop_cut")
+    assert [(b.label, len(b.ins), b.succ) for b in loop] == [
+        ("loop_cut", 1, [3, 1]), (None, 1, [2]), (".L_x_2931", 19, [2, 3]), (".L_x_2930", 1, [4]),
+        (".L_x_2929", 11, [5]), (".L_x_2928", 1, [6]), (".L_x_2927", 1, [])]
+    assert collections.Counter(w[1] for _, _, w in loop[2].ins)[1131] == 6
+    assert se.reach(loop, 0, set()) == set(range(7)) and se.reach(loop, 0, {2}) == {0, 1, 3, 4, 5, 6}
+    with pytest.raises(ValueError, match="no section"):
+        se.split_blocks(text, "no_such_kernel")
+
+
+def test_regions_found_in_the_source():
+    """Every region the mirror counts is located in today's kernels/zfp.cu by the coder's own statements."""
+    src = (Path(kernels.ROOT) / "kernels" / "zfp.cu").read_text()
+    r = se.Regions.from_source(src)
+    lines = src.splitlines()
+    assert "if (dims == 2)" in lines[r.dims_line - 1] and "if (!feedback)" in lines[r.feedback_line - 1]
+    assert "if (t < lim)" in lines[r.found_if_line - 1]
+    assert any("words[widx++] = acc;" in lines[n - 1] for n in r.store)
+    assert set(r.line_region.values()) <= set(se.EVENTS) | {"recon"}
+    for name in ("block", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish", "word", "piece"):
+        assert name in r.line_region.values(), name
+    with pytest.raises(ValueError, match="no line matching"):
+        se.Regions.from_source(src.replace("if (t < lim)", "if (lim > t)"))
+
+
+def test_budget_is_the_headers():
+    """kernels/zfp.cu's header: ~16e12 thread-instructions/s, copy at ~5e11 values/s, so 25% of copy is a
+    budget of ~130 instructions per value."""
+    assert se.H200.thread_instructions_per_s == pytest.approx(16e12, rel=0.01)
+    assert se.H200.copy_values_per_s == pytest.approx(5e11)
+    assert se.H200.fraction_of_copy(128.4) == pytest.approx(0.25, rel=0.01)
+
+
+def test_nvdisasm_missing_names_the_pip_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("CCOLL_NVDISASM", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(se, "LOCAL_NVDISASM", tmp_path / "none")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    with pytest.raises(se.NvdisasmNotFound, match="pip install --target build/tools/nvdisasm nvidia-cuda-nvdisasm"):
+        se.find_nvdisasm()
+
+
+def test_whole_tool():
+    """Compile (NVRTC, the codec's options), disassemble, split, weight, print: the table has every (dims,
+    rate) with per-value counts and fractions of copy in sane ranges."""
+    try:
+        nvdisasm = se.find_nvdisasm()
+        kernels.nvrtc()
+    except KernelError as e:  # NvdisasmNotFound too
+        pytest.skip(f"needs NVRTC and nvdisasm (`make sass-estimate` installs nvdisasm): {e}")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert se.main(["--nvdisasm", nvdisasm, "--tiles", "20"]) == 0
+    text = out.getvalue()
+    assert "-lineinfo" in text and "--fmad=false" in text and "-ftz=false" in text
+    rows = re.findall(r"^\s+([12])\s+(8|16) \|\s+(\d+)\s+([\d.]+)\s+(\d+)% \|\s+(\d+)\s+([\d.]+)\s+(\d+)%$", text, re.M)
+    assert [(d, r) for d, r, *_ in rows] == [("1", "8"), ("1", "16"), ("2", "8"), ("2", "16")]
+    for d, r, block, per_value, frac, slow_block, slow_value, slow_frac in rows:
+        assert 20 < float(per_value) < 1000 and 1 <= int(frac) <= 100
+        assert int(slow_block) >= int(block) and int(slow_frac) <= int(frac)
+    # the dims=1 plane loop and the dims=2 group tests are in the table, with nonzero counts
+    assert re.search(r"^  plane\s+\d+ x\s+[1-9]", text, re.M) and re.search(r"^  test\s+-\s+-\s+\d+ x", text, re.M)
+
+
+def synthetic_sass(r: se.Regions) -> str:
+    """A made-up kernel in nvdisasm's format whose instructions sit on real lines of kernels/zfp.cu: a group
+    test branching at `if (t < lim)` to a found side and a limit side (a neutral write, then a word store), a
+    join, and a word-assembly loop whose first iteration is peeled."""
+    line = {name: min(n for n, v in r.line_region.items() if v == name) for name in ("test", "found", "sig")}
+    pieces = sorted(n for n, v in r.line_region.items() if v == "piece")[:2]
+    neutral, store = min(r.neutral), min(r.store)
+    rows = [(None, ".L_x_0:"), (line["test"], "ISETP.NE.AND P0, PT, R7, RZ, PT"),
+            (r.found_if_line, "@!P0 BRA `(.L_x_2)"),
+            (neutral, "IMAD.MOV.U32 R9, RZ, RZ, R15"), (neutral, "@P1 BRA `(.L_x_4)"),
+            (store, "STS [R17], R6"), (store, "BRA `(.L_x_4)"),
+            (None, ".L_x_2:"), (line["found"], "VIADD R15, R16, 0x1"), (store, "@P0 STS [R17], R6"),
+            (None, ".L_x_4:"), (line["sig"], "IMAD.IADD R5, R5, 0x1, R14"), (line["sig"], "@P0 BRA `(.L_x_0)"),
+            (pieces[0], "LDS R10, [R10]"), (pieces[1], "LOP3.LUT R13, R14, R13, RZ, 0xfc, !PT"),
+            (None, ".L_x_7:"), (pieces[0], "LDS R10, [R10]"), (pieces[1], "LOP3.LUT R13, R14, R13, RZ, 0xfc, !PT"),
+            (pieces[1], "@!P0 BRA P1, `(.L_x_7)"), (None, "EXIT")]
+    out, addr = [".text.synth:"], 0
+    for n, text in rows:
+        if n is None and text.startswith("."):
+            out.append(text)
+            continue
+        if n is not None:
+            out.append(f'\t//## File "kernels/zfp.cu", line {n}')
+        out.append(f"        /*{addr:04x}*/                   {text} ;")
+        addr += 16
+    return "\n".join(out) + "\n"
+
+
+def test_block_regions_rules():
+    """The region rules on a made-up kernel: the else side of `if (t < lim)` is 'limit' though its write has no
+    line of its own, an unpredicated word store is '<region>.store' (a predicated one is not), and a peeled loop
+    is '.first' (once per entry) and '.again' (the further iterations)."""
+    r = se.Regions.from_source((Path(kernels.ROOT) / "kernels" / "zfp.cu").read_text())
+    blocks = se.split_blocks(synthetic_sass(r), "synth")
+    assert [b.succ for b in blocks] == [[3, 1], [4, 2], [4], [4], [0, 5], [6], [6, 7], []]
+    names = se.block_regions(blocks, r, set(range(len(blocks))))
+    assert [names[i] for i in range(len(blocks))] == [
+        "test", "limit", "limit.store", "found", "sig", "piece.first", "piece.again", "piece.first"]
+    assert se.region_costs(blocks, r, set(range(len(blocks))))["piece.again"] == 3
