@@ -433,33 +433,43 @@ def main(argv: list[str] | None = None) -> int:
     # happened to use one (a 2-row decode_sum did: 61 ms instead of 4 us)
     torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
-    local = run_in_process(args) if args.in_process else []
-    gloo = run_gloo_ranks(args) if args.ranks >= 2 else []
-    sim, skipped = run_simulated(args) if args.sim else ([], [])
-    load1 = os.getloadavg()[0]
-    print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {load1:.2f} at end, "
-          f"{os.cpu_count()} CPUs")
-    if local:
+    print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {os.cpu_count()} CPUs",
+          flush=True)
+    doc = {"load_average": [load0], "cpus": os.cpu_count(), "args": vars(args), "in_process": [], "gloo": [],
+           "simulated": [], "skipped": []}
+
+    def save() -> None:
+        # after every table, so a later measurement that fails or times out (the simulated world at
+        # p = 256 is minutes per call on a small machine) keeps the earlier ones
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+
+    if args.in_process:
+        doc["in_process"] = run_in_process(args)
         print(f"# in process: a transport that completes every exchange at once (ccoll's host path alone; "
               f"path_over = the call without the codec's arithmetic, over native), "
               f"{args.rounds} rounds x {args.calls} calls, median per call, microseconds")
-        print("\n".join(_table(local, wall=True)))
-    if gloo:
+        print("\n".join(_table(doc["in_process"], wall=True)), flush=True)
+        save()
+    if args.ranks >= 2:
+        doc["gloo"] = run_gloo_ranks(args)
         print(f"# gloo: {args.ranks} ranks, {args.rounds} interleaved rounds x {args.calls} calls, median per call "
               f"(rank 0), microseconds; over_* = median per-round difference to native; host_over_wall = "
               f"over_wall less the codec's own time (codec_us); path_over = the call without the codec's "
               f"arithmetic, over native")
-        print("\n".join(_table(gloo, wall=True)))
-    if sim:
+        print("\n".join(_table(doc["gloo"], wall=True)), flush=True)
+        save()
+    if args.sim:
+        doc["simulated"], doc["skipped"] = run_simulated(args)
         print(f"# simulated world: thread CPU time per rank per call, {args.sim_rounds} rounds x {args.sim_calls} "
               f"calls, median over ranks and rounds; codec none = ccoll's path without codec arithmetic")
-        print("\n".join(_table(sim, wall=False)))
-    for s in skipped:
-        print(f"# skipped: {s}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"load_average": [load0, load1], "cpus": os.cpu_count(), "args": vars(args),
-                       "in_process": local, "gloo": gloo, "simulated": sim, "skipped": skipped}, f, indent=1)
+        print("\n".join(_table(doc["simulated"], wall=False)))
+        for s in doc["skipped"]:
+            print(f"# skipped: {s}")
+    doc["load_average"].append(os.getloadavg()[0])
+    print(f"# load average {doc['load_average'][1]:.2f} at end")
+    save()
     return 0
 
 
