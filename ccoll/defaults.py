@@ -7,11 +7,15 @@ native one): compressing saves ``nbytes * (1 - 1/ratio) / link_rate`` of wire ti
 host overhead per call, so it pays only above ``overhead * link_rate / (1 - 1/ratio)``. Every factor is
 taken at its most favourable to compression:
 
-- overhead: 50 us, ccoll's target for its host path per call, and about what the tool measures for it
-  in process with the codec's time taken out (64 KiB all_reduce, quiet 2-core host: bf16 44 us, int8 52,
-  int4 57; the codec itself is one kernel launch on a GPU but 30-220 us of torch ops on this CPU); on two
-  gloo ranks exchange scheduling adds hundreds of microseconds (int4's own 57 us would give 8.3 KB below:
-  the same default);
+- overhead: 50 us, ccoll's target for its host path per call. Measured in process (64 KiB, quiet 2-core
+  host, ``python -m ccoll.bench.overhead --ranks 0 --sim ''``): the call with the codec's arithmetic
+  removed costs 26 us over native for all_reduce, 21 for all_gather, whatever the codec (``path_over``);
+  a GPU adds its kernel launches to that (2-3 per call; unmeasured, no GPU here). On this CPU the codec is
+  30-290 us of torch ops and leaves the rest of the call slower (``host_over_wall``: bf16 34, int8 51,
+  int4 57 us). 26 us alone would give 3.8 KB below, 50 us 7.3 KB. A tensor just under 8 KiB saves at
+  most 56 us of wire on that link, so at 26 us plus launches compressing 4-8 KiB could win only a few
+  tens of microseconds per call, traded for precision: the default stays 8 KiB until a GPU measures
+  the launches. On two gloo ranks exchange scheduling adds hundreds of microseconds;
 - link: 1 Gbit/s, the slowest considered (the saving per byte is largest on the slowest link; at
   400 Gbit/s a 4 KiB message is ~80 ns of wire, nothing to save against tens of microseconds);
 - ratio: 7.1, int4:block=64 on fp32 (36 bytes per 64 values), the highest of the fixed-size codecs.
