@@ -123,7 +123,7 @@ class WeightDelta:
             # written only after every payload has arrived
             delta = flat.to(rdtype) - recon.view(p, m)[tr.rank]
             payload = rows(1, c.encoded_nbytes(m, rdtype), inp.device)
-            c.encode_rows(delta, payload, m, salt=salts(salt, tr)(OWN, 0))
+            c.encode_rows(delta, payload, m, salt=salts(salt, tr, c)(OWN, 0))
             gathered = rows(p, payload.shape[1], inp.device)
             work = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op))
 

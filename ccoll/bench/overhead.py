@@ -327,17 +327,12 @@ def _instant_group(p: int) -> Any:
             return done(async_op)
 
         def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Any:
-            # contiguous copies, not one copy from a broadcast view (torch splits the latter over its thread
-            # pool from 32K elements, and on a busy host that call then waits for a thread: milliseconds of
-            # this stand-in's time, not ccoll's), doubling the filled rows each time: log2(p) torch calls,
-            # not p (at p = 256 a copy per row cost ~190 us of Python per call, charged to ccoll's path)
-            rows = output.view(p, -1)
-            rows[0].copy_(input.view(-1))
-            filled = 1
-            while filled < p:
-                n = min(filled, p - filled)
-                rows[filled:filled + n].copy_(rows[:n])
-                filled += n
+            # one copy from a broadcast view: one torch call, as native all_reduce is one (mul_), so the
+            # stand-in charges every exchange alike (a copy per row cost ~190 us of Python at p = 256, and
+            # 17 us at p = 8 even in log2(p) doubling copies, all counted as ccoll's host path). Single-
+            # threaded (main() sets one intra-op thread): with a pool, torch splits this copy from 32K
+            # elements and on a busy host waits for a thread (milliseconds, not ccoll's)
+            output.view(p, -1).copy_(input.view(1, -1).expand(p, -1))
             return done(async_op)
 
         def native_all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None,

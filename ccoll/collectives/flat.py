@@ -40,7 +40,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     t = tensor.detach()
     p, n, dtype = tr.world_size, t.numel(), t.dtype
     side = run.stream
-    salt_of = salts(salt, tr)
+    salt_of = salts(salt, tr, c)
     gathers: list = []  # all-gathers issued, not yet decoded
     wire = 0
     with side.on_side():
@@ -141,7 +141,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
     out, inp = output.detach(), input.detach()
     p, m, dtype = tr.world_size, out.numel(), out.dtype
     side = run.stream
-    salt_of = salts(salt, tr)
+    salt_of = salts(salt, tr, c)
     exchanges = []  # (span start, span numel, recv, send, handle), issued, not yet reduced
     wire = 0
     with side.on_side():
@@ -188,7 +188,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
     out, inp = output.detach(), input.detach()
     p, m = tr.world_size, inp.numel()
     side = run.stream
-    salt_of = salts(salt, tr)
+    salt_of = salts(salt, tr, c)
     gathers = []  # (span start, span numel, gathered, payload, handle), issued, not yet decoded
     wire = 0
     with side.on_side():
@@ -239,7 +239,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
-            c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
+            c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr, c)(OWN, 0))
         inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
 
     return run.compressed(async_op, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
@@ -266,7 +266,7 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
     with side.on_side():
         side.keep(inp, out)
         send = rows(tr.world_size, c.payload_nbytes(m, inp.dtype), inp.device)
-        c.encode_rows(contig(flat_view(inp)), send, m, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(inp)), send, m, salt=salts(salt, tr, c)(OWN, 0))
         recv = torch.empty_like(send)
         inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
@@ -288,7 +288,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     with side.on_side():
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
-        c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr, c)(OWN, 0))
         inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
     sending = [payload]
 

@@ -106,7 +106,7 @@ def all_reduce(run: Run, c: Codec, lay: Layout, tensor: torch.Tensor, opn: str, 
                 src[:seg_numel].copy_(flat_in[lo:lo + seg_numel])
             parts.append(torch.empty(k, dtype=dtype, device=dev))
             scatters.append((src, side.wrap(intra.native_reduce_scatter(parts[-1], src, "sum", True))))
-        salt_of = salts(salt, inter) if N == 2 else None
+        salt_of = salts(salt, inter, c) if N == 2 else None
         for s, ((lo, seg_numel, k), (src, work)) in enumerate(zip(pieces, scatters)):
             work.wait()  # this node's exact partial sum of block `local` of segment s
             part = parts[s]

@@ -50,7 +50,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, dtype), t.device)
         fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, t.device, c, side)
-        c.encode_rows(contig(flat_view(t)), payload, n, feedback=fb, salt=salts(salt, tr)(OWN, 0))
+        c.encode_rows(contig(flat_view(t)), payload, n, feedback=fb, salt=salts(salt, tr, c)(OWN, 0))
         gathered = rows(p, payload.shape[1], t.device)
         inner = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))
     sending = [payload]  # the send buffer lives until the exchange completes
