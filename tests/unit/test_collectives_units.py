@@ -229,3 +229,21 @@ def test_residual_keys_given_phase_and_segment_expect_round_trip_and_short_first
     for bad in ["w", ("w",), ("w", "zz"), ("w", "rs", -1), ("w", "rs", "a")]:
         with pytest.raises(ValueError):
             parse_residual_key(bad)
+
+
+def test_given_deterministic_codec_when_salting_expect_no_salt_and_the_call_counter_still_advancing():
+    """Deterministic codecs skip the salt mixes (host time per call) but still advance the group's call
+    counter, so a stochastic call draws the salt of its position in the call sequence, deterministic
+    calls counted, as it did before they were skipped."""
+    from ccoll.bench.overhead import _instant_group
+    from ccoll.collectives.salts import OWN, REDUCED, salts
+
+    det, sto = ccoll.get_codec("int8:block=256"), ccoll.get_codec("int8:block=256,round=stochastic")
+    a, b = _instant_group(4).ccoll_transport, _instant_group(4).ccoll_transport  # two groups, two counters
+    assert salts(None, a, det)(OWN, 0) == 0 and salts(7, a, det)(REDUCED, 3) == 0  # call 0 of a (and no count)
+    first = salts(None, b, sto)  # call 0 of b
+    second = salts(None, b, sto)  # call 1 of b
+    got = salts(None, a, sto)  # call 1 of a
+    assert got(OWN, 0) == second(OWN, 0) != first(OWN, 0)
+    assert got(REDUCED, 1) == second(REDUCED, 1) != 0
+    assert salts(5, a, sto)(OWN, 0) == salts(5, b, sto)(OWN, 0) != salts(6, a, sto)(OWN, 0)
