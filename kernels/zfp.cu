@@ -1123,17 +1123,33 @@ CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, cc
   w.finish();
 }
 
+// floor(p / d) as mulhi32(p, div_magic(d)) for 2 <= d and p * d < 2^32: magic = 2^32 / d + e with 0 <= e < 1, so
+// p * magic / 2^32 exceeds p / d by less than p / 2^32 < 1 / d, too little to reach the next integer. The word
+// assembly divides tile bit positions p < 32 * (maxbits + 1) by maxbits <= 1024 (p * maxbits < 2^26) once per
+// output word; a multiply instead of a ~25-instruction integer division.
+CCOLL_HD ccoll_u32 div_magic(int d) { return 0xffffffffu / (ccoll_u32)d + 1; }
+CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
+#ifdef __CUDA_ARCH__
+  return __umulhi(a, b);
+#else
+  return (ccoll_u32)(((ccoll_u64)a * b) >> 32);
+#endif
+}
+
 // Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of the tile.
+// maxbits_magic: div_magic(maxbits).
 CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64 ntile_row, int maxbits,
-                                 ccoll_u64 row_words, int lane, ccoll_u32* out) {
-  ccoll_u64 r = tile / ntile_row, t = tile - r * ntile_row;
-  ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
-  ccoll_u64 hi = t + 1 == ntile_row ? 2 * row_words : lo + maxbits;
+                                 ccoll_u32 maxbits_magic, ccoll_u64 row_words, int lane, ccoll_u32* out) {
+  const ccoll_u64 r = tile / ntile_row, t = tile - r * ntile_row;
+  const ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
+  // the tile's words; the row's last tile also writes the zero padding up to the row's 64-bit end (so its count
+  // is at most maxbits + 1): a 32-bit index from the tile's first word instead of 64-bit row positions
+  const int nwords = t + 1 == ntile_row ? (int)(2 * row_words - lo) : maxbits;
   const int stride = lane_stride(maxbits);
-  ccoll_u32* row = out + r * 2 * row_words;
-  for (ccoll_u64 j = lo + lane; j < hi; j += TILE) {
-    int p = (int)(j - lo) * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
-    int blk = p / maxbits, off = p - blk * maxbits;
+  ccoll_u32* tile_words = out + r * 2 * row_words + lo;
+  for (int j = lane; j < nwords; j += TILE) {
+    ccoll_u32 p = (ccoll_u32)j * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
+    int blk = (int)mulhi32(p, maxbits_magic), off = (int)p - blk * maxbits;
     ccoll_u32 word = 0;
     for (int got = 0; got < 32 && blk < TILE; ++blk, off = 0) {  // the (up to 5) blocks the word meets
       int take = 32 - got < maxbits - off ? 32 - got : maxbits - off;
@@ -1145,7 +1161,7 @@ CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64
       word |= bits << got;
       got += take;
     }
-    row[j] = word;
+    tile_words[j] = word;
   }
 }
 
@@ -1250,6 +1266,7 @@ __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, 
   const int lane = (int)(threadIdx.x & 31);
   const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
   const ccoll_u64 warps = (ccoll_u64)gridDim.x * (blockDim.x >> 5);
+  const ccoll_u32 maxbits_magic = div_magic(maxbits);
   // the tile index is the same for the 32 lanes of a warp: every lane runs every iteration (full-warp syncs)
   for (ccoll_u64 tile = (ccoll_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); tile < total; tile += warps) {
     if (dims == 2)
@@ -1257,7 +1274,7 @@ __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, 
     else
       encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
     __syncwarp();
-    assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, out);
+    assemble_tile_lane(buf, tile, ntile, maxbits, maxbits_magic, row_words, lane, out);
     __syncwarp();  // the buffer is rewritten by the next tile
   }
 }
@@ -1304,7 +1321,8 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
                                               planes);                                                          \
       }                                                                                                         \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
-        ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, reinterpret_cast<ccoll_u32*>(out)); \
+        ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
+                                      reinterpret_cast<ccoll_u32*>(out));                                       \
     }                                                                                                           \
   }
 

@@ -495,7 +495,7 @@ class Regions:
         mark(fin + 1, b, "recon")  # error feedback only
 
         a, b = function_span(L, r"void assemble_tile_lane\(")
-        words = find_line(L, r"for \(ccoll_u64 j = ", a, b)
+        words = find_line(L, r"for \(int j = lane; ", a, b)
         pieces = find_line(L, r"for \(int got = 0;", words, b)
         pieces_end = find_line(L, r"got \+= take;", pieces, b) + 1
         mark(words, b, "word")
