@@ -1106,14 +1106,14 @@ struct LaneWriter {
 
 CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
 
-// Phase 1, lane `lane` of tile `tile` (over all rows): its block into buf + lane * lane_stride(maxbits).
+// Phase 1, lane `lane` of tile t of row r: its block into buf + lane * lane_stride(maxbits).
 // planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved (word j of lane l at
 // planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
 template <class St, int D>
-CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 tile,
-                               ccoll_u64 ntile_row, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
+CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r,
+                               ccoll_u64 t, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
                                int lane, ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
-  ccoll_u64 r = tile / ntile_row, b = (tile - r * ntile_row) * TILE + lane;
+  ccoll_u64 b = t * TILE + lane;
   LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
   if (b < nblk_row) {
     Span sp(numel, row_numel, r, b, Dims<D>::S);
@@ -1136,11 +1136,10 @@ CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
 #endif
 }
 
-// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of the tile.
+// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of tile t of row r.
 // maxbits_magic: div_magic(maxbits).
-CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64 ntile_row, int maxbits,
+CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 r, ccoll_u64 t, ccoll_u64 ntile_row, int maxbits,
                                  ccoll_u32 maxbits_magic, ccoll_u64 row_words, int lane, ccoll_u32* out) {
-  const ccoll_u64 r = tile / ntile_row, t = tile - r * ntile_row;
   const ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
   // the tile's words; the row's last tile also writes the zero padding up to the row's 64-bit end (so its count
   // is at most maxbits + 1): a 32-bit index from the tile's first word instead of 64-bit row positions
@@ -1258,24 +1257,42 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, cco
 #define CCOLL_ZFP_TILE_THREADS 128
 
 namespace ccoll_zfp {
+// Tiles per warp: each warp codes a run of K consecutive tiles, K the smallest power of two with warps * K >= the
+// tiles of all rows (the launch, ccoll/codecs/zfp.py tiles_per_warp, gives K = 1 for small inputs, up to 8 for
+// large ones; any grid is coded correctly). Found by doubling, not a division (a test and no iteration for
+// K = 1, one iteration per doubling); consecutive tiles step their (row, tile in row) by an increment, so the
+// only division, tile / ntile, is paid once per warp, not once per tile as a grid-stride loop would.
+CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
+  int shift = 0;
+  while ((warps << shift) < total) ++shift;  // ends without overflow: warps >= 1, total < 2^63 for any tensor
+  return shift;
+}
+
 template <class St>
 __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
                                                   int rows, int dims, int maxbits, ccoll_u64 row_words,
                                                   typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
                                                   typename Traits<typename St::Code>::UInt* planes) {
   const int lane = (int)(threadIdx.x & 31);
+  const int WARPS_PER_CTA = CCOLL_ZFP_TILE_THREADS / 32;  // blockDim.x, checked by the kernel
   const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
-  const ccoll_u64 warps = (ccoll_u64)gridDim.x * (blockDim.x >> 5);
+  const ccoll_u64 warps = (ccoll_u64)gridDim.x * WARPS_PER_CTA;
+  const int shift = tiles_per_warp_log2(warps, total);
   const ccoll_u32 maxbits_magic = div_magic(maxbits);
-  // the tile index is the same for the 32 lanes of a warp: every lane runs every iteration (full-warp syncs)
-  for (ccoll_u64 tile = (ccoll_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); tile < total; tile += warps) {
+  const ccoll_u64 first = ((ccoll_u64)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) << shift;
+  if (first >= total) return;  // the same for the 32 lanes of a warp: every lane runs every tile (full-warp syncs)
+  ccoll_u64 last = first + (1ull << shift);  // no overflow: first + K <= warps * K < 2^64 for any real launch
+  if (last > total) last = total;
+  ccoll_u64 r = first / ntile, t = first - r * ntile;
+  for (ccoll_u64 tile = first; tile < last; ++tile) {
     if (dims == 2)
-      encode_tile_lane<St, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
+      encode_tile_lane<St, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
     else
-      encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
+      encode_tile_lane<St, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
     __syncwarp();
-    assemble_tile_lane(buf, tile, ntile, maxbits, maxbits_magic, row_words, lane, out);
+    assemble_tile_lane(buf, r, t, ntile, maxbits, maxbits_magic, row_words, lane, out);
     __syncwarp();  // the buffer is rewritten by the next tile
+    if (++t == ntile) { t = 0; ++r; }
   }
 }
 }  // namespace ccoll_zfp
@@ -1312,16 +1329,17 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
     for (ccoll_i64 tile = 0; tile < (ccoll_i64)(ntile * rows); tile++) {                                        \
       ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
       ccoll_zfp::Traits<ST::Code>::UInt planes[ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                   \
+      const ccoll_u64 r = (ccoll_u64)tile / ntile, t = (ccoll_u64)tile - r * ntile;                            \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
         if (dims == 2)                                                                                          \
-          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
                                               planes);                                                          \
         else                                                                                                    \
-          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
                                               planes);                                                          \
       }                                                                                                         \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
-        ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
+        ccoll_zfp::assemble_tile_lane(buf, r, t, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
                                       reinterpret_cast<ccoll_u32*>(out));                                       \
     }                                                                                                           \
   }
