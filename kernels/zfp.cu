@@ -34,14 +34,16 @@
 // Output words: blocks are back to back at bit granularity, so neighbouring blocks share words. Two
 // encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
 // encode_tiles):
-//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row. A tile's bits,
+//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row (a warp codes a run of
+//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_warp). A tile's bits,
 //    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
 //    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 63/63/63/95 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5) at 64 | 102; 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
+//    the row's 64-bit end). 64/56/64/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5) at 64 | 102; 63/63/63/95 before the runs of tiles per warp and the word assembly's
+//    multiply for its division, 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
 //    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
 //    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
 //    an SM.
@@ -68,31 +70,41 @@
 // per group test, per output word, ...) and weights the regions' static counts by the events of a Python
 // mirror of the block coder (Gaussian f32, seed 0, 3200 blocks a case), whose bytes
 // tests/unit/test_sass_estimate.py checks against libzfp. A region's blocks all count once per event, so
-// the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path,
-// one tile per warp as the codec launches it; per value; fraction of copy at full issue efficiency):
-//                    mean lane                 slowest lane of each warp (a warp is at best this fast)
-//    dims=1 rate 8:   612 (153 per value, 21%)   780 (195 per value, 16%)
-//    dims=1 rate 16:  738 (185 per value, 17%)   976 (244 per value, 13%)
-//    dims=2 rate 8:  1788 (112 per value, 29%)  2065 (129 per value, 25%)
-//    dims=2 rate 16: 2417 (151 per value, 21%)  2701 (169 per value, 19%)
-// Its regions (static instructions x events per block, rate 8):
-//  * dims=1: per lane 224 (kernel and tile-loop set-up, tile index arithmetic with 64-bit divisions, the
-//    block load); per coded block 119 (max, header, fixed point, lifting, leading all-zero planes at once);
-//    a group-test plane 60 (x 2.2, one branch-free write from group_code); the all-significant tail 9, and
-//    49 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 42 per output
-//    word and 31 per lane buffer it reads (x 1; rate 16: x 2).
-//  * dims=2: per lane 259; per coded block 618 (the transpose and plane store, transpose_planes, ~170 of
-//    them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its coefficient
-//    21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for either;
-//    word assembly as dims=1 for 4 words (rate 16: 8).
+// the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path; per
+// value; fraction of copy at full issue efficiency), for the two runs of tiles per warp the codec launches
+// (ccoll/codecs/zfp.py tiles_per_warp): 1 tile per warp below 33792 tiles (dims=1: ~4.3M values), 8 from
+// 135168 tiles (dims=1 ~17M values, dims=2 ~69M), 2 and 4 between:
+//                    1 tile per warp: mean lane    slowest lane of each warp  | 8 tiles per warp: mean   slowest
+//    dims=1 rate 8:   611 (153 per value, 21%)   779 (195 per value, 16%)    |  501 (125, 26%)   668 (167, 19%)
+//    dims=1 rate 16:  711 (178 per value, 18%)   949 (237 per value, 14%)    |  601 (150, 21%)   839 (210, 15%)
+//    dims=2 rate 8:  1707 (107 per value, 30%)  1979 (124 per value, 26%)    | 1597 (100, 32%)  1869 (117, 27%)
+//    dims=2 rate 16: 2232 (140 per value, 23%)  2510 (157 per value, 20%)    | 2122 (133, 24%)  2400 (150, 21%)
+// (a warp is at best as fast as its slowest lane). Before the two changes below (one tile per warp, the only
+// launch then): dims=1 rate 8 612 / 780, rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701.
+//  * the word assembly found each output word's first lane buffer with a 32-bit signed division by maxbits
+//    (~25 instructions per word: 42 a word, now 12, the division a multiply-high, div_magic);
+//  * every tile paid the kernel set-up and the 64-bit tile -> (row, tile in row) division; a warp now codes a
+//    run of consecutive tiles (encode_tiles_warp) and pays them once per run: 'warp' below. With one tile per
+//    warp the run's set-up costs ~16 more than before (dims=1 rate 8 595 -> 611 over the word-assembly
+//    change alone); from 2 tiles per warp on it saves.
+// Its regions (static instructions x events per block, rate 8, 8 tiles per warp):
+//  * dims=1: per warp 126 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
+//    per tile 123 (the block's position and load, the run's step, the word assembly's set-up); per coded block
+//    119 (max, header, fixed point, lifting, leading all-zero planes at once); a group-test plane 60 (x 2.2,
+//    one branch-free write from group_code); the all-significant tail 9, and 49 per nibble-stream write of 8
+//    planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 12 per output word and 35 for its first lane
+//    buffer (x 1; rate 16: x 2), 19 for each further one.
+//  * dims=2: per warp 126, per tile 167; per coded block 615 (the transpose and plane store,
+//    transpose_planes, ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 25 (x 6.4), a test
+//    that finds its coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient
+//    8 (x 1), then 7 for either; word assembly as dims=1 for 4 words (rate 16: 8).
 // These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
 // ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
 // Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
 // write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
-// assembly at ~70 per block where the kernel's path spends 224 + 73 (dims=1 rate 8): the per-lane set-up is
-// now dims=1's largest region.
-// What would cut the count next: the per-lane set-up (the kernel prologue and the 64-bit tile-index divisions, paid
-// once per tile: a warp codes one tile), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
+// assembly at ~70 per block where the kernel's path then spent 224 + 73 (dims=1 rate 8).
+// What would cut the count next: the per-tile set-up (123 for dims=1: the block's 64-bit position, Span's range
+// checks, the load's alignment test), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
 // the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
 // ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
 // register cap).
@@ -1249,7 +1261,7 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f16, ccoll_zfp_decode_rows_f16, cco
 CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, ccoll_zfp_decode_sum_f64,
                        ccoll_zfp::StF64)
 
-// ---- the tile encoder: one warp per tile of 32 blocks (grid-stride over every tile of every row) -------
+// ---- the tile encoder: one warp per run of consecutive tiles of 32 blocks (over every tile of every row) ----
 // ccoll_zfp_encode_tiles_<dtype>: encode_rows' arguments and bytes; blockDim.x must be
 // CCOLL_ZFP_TILE_THREADS (ccoll/kernels/call.py launches the zfp family with 128 threads); the output
 // needs no initialisation.

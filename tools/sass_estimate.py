@@ -18,8 +18,10 @@ can re-derive cannot be trusted or updated. This tool derives it in four steps:
 What it is not: a measurement. Static counts at full issue efficiency ignore latency, stalls and memory. Every
 block of a region counts once per event of the region (a loop whose first iteration the compiler peeled: the
 peeled blocks once per entry, the loop block for the other iterations), so where a region holds a branch the
-mirror does not count, both sides count: an upper bound (in today's kernel ~15 instructions of 'lane', e.g.
-the trap and the call to the 64-bit division, are such alternatives). A warp is at best as fast as its
+mirror does not count, both sides count: an upper bound (in today's kernel ~25 instructions of 'warp' and
+'lane', e.g. the trap, the call to the 64-bit division and the divergent-__syncwarp fallbacks, are such
+alternatives). 'warp' is the set-up outside the warp's tile loop, shared by the run of tiles the launch gives a
+warp (reported for 1 and for the launch's largest run). A warp is at best as fast as its
 slowest lane (lanes diverge in their number of planes), which the table reports next to the lane mean.
 """
 from __future__ import annotations
