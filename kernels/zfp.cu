@@ -34,14 +34,16 @@
 // Output words: blocks are back to back at bit granularity, so neighbouring blocks share words. Two
 // encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
 // encode_tiles):
-//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row. A tile's bits,
+//  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row (a warp codes a run of
+//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_warp). A tile's bits,
 //    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
 //    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 63/63/63/95 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5) at 64 | 102; 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
+//    the row's 64-bit end). 64/56/64/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5) at 64 | 102; 63/63/63/95 before the runs of tiles per warp and the word assembly's
+//    multiply for its division, 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
 //    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
 //    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
 //    an SM.
@@ -68,31 +70,41 @@
 // per group test, per output word, ...) and weights the regions' static counts by the events of a Python
 // mirror of the block coder (Gaussian f32, seed 0, 3200 blocks a case), whose bytes
 // tests/unit/test_sass_estimate.py checks against libzfp. A region's blocks all count once per event, so
-// the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path,
-// one tile per warp as the codec launches it; per value; fraction of copy at full issue efficiency):
-//                    mean lane                 slowest lane of each warp (a warp is at best this fast)
-//    dims=1 rate 8:   612 (153 per value, 21%)   780 (195 per value, 16%)
-//    dims=1 rate 16:  738 (185 per value, 17%)   976 (244 per value, 13%)
-//    dims=2 rate 8:  1788 (112 per value, 29%)  2065 (129 per value, 25%)
-//    dims=2 rate 16: 2417 (151 per value, 21%)  2701 (169 per value, 19%)
-// Its regions (static instructions x events per block, rate 8):
-//  * dims=1: per lane 224 (kernel and tile-loop set-up, tile index arithmetic with 64-bit divisions, the
-//    block load); per coded block 119 (max, header, fixed point, lifting, leading all-zero planes at once);
-//    a group-test plane 60 (x 2.2, one branch-free write from group_code); the all-significant tail 9, and
-//    49 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 42 per output
-//    word and 31 per lane buffer it reads (x 1; rate 16: x 2).
-//  * dims=2: per lane 259; per coded block 618 (the transpose and plane store, transpose_planes, ~170 of
-//    them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its coefficient
-//    21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for either;
-//    word assembly as dims=1 for 4 words (rate 16: 8).
+// the counts lean high. What it prints now (NVRTC 13.5; instructions per block for the whole kernel path; per
+// value; fraction of copy at full issue efficiency), for the two runs of tiles per warp the codec launches
+// (ccoll/codecs/zfp.py tiles_per_warp): 1 tile per warp below 33792 tiles (dims=1: ~4.3M values), 8 from
+// 135168 tiles (dims=1 ~17M values, dims=2 ~69M), 2 and 4 between:
+//                    1 tile per warp: mean lane    slowest lane of each warp  | 8 tiles per warp: mean   slowest
+//    dims=1 rate 8:   611 (153 per value, 21%)   779 (195 per value, 16%)    |  501 (125, 26%)   668 (167, 19%)
+//    dims=1 rate 16:  711 (178 per value, 18%)   949 (237 per value, 14%)    |  601 (150, 21%)   839 (210, 15%)
+//    dims=2 rate 8:  1707 (107 per value, 30%)  1979 (124 per value, 26%)    | 1597 (100, 32%)  1869 (117, 27%)
+//    dims=2 rate 16: 2232 (140 per value, 23%)  2510 (157 per value, 20%)    | 2122 (133, 24%)  2400 (150, 21%)
+// (a warp is at best as fast as its slowest lane). Before the two changes below (one tile per warp, the only
+// launch then): dims=1 rate 8 612 / 780, rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701.
+//  * the word assembly found each output word's first lane buffer with a 32-bit signed division by maxbits
+//    (~25 instructions per word: 42 a word, now 12, the division a multiply-high, div_magic);
+//  * every tile paid the kernel set-up and the 64-bit tile -> (row, tile in row) division; a warp now codes a
+//    run of consecutive tiles (encode_tiles_warp) and pays them once per run: 'warp' below. With one tile per
+//    warp the run's set-up costs ~16 more than before (dims=1 rate 8 595 -> 611 over the word-assembly
+//    change alone); from 2 tiles per warp on it saves.
+// Its regions (static instructions x events per block, rate 8, 8 tiles per warp):
+//  * dims=1: per warp 126 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
+//    per tile 123 (the block's position and load, the run's step, the word assembly's set-up); per coded block
+//    119 (max, header, fixed point, lifting, leading all-zero planes at once); a group-test plane 60 (x 2.2,
+//    one branch-free write from group_code); the all-significant tail 9, and 49 per nibble-stream write of 8
+//    planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 12 per output word and 35 for its first lane
+//    buffer (x 1; rate 16: x 2), 19 for each further one.
+//  * dims=2: per warp 126, per tile 167; per coded block 615 (the transpose and plane store,
+//    transpose_planes, ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 25 (x 6.4), a test
+//    that finds its coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient
+//    8 (x 1), then 7 for either; word assembly as dims=1 for 4 words (rate 16: 8).
 // These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
 // ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
 // Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
 // write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
-// assembly at ~70 per block where the kernel's path spends 224 + 73 (dims=1 rate 8): the per-lane set-up is
-// now dims=1's largest region.
-// What would cut the count next: the per-lane set-up (the kernel prologue and the 64-bit tile-index divisions, paid
-// once per tile: a warp codes one tile), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
+// assembly at ~70 per block where the kernel's path then spent 224 + 73 (dims=1 rate 8).
+// What would cut the count next: the per-tile set-up (123 for dims=1: the block's 64-bit position, Span's range
+// checks, the load's alignment test), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
 // the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
 // ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
 // register cap).
@@ -1106,14 +1118,14 @@ struct LaneWriter {
 
 CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
 
-// Phase 1, lane `lane` of tile `tile` (over all rows): its block into buf + lane * lane_stride(maxbits).
+// Phase 1, lane `lane` of tile t of row r: its block into buf + lane * lane_stride(maxbits).
 // planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved (word j of lane l at
 // planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
 template <class St, int D>
-CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 tile,
-                               ccoll_u64 ntile_row, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
+CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r,
+                               ccoll_u64 t, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
                                int lane, ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
-  ccoll_u64 r = tile / ntile_row, b = (tile - r * ntile_row) * TILE + lane;
+  ccoll_u64 b = t * TILE + lane;
   LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
   if (b < nblk_row) {
     Span sp(numel, row_numel, r, b, Dims<D>::S);
@@ -1123,17 +1135,32 @@ CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, cc
   w.finish();
 }
 
-// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of the tile.
-CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64 ntile_row, int maxbits,
-                                 ccoll_u64 row_words, int lane, ccoll_u32* out) {
-  ccoll_u64 r = tile / ntile_row, t = tile - r * ntile_row;
-  ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
-  ccoll_u64 hi = t + 1 == ntile_row ? 2 * row_words : lo + maxbits;
+// floor(p / d) as mulhi32(p, div_magic(d)) for 2 <= d and p * d < 2^32: magic = 2^32 / d + e with 0 <= e < 1, so
+// p * magic / 2^32 exceeds p / d by less than p / 2^32 < 1 / d, too little to reach the next integer. The word
+// assembly divides tile bit positions p < 32 * (maxbits + 1) by maxbits <= 1024 (p * maxbits < 2^26) once per
+// output word; a multiply instead of a ~25-instruction integer division.
+CCOLL_HD ccoll_u32 div_magic(int d) { return 0xffffffffu / (ccoll_u32)d + 1; }
+CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
+#ifdef __CUDA_ARCH__
+  return __umulhi(a, b);
+#else
+  return (ccoll_u32)(((ccoll_u64)a * b) >> 32);
+#endif
+}
+
+// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of tile t of row r.
+// maxbits_magic: div_magic(maxbits).
+CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 r, ccoll_u64 t, ccoll_u64 ntile_row, int maxbits,
+                                 ccoll_u32 maxbits_magic, ccoll_u64 row_words, int lane, ccoll_u32* out) {
+  const ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
+  // the tile's words; the row's last tile also writes the zero padding up to the row's 64-bit end (so its count
+  // is at most maxbits + 1): a 32-bit index from the tile's first word instead of 64-bit row positions
+  const int nwords = t + 1 == ntile_row ? (int)(2 * row_words - lo) : maxbits;
   const int stride = lane_stride(maxbits);
-  ccoll_u32* row = out + r * 2 * row_words;
-  for (ccoll_u64 j = lo + lane; j < hi; j += TILE) {
-    int p = (int)(j - lo) * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
-    int blk = p / maxbits, off = p - blk * maxbits;
+  ccoll_u32* tile_words = out + r * 2 * row_words + lo;
+  for (int j = lane; j < nwords; j += TILE) {
+    ccoll_u32 p = (ccoll_u32)j * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
+    int blk = (int)mulhi32(p, maxbits_magic), off = (int)p - blk * maxbits;
     ccoll_u32 word = 0;
     for (int got = 0; got < 32 && blk < TILE; ++blk, off = 0) {  // the (up to 5) blocks the word meets
       int take = 32 - got < maxbits - off ? 32 - got : maxbits - off;
@@ -1145,7 +1172,7 @@ CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 tile, ccoll_u64
       word |= bits << got;
       got += take;
     }
-    row[j] = word;
+    tile_words[j] = word;
   }
 }
 
@@ -1234,7 +1261,7 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f16, ccoll_zfp_decode_rows_f16, cco
 CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, ccoll_zfp_decode_sum_f64,
                        ccoll_zfp::StF64)
 
-// ---- the tile encoder: one warp per tile of 32 blocks (grid-stride over every tile of every row) -------
+// ---- the tile encoder: one warp per run of consecutive tiles of 32 blocks (over every tile of every row) ----
 // ccoll_zfp_encode_tiles_<dtype>: encode_rows' arguments and bytes; blockDim.x must be
 // CCOLL_ZFP_TILE_THREADS (ccoll/kernels/call.py launches the zfp family with 128 threads); the output
 // needs no initialisation.
@@ -1242,23 +1269,42 @@ CCOLL_ZFP_CUDA_ENTRIES(ccoll_zfp_encode_rows_f64, ccoll_zfp_decode_rows_f64, cco
 #define CCOLL_ZFP_TILE_THREADS 128
 
 namespace ccoll_zfp {
+// Tiles per warp: each warp codes a run of K consecutive tiles, K the smallest power of two with warps * K >= the
+// tiles of all rows (the launch, ccoll/codecs/zfp.py tiles_per_warp, gives K = 1 for small inputs, up to 8 for
+// large ones; any grid is coded correctly). Found by doubling, not a division (a test and no iteration for
+// K = 1, one iteration per doubling); consecutive tiles step their (row, tile in row) by an increment, so the
+// only division, tile / ntile, is paid once per warp, not once per tile as a grid-stride loop would.
+CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
+  int shift = 0;
+  while ((warps << shift) < total) ++shift;  // ends without overflow: warps >= 1, total < 2^63 for any tensor
+  return shift;
+}
+
 template <class St>
 __device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
                                                   int rows, int dims, int maxbits, ccoll_u64 row_words,
                                                   typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
                                                   typename Traits<typename St::Code>::UInt* planes) {
   const int lane = (int)(threadIdx.x & 31);
+  const int WARPS_PER_CTA = CCOLL_ZFP_TILE_THREADS / 32;  // blockDim.x, checked by the kernel
   const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
-  const ccoll_u64 warps = (ccoll_u64)gridDim.x * (blockDim.x >> 5);
-  // the tile index is the same for the 32 lanes of a warp: every lane runs every iteration (full-warp syncs)
-  for (ccoll_u64 tile = (ccoll_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); tile < total; tile += warps) {
+  const ccoll_u64 warps = (ccoll_u64)gridDim.x * WARPS_PER_CTA;
+  const int shift = tiles_per_warp_log2(warps, total);
+  const ccoll_u32 maxbits_magic = div_magic(maxbits);
+  const ccoll_u64 first = ((ccoll_u64)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) << shift;
+  if (first >= total) return;  // the same for the 32 lanes of a warp: every lane runs every tile (full-warp syncs)
+  ccoll_u64 last = first + (1ull << shift);  // no overflow: first + K <= warps * K < 2^64 for any real launch
+  if (last > total) last = total;
+  ccoll_u64 r = first / ntile, t = first - r * ntile;
+  for (ccoll_u64 tile = first; tile < last; ++tile) {
     if (dims == 2)
-      encode_tile_lane<St, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
+      encode_tile_lane<St, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
     else
-      encode_tile_lane<St, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, planes);
+      encode_tile_lane<St, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
     __syncwarp();
-    assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, out);
+    assemble_tile_lane(buf, r, t, ntile, maxbits, maxbits_magic, row_words, lane, out);
     __syncwarp();  // the buffer is rewritten by the next tile
+    if (++t == ntile) { t = 0; ++r; }
   }
 }
 }  // namespace ccoll_zfp
@@ -1295,16 +1341,18 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
     for (ccoll_i64 tile = 0; tile < (ccoll_i64)(ntile * rows); tile++) {                                        \
       ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
       ccoll_zfp::Traits<ST::Code>::UInt planes[ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                   \
+      const ccoll_u64 r = (ccoll_u64)tile / ntile, t = (ccoll_u64)tile - r * ntile;                            \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
         if (dims == 2)                                                                                          \
-          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
                                               planes);                                                          \
         else                                                                                                    \
-          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, tile, ntile, nblk, maxbits, feedback, lane, buf, \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
                                               planes);                                                          \
       }                                                                                                         \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
-        ccoll_zfp::assemble_tile_lane(buf, tile, ntile, maxbits, row_words, lane, reinterpret_cast<ccoll_u32*>(out)); \
+        ccoll_zfp::assemble_tile_lane(buf, r, t, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
+                                      reinterpret_cast<ccoll_u32*>(out));                                       \
     }                                                                                                           \
   }
 

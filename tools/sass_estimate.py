@@ -18,8 +18,10 @@ can re-derive cannot be trusted or updated. This tool derives it in four steps:
 What it is not: a measurement. Static counts at full issue efficiency ignore latency, stalls and memory. Every
 block of a region counts once per event of the region (a loop whose first iteration the compiler peeled: the
 peeled blocks once per entry, the loop block for the other iterations), so where a region holds a branch the
-mirror does not count, both sides count: an upper bound (in today's kernel ~15 instructions of 'lane', e.g.
-the trap and the call to the 64-bit division, are such alternatives). A warp is at best as fast as its
+mirror does not count, both sides count: an upper bound (in today's kernel ~25 instructions of 'warp' and
+'lane', e.g. the trap, the call to the 64-bit division and the divergent-__syncwarp fallbacks, are such
+alternatives). 'warp' is the set-up outside the warp's tile loop, shared by the run of tiles the launch gives a
+warp (reported for 1 and for the launch's largest run). A warp is at best as fast as its
 slowest lane (lanes diverge in their number of planes), which the table reports next to the lane mean.
 """
 from __future__ import annotations
@@ -270,13 +272,15 @@ def assemble_events(maxbits: int, lane: int) -> collections.Counter:
     return ev
 
 
-def tile_events(x: np.ndarray, rate: int, dims: int) -> list[collections.Counter]:
+def tile_events(x: np.ndarray, rate: int, dims: int, tiles_per_warp: int = 1) -> list[collections.Counter]:
     """Per-block (= per-lane) events of the tile encoder coding x (whole tiles of 32 blocks): the coder's
-    (``code_block``), the lane's share of the word assembly and 'lane' (once per lane and tile)."""
+    (``code_block``), the lane's share of the word assembly, 'lane' (once per lane and tile) and 'warp' (once per
+    lane and run of ``tiles_per_warp`` tiles: a block's share is 1 / tiles_per_warp)."""
     _, evs = encode(x, rate, dims)
     maxbits = (4 if dims == 1 else 16) * rate
     for b, ev in enumerate(evs):
         ev.update(assemble_events(maxbits, b % 32), lane=1, rare=ev["nonfinite"] + ev["zero"])
+        ev["warp"] = 1 / tiles_per_warp
         ev["sig"] = ev["found"] + ev["limit"]
         entries = {"piece": ev["word"], "chunk": ev["tail"], "zerofill": min(1, ev["zerofill"])}
         for r in PEELED:
@@ -426,6 +430,7 @@ class Regions:
     feedback_marker: int  # a line only the error-feedback path runs
     dims2_lines: set[int]  # lines only the dims=2 path runs (delta_swap: the plane transpose)
     found_if_line: int  # `if (t < lim)`: its else side is the 'limit' region
+    tile_loop_line: int  # `for (... tile = first; ...)`: the warp's tile loop; 'lane' code outside it is 'warp'
 
     def of(self, line: int) -> str:
         if line in self.store:
@@ -495,7 +500,7 @@ class Regions:
         mark(fin + 1, b, "recon")  # error feedback only
 
         a, b = function_span(L, r"void assemble_tile_lane\(")
-        words = find_line(L, r"for \(ccoll_u64 j = ", a, b)
+        words = find_line(L, r"for \(int j = lane; ", a, b)
         pieces = find_line(L, r"for \(int got = 0;", words, b)
         pieces_end = find_line(L, r"got \+= take;", pieces, b) + 1
         mark(words, b, "word")
@@ -506,15 +511,16 @@ class Regions:
         feedback_marker = find_line(L, r"add_rn\(\(Fb\)v\[i\], feedback", a, b)
         a, b = function_span(L, r"void encode_tiles_warp\(")
         dims_line = find_line(L, r"if \(dims == 2\)", a, b)
+        tile_loop = find_line(L, r"for \(ccoll_u64 tile = ", a, b)
         swaps: set[int] = set()
         for n in [n for n in range(1, len(L) + 1) if re.search(r"void delta_swap\(", L[n - 1])]:
             a, b = function_span(L, r"void delta_swap\(", n)
             swaps.update(range(a, b + 1))
-        return cls(region, neutral, store, dims_line, feedback_line, feedback_marker, swaps, found)
+        return cls(region, neutral, store, dims_line, feedback_line, feedback_marker, swaps, found, tile_loop)
 
 
 #: the regions the mirror counts (``tile_events``); '<region>.store' exists for those that write bits
-EVENTS = ("lane", "block", "rare", "partial", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish",
+EVENTS = ("warp", "lane", "block", "rare", "partial", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish",
           "zerofill", "word", "piece")
 WRITERS = ("block", "plane", "chunk", "test", "found", "limit")
 #: regions whose loop the compiler may peel: the mirror counts their entries ('<region>.first')
@@ -605,7 +611,34 @@ def block_regions(blocks: list[Block], regions: Regions, ids: set[int]) -> dict[
             for j in others:
                 out[j] = name + ".first"
             out[i] = name + ".again"
+    loop = tile_loop(blocks, regions, ids) if "lane" in out.values() else set()
+    for i, name in out.items():
+        if name == "lane" and i not in loop:
+            out[i] = "warp"
     return out
+
+
+def tile_loop(blocks: list[Block], regions: Regions, ids: set[int]) -> set[int]:
+    """The blocks of the warp's tile loop among ``ids``: the natural loop of the back edge on the loop's `for` line
+    (its header and every block that reaches the edge without passing the header). The per-lane set-up outside it
+    runs once per warp ('warp'), the rest of 'lane' once per tile."""
+    for i in sorted(ids):
+        b = blocks[i]
+        back = [j for j in b.succ if j <= i and j in ids]
+        if back and b.ins[-1][2] == ("zfp.cu", regions.tile_loop_line):
+            head = back[0]
+            preds: dict[int, list[int]] = collections.defaultdict(list)
+            for k in ids:
+                for j in blocks[k].succ:
+                    preds[j].append(k)
+            loop, todo = {head}, [i]
+            while todo:
+                k = todo.pop()
+                if k not in loop:
+                    loop.add(k)
+                    todo += [j for j in preds[k] if j in ids]
+            return loop
+    raise ValueError(f"no back edge on line {regions.tile_loop_line} of zfp.cu (the tile loop) among the path's blocks")
 
 
 def region_costs(blocks: list[Block], regions: Regions, ids: set[int]) -> dict[str, int]:
@@ -674,6 +707,7 @@ class Estimate:
 
     dims: int
     rate: int
+    tiles_per_warp: int
     lane_mean: float
     slowest_lane: float
     events: dict[str, float]
@@ -683,21 +717,32 @@ class Estimate:
         return 4 if self.dims == 1 else 16
 
 
-def estimate(costs: dict[str, int], dims: int, rate: int, tiles: int = TILES, seed: int = SEED) -> Estimate:
+def estimate(costs: dict[str, int], dims: int, rate: int, tiles: int = TILES, seed: int = SEED,
+             tiles_per_warp: int = 1) -> Estimate:
     """Weights the static region counts ``costs`` of the dims path by the mirror's events on Gaussian f32 values
-    (fixed seed): per lane, sum over regions of instructions x events."""
+    (fixed seed): per lane, sum over regions of instructions x events; the warp's set-up shared by
+    ``tiles_per_warp`` tiles."""
     S = 4 if dims == 1 else 16
     x = np.random.default_rng(seed).standard_normal(32 * tiles * S).astype(np.float32)
-    evs = tile_events(x, rate, dims)
+    evs = tile_events(x, rate, dims, tiles_per_warp)
     lanes = [sum(c * ev[r] for r, c in costs.items()) for ev in evs]
     slowest = [max(lanes[t:t + 32]) for t in range(0, len(lanes), 32)]
     total = sum(evs, collections.Counter())
-    return Estimate(dims, rate, float(np.mean(lanes)), float(np.mean(slowest)),
+    return Estimate(dims, rate, tiles_per_warp, float(np.mean(lanes)), float(np.mean(slowest)),
                     {r: total[r] / len(evs) for r in costs})
 
 
+def launch_tiles_per_warp() -> tuple[int, ...]:
+    """The runs of tiles per warp the codec's launch gives (ccoll/codecs/zfp.py ``tiles_per_warp``): 1 for small
+    inputs, ``TILES_PER_WARP_MAX`` for large ones."""
+    from ccoll.codecs.zfp import TILES_PER_WARP_MAX
+
+    return (1, TILES_PER_WARP_MAX)
+
+
 def report(sass: str, how: str, budget: Budget = H200, tiles: int = TILES) -> str:
-    """The table: static instructions per region, events per block, and the estimate per (dims, rate)."""
+    """The table: static instructions per region, events per block (with the largest run of tiles per warp), and
+    the estimate per (tiles per warp, dims, rate)."""
     source = (ROOT / "kernels" / "zfp.cu").read_text()
     regions = Regions.from_source(source)
     blocks = split_blocks(sass, KERNEL)
@@ -708,13 +753,16 @@ def report(sass: str, how: str, budget: Budget = H200, tiles: int = TILES) -> st
         raise ValueError(f"the disassembly's {KERNEL} starts at {first}, the source's at line {entry}: not a "
                          "disassembly of this kernels/zfp.cu (run without --sass to compile it)")
     costs = {d: region_costs(blocks, regions, path_blocks(blocks, regions, d)) for d in (1, 2)}
-    ests = [estimate(costs[d], d, r, tiles) for d in (1, 2) for r in RATES]
+    runs = launch_tiles_per_warp()
+    all_ests = [estimate(costs[d], d, r, tiles, tiles_per_warp=k) for k in runs for d in (1, 2) for r in RATES]
+    ests = [e for e in all_ests if e.tiles_per_warp == runs[-1]]
     out = [f"{KERNEL}, {ARCH}: {how}",
            f"{len(blocks)} basic blocks, {sum(len(b.ins) for b in blocks)} instructions; the path without error "
            f"feedback: dims=1 {sum(costs[1].values())}, dims=2 {sum(costs[2].values())}",
            "",
            "static instructions per region (``block_regions``) x events per block "
-           f"(Gaussian f32, seed {SEED}, {32 * tiles} blocks):"]
+           f"(Gaussian f32, seed {SEED}, {32 * tiles} blocks; {runs[-1]} tiles per warp: 'warp' is the set-up outside "
+           "the tile loop):"]
     order = {r: n for n, r in enumerate(EVENTS)}
     names = sorted(set(costs[1]) | set(costs[2]), key=lambda r: (order[r.split(".")[0]], r))
     out.append(f"  {'region':<12}" + "".join(f"  {'dims=' + str(e.dims) + ' rate ' + str(e.rate):>22}" for e in ests))
@@ -726,12 +774,15 @@ def report(sass: str, how: str, budget: Budget = H200, tiles: int = TILES) -> st
             f"estimate (thread-instructions; copy: H200 f32 copy at {budget.copy_bytes_per_s / 1e12:g} TB/s, "
             f"{budget.copy_bytes_per_value:g} B per value, against {budget.sms} SMs x {budget.int32_lanes_per_sm} "
             f"INT32 lanes x {budget.clock_hz / 1e9:g} GHz = {budget.thread_instructions_per_s / 1e12:.1f}e12/s):",
-            f"  {'dims':>4} {'rate':>4} | {'mean lane: per block':>20} {'per value':>9} {'of copy':>7} | "
-            f"{'slowest lane/warp: per block':>28} {'per value':>9} {'of copy':>7}"]
-    for e in ests:
+            f"  {'tiles/warp':>10} {'dims':>4} {'rate':>4} | {'mean lane: per block':>20} {'per value':>9} "
+            f"{'of copy':>7} | {'slowest lane/warp: per block':>28} {'per value':>9} {'of copy':>7}"]
+    for e in all_ests:
         pv, sv = e.lane_mean / e.values, e.slowest_lane / e.values
-        out.append(f"  {e.dims:>4} {e.rate:>4} | {e.lane_mean:>20.0f} {pv:>9.1f} {budget.fraction_of_copy(pv):>7.0%} | "
-                   f"{e.slowest_lane:>28.0f} {sv:>9.1f} {budget.fraction_of_copy(sv):>7.0%}")
+        out.append(f"  {e.tiles_per_warp:>10} {e.dims:>4} {e.rate:>4} | {e.lane_mean:>20.0f} {pv:>9.1f} "
+                   f"{budget.fraction_of_copy(pv):>7.0%} | {e.slowest_lane:>28.0f} {sv:>9.1f} "
+                   f"{budget.fraction_of_copy(sv):>7.0%}")
+    out.append(f"tiles/warp: the launch's run of tiles per warp, {runs[0]} for small inputs, {runs[-1]} for large "
+               "ones (ccoll/codecs/zfp.py tiles_per_warp).")
     out.append("An estimate, not a measurement: static counts at full issue efficiency, no latency or stalls.")
     return "\n".join(out)
 
@@ -741,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvdisasm", help="the nvdisasm executable (default: $CCOLL_NVDISASM, build/tools/, PATH)")
     ap.add_argument("--sass", type=Path, help="use this `nvdisasm -c -g` output instead of compiling")
     ap.add_argument("--save-sass", type=Path, help="also write the disassembly here")
-    ap.add_argument("--tiles", type=int, default=TILES, help="warps of 32 blocks per (dims, rate)")
+    ap.add_argument("--tiles", type=int, default=TILES, help="tiles of 32 blocks the mirror codes per (dims, rate)")
     args = ap.parse_args(argv)
     if args.sass:
         sass, how = args.sass.read_text(), f"from {args.sass}"

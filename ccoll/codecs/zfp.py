@@ -37,8 +37,8 @@ pre/post-processing: one libzfp call for all rows when rows lie back to back in 
 partial block in a row and whole 64-bit words per row, see ``_one_stream``), one call per row otherwise.
 "emulated" runs kernels/zfp.cu built for the host (OpenMP over tiles / blocks, the GPU kernel's own
 per-block code); "cupy" runs the same kernels on the caller's torch stream, one launch per batched call
-(``CUDA_KERNELS`` lists them). Encoding launches ``encode_tiles`` (``ENCODE_OP``: a warp per 32 blocks,
-every output word stored once, so the output is not zeroed first); ``encode_rows`` (a thread per block,
+(``CUDA_KERNELS`` lists them). Encoding launches ``encode_tiles`` (``ENCODE_OP``: a warp per 32 blocks, a
+run of up to 8 such tiles per warp for large inputs (``tiles_per_warp``), every output word stored once, so the output is not zeroed first); ``encode_rows`` (a thread per block,
 atomic boundary words into a zeroed output) gives the same bytes and stays for comparison. bf16/f16 tensors are read and written by the kernels directly, and no
 result depends on the GPU's flush-to-zero mode (kernels/zfp.cu, "exact float arithmetic").
 
@@ -58,6 +58,25 @@ from .base import CODECS, Codec, Param, per_backend
 
 #: rates above this many bits per value are refused
 MAX_RATE = 64.0
+
+#: the tile encoder's launch: a warp codes a run of up to this many consecutive tiles (kernels/zfp.cu,
+#: encode_tiles_warp, derives the run from the grid), so its set-up -- the launch geometry and the tile ->
+#: (row, tile in row) division -- is paid once per run instead of once per tile
+TILES_PER_WARP_MAX = 8
+#: ... but runs grow only while the launch keeps this many warps: four waves of an H200 at the kernel's
+#: occupancy (132 SMs x 8 CTAs x 4 warps). Occupancy (warps resident per SM) is set by registers and shared
+#: memory, not by the run length, so with four waves or more every SM stays full until the last wave, which is
+#: at most a quarter of the run; smaller inputs keep one tile per warp and all the latency hiding they can get.
+TILE_RUN_MIN_WARPS = 4 * 132 * 8 * 4
+
+
+def tiles_per_warp(tiles: int) -> int:
+    """The run of tiles per warp the tile encoder's launch gives for ``tiles`` tiles (all rows): the largest
+    power of two up to ``TILES_PER_WARP_MAX`` that leaves at least ``TILE_RUN_MIN_WARPS`` warps, else 1."""
+    k = 1
+    while 2 * k <= TILES_PER_WARP_MAX and tiles // (2 * k) >= TILE_RUN_MIN_WARPS:
+        k *= 2
+    return k
 
 
 class _Scalar:
@@ -277,8 +296,9 @@ class ZfpCodec(Codec):
         if op == "encode_rows":
             words.zero_()  # blocks OR their boundary words in
             nthreads = rows * nblk
-        else:  # a warp per tile of 32 blocks; every output word is written
-            nthreads = 32 * rows * -(-nblk // 32)
+        else:  # a warp per run of tiles of 32 blocks; every output word is written
+            tiles = rows * -(-nblk // 32)
+            nthreads = 32 * -(-tiles // tiles_per_warp(tiles))
         kernel_call.call(backend, "zfp", "zfp", op, src.dtype, src.device, nthreads,
              src, src.numel(), row_numel, rows, self.dims, self.maxbits(src.dtype), out.shape[1] // 8,
              feedback, words)

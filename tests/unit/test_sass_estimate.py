@@ -81,6 +81,14 @@ def test_mirror_check_can_fail(monkeypatch, sabotage):
     assert se.encode(x, 8, dims)[0] != expect
 
 
+def test_warp_events_are_shared_by_the_run():
+    """'warp' (the set-up outside the tile loop) is a block's 1 / tiles_per_warp share, 'lane' once per tile."""
+    x = np.random.default_rng(1).standard_normal(32 * 4 * 2).astype(np.float32)
+    for k in (1, 2, 8):
+        evs = se.tile_events(x, 8, 1, tiles_per_warp=k)
+        assert all(ev["warp"] == 1 / k and ev["lane"] == 1 for ev in evs)
+
+
 def test_assembly_events():
     # dims=1 rate 8: 32-bit blocks, one word per lane, one lane buffer per word
     assert se.assemble_events(32, 5) == {"word": 1, "piece": 1}
@@ -156,11 +164,18 @@ def test_whole_tool():
         assert se.main(["--nvdisasm", nvdisasm, "--tiles", "20"]) == 0
     text = out.getvalue()
     assert "-lineinfo" in text and "--fmad=false" in text and "-ftz=false" in text
-    rows = re.findall(r"^\s+([12])\s+(8|16) \|\s+(\d+)\s+([\d.]+)\s+(\d+)% \|\s+(\d+)\s+([\d.]+)\s+(\d+)%$", text, re.M)
-    assert [(d, r) for d, r, *_ in rows] == [("1", "8"), ("1", "16"), ("2", "8"), ("2", "16")]
-    for d, r, block, per_value, frac, slow_block, slow_value, slow_frac in rows:
+    rows = re.findall(r"^\s+(\d+)\s+([12])\s+(8|16) \|\s+(\d+)\s+([\d.]+)\s+(\d+)% \|\s+(\d+)\s+([\d.]+)\s+(\d+)%$",
+                      text, re.M)
+    runs = se.launch_tiles_per_warp()
+    assert runs[0] == 1 and runs[-1] > 1
+    assert [(int(k), d, r) for k, d, r, *_ in rows] == [(k, d, r) for k in runs for d in "12" for r in ("8", "16")]
+    for k, d, r, block, per_value, frac, slow_block, slow_value, slow_frac in rows:
         assert 20 < float(per_value) < 1000 and 1 <= int(frac) <= 100
         assert int(slow_block) >= int(block) and int(slow_frac) <= int(frac)
+    # a longer run of tiles per warp shares the warp's set-up: strictly fewer instructions per block
+    one, many = rows[:4], rows[4:]
+    assert all(int(b[3]) < int(a[3]) and int(b[6]) < int(a[6]) for a, b in zip(one, many))
+    assert re.search(r"^  warp\s+\d+ x\s+0\.12", text, re.M) and re.search(r"^  lane\s+\d+ x\s+1\.00", text, re.M)
     # the dims=1 plane loop and the dims=2 group tests are in the table, with nonzero counts
     assert re.search(r"^  plane\s+\d+ x\s+[1-9]", text, re.M) and re.search(r"^  test\s+-\s+-\s+\d+ x", text, re.M)
 

@@ -199,7 +199,8 @@ def _check_codec_zfp64(em, rows, row_numel, seed, record):
 #: last tile), 1..3 rows
 ZFP_TILES = [(2.25, 1, 128, 3), (2.25, 1, 4 * 97 + 2, 2), (8, 1, 4 * 31 + 1, 3), (12.25, 1, 4 * 33, 2),
              (16, 1, 1, 3), (0.6, 2, 16 * 32, 3), (3.3, 2, 16 * 33 - 5, 2), (8, 2, 16 * 97, 1),
-             (64, 2, 16 * 31 + 7, 2), (64, 1, 4 * 64, 1), (2.9, 1, 4 * 35, 2), (0.75, 2, 16 * 65, 2)]
+             (64, 2, 16 * 31 + 7, 2), (64, 1, 4 * 64, 1), (2.9, 1, 4 * 35, 2), (0.75, 2, 16 * 65, 2),
+             (4, 1, 4 * 32 * 2 + 4, 5)]
 
 
 @pytest.mark.parametrize("dname", ["f32", "bf16", "f16", "f64"])
@@ -208,7 +209,9 @@ def test_zfp_tile_encoder_equals_per_block_encoder_and_host(dname):
     encode_rows (one thread per block, boundary words OR-ed into a zeroed buffer) on simt, forward and
     reverse thread order, with the codec's own launch geometry: the emulated backend's bytes (its host
     twin of encode_tiles is checked against zfpy in tests/unit/test_zfp*.py) and residuals, byte for byte;
-    the tile kernel also with a 1-CTA grid (every warp loops over many tiles, reusing its lane buffers)."""
+    the tile kernel also with a 1-CTA grid (each of the 4 warps codes a run of consecutive tiles, across row ends,
+    reusing its lane buffers; the last case's 15 tiles are runs of 4, 4, 4 and 3, another's 6 tiles runs of 2 and a
+    warp with none)."""
     dtype = DTYPES.get(dname, torch.float64)
     record: list = []
     cases = 0
@@ -238,7 +241,7 @@ def test_zfp_tile_encoder_equals_per_block_encoder_and_host(dname):
                 if fb is not None:
                     assert torch.equal(fb.view(torch.uint8), fb_ref.view(torch.uint8)), f"{spec} {op} {order}"
                 cases += 1
-        # one CTA of 4 warps for every tile: the grid-stride loop and the buffer reuse between tiles
+        # one CTA of 4 warps for every tile: runs of tiles per warp and the buffer reuse between tiles
         out, src = _guarded_like(ref, 0xA5), _guarded_copy(x)
         simt.launch("zfp", f"ccoll_zfp_encode_tiles_{dname}", 1, 128,
                     (src, np.uint64(numel), np.uint64(row_numel), np.int32(rows),
@@ -249,6 +252,25 @@ def test_zfp_tile_encoder_equals_per_block_encoder_and_host(dname):
         cases += 1
     assert {k for _, k, _, _ in record} == {f"ccoll_zfp_encode_{op}_{dname}" for op in ("tiles", "rows")}
     CALLS[f"zfp tiles {dname}"] = cases
+
+
+def test_zfp_tile_launch_gives_the_runs_the_kernel_codes():
+    """The tile encoder's launch (ccoll/codecs/zfp.py tiles_per_warp): one tile per warp below
+    2 * TILE_RUN_MIN_WARPS tiles, runs of 2, 4, ... up to TILES_PER_WARP_MAX above; and the run the kernel derives
+    from that grid (kernels/zfp.cu tiles_per_warp_log2: the smallest power of two K with warps * K >= tiles, warps
+    rounded up to whole CTAs of 4) is the one the launch meant, which is what tools/sass_estimate.py reports."""
+    from ccoll.codecs import zfp as zfp_codec
+
+    lo, top = zfp_codec.TILE_RUN_MIN_WARPS, zfp_codec.TILES_PER_WARP_MAX
+    assert [zfp_codec.tiles_per_warp(n) for n in (1, 2 * lo - 1, 2 * lo, 4 * lo - 1, 4 * lo, 10**9)] == [
+        1, 1, 2, 2, 4, top]
+    for tiles in (1, 5, 2 * lo - 1, 2 * lo, 2 * lo + 3, 4 * lo + 7, 8 * lo, 8 * lo + 1, 10**7 + 13):
+        k = zfp_codec.tiles_per_warp(tiles)
+        warps = 4 * -(-(32 * -(-tiles // k)) // 128)
+        derived = 1
+        while warps * derived < tiles:
+            derived *= 2
+        assert derived == k, tiles
 
 
 def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_path):
