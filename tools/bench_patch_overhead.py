@@ -13,6 +13,11 @@ Two measurements, both on gloo ranks on this machine:
    record).
 The resolver places WORLD as "dp" and WORLD p2p as "pp", so every call is decided and counted, the
 most the patch ever does for a call it does not compress.
+3. per function on torch's fake process group (``torch.testing._internal.distributed.fake_pg``: every call
+   completes at once, nothing is sent), in this process: torch's own call vs the patched one with the
+   resolver users get by default (``AutoResolver``), and with a resolver that places nothing (the wrapper
+   layers alone). No wire, no peer, no other process: the steadiest figure of what the patch adds per
+   call, in microseconds (send/recv run two wrapper layers: torch's send calls the wrapped isend).
 """
 from __future__ import annotations
 
@@ -119,6 +124,45 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
     return {"rows": rows, "decision": decision}
 
 
+def fake_pg_rows(policy_path: str, calls: int) -> list[dict]:
+    """Measurement 3 (see the module docstring), in this process; returns one row per function."""
+    import statistics as st
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import ccoll.patch as patch
+    from ccoll.patch import fingerprint
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    # the fake group has no second rank to publish a policy fingerprint (and its store stores nothing)
+    check, fingerprint.check = fingerprint.check, lambda state: setattr(state, "checked", True)
+    x, out = torch.ones(NUMEL), torch.empty(2 * NUMEL)
+    fns = {"all_reduce": lambda: dist.all_reduce(x), "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
+           "broadcast": lambda: dist.broadcast(x, src=0), "send": lambda: dist.send(x, 1),
+           "recv": lambda: dist.recv(x, 1), "isend+wait": lambda: dist.isend(x, 1).wait()}
+
+    def per_call_us(fn) -> float:
+        for _ in range(calls // 5):
+            fn()
+        return st.median(_thread_ns(fn, calls) for _ in range(7)) / 1e3
+
+    try:
+        rows = {name: {"op": name, "torch_us": per_call_us(fn)} for name, fn in fns.items()}
+        for key, resolver in (("patched_us", None), ("wrapper_only_us", lambda group, op: None)):
+            patch.install(policy_path, resolver)
+            try:
+                for name, fn in fns.items():
+                    rows[name][key] = per_call_us(fn)
+            finally:
+                patch.uninstall()
+    finally:
+        fingerprint.check = check
+        dist.destroy_process_group()
+    return list(rows.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -148,10 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     d = r0["decision"]
     print(f"# wrapper alone, thread CPU time (no communication): no-op {d['stub_ns']:.0f} ns, wrapped "
           f"{d['wrapped_ns']:.0f} ns, added {d['added_ns']:.0f} ns per call")
+    fake = fake_pg_rows(args.policy, args.calls * 10)
+    print("# per call on torch's fake process group (nothing sent), thread CPU, median of 7 blocks: torch's call, "
+          "added by the patch (default AutoResolver), added by its wrapper layers alone (a resolver placing nothing)")
+    print(f"{'op':<24}{'torch_us':>10}{'patched_+us':>13}{'wrapper_only_+us':>18}")
+    for row in fake:
+        print(f"{row['op']:<24}{row['torch_us']:>10.2f}{row['patched_us'] - row['torch_us']:>13.2f}"
+              f"{row['wrapper_only_us'] - row['torch_us']:>18.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": args.ranks, "policy": args.policy, "calls": args.calls, "rounds": args.rounds,
-                       "per_rank": results}, f, indent=1)
+                       "per_rank": results, "fake_pg": fake}, f, indent=1)
     return 0
 
 
