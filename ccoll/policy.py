@@ -78,6 +78,7 @@ than SUM/AVG are kept native by the patch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -238,6 +239,12 @@ class Policy:
         return cls(_validate(data, source), source, attach=_parse_attach(source, data))
 
     # --- queries ----------------------------------------------------------------------------------
+    @functools.cached_property
+    def passthrough(self) -> frozenset[tuple[str, str]]:
+        """The (dim, op) pairs whose every call is torch's own function: no codec at any size, torch's
+        transport. The patch answers these with one set lookup, before any per-tensor decision."""
+        return frozenset(k for k, r in self._rules.items() if not r.compresses and r.transport == "torch")
+
     def rule(self, dim: str, op: str) -> Rule:
         """Effective rule of (dim, op); unknown dimensions or ops raise PolicyError."""
         try:

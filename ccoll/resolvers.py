@@ -197,6 +197,7 @@ AUTO_SOURCES = (
 )
 
 UNPLACED = "default"
+_MODULES = sys.modules  # read per call: one global lookup instead of two
 
 class _MeshTracker:
     """DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is
@@ -297,18 +298,21 @@ class AutoResolver:
         default_pg, group_count = _c10d_state()
         if default_pg is None:
             return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
-        ds = sys.modules.get("deepspeed.utils.groups")
-        sig = (group_count, id(default_pg), _MESHES.version,
-               0 if ds is None else id(ds.mpu), 0 if ds is None else id(getattr(ds, "_WORLD_GROUP", None)))
+        ds = _MODULES.get("deepspeed.utils.groups")
+        sig = ((group_count, id(default_pg), _MESHES.version) if ds is None else
+               (group_count, id(default_pg), _MESHES.version, id(ds.mpu), id(getattr(ds, "_WORLD_GROUP", None))))
         if sig != self._signature:
             self._refresh(sig, default_pg)
-        g = default_pg if group is None else group
-        if op == "send_recv" and g is default_pg:
+        if group is None:
+            if op == "send_recv":
+                return self._p2p_on_world
+            group = default_pg
+        elif op == "send_recv" and group is default_pg:
             return self._p2p_on_world
-        entry = self._cache.get(id(g))
-        if entry is not None and entry[0]() is g:
+        entry = self._cache.get(id(group))
+        if entry is not None and entry[0]() is group:
             return entry[1]
-        return self._lookup(g)
+        return self._lookup(group)
 
     def _lookup(self, g: Any) -> str:
         dim = None

@@ -1,18 +1,23 @@
 """What ccoll.patch costs on the calls it passes through (tiny tensors below ``min_bytes``).
 
-    python tools/bench_patch_overhead.py [--ranks 2] [--calls 500] [--rounds 9] [--policy configs/hybrid.yaml] [--json out.json]
+    python tools/bench_patch_overhead.py [--ranks 2] [--calls 50] [--rounds 60] [--policy configs/hybrid.yaml] [--json out.json]
 
-Two measurements, both on gloo ranks on this machine:
-1. end to end: the same tiny collective (all_reduce, all_gather_into_tensor, broadcast, send/recv; 64 B)
-   unpatched vs patched, in one run; blocks of ``--calls`` calls alternate unpatched / patched for
-   ``--rounds`` rounds so load drift hits both alike; the median per-call wall and CPU time of each is
-   reported (CPU time: all threads of the rank, gloo's included; it barely moves when others load the
-   machine, wall time does);
+Three measurements:
+1. end to end, on gloo ranks on this machine: the same tiny collective (all_reduce, all_gather_into_tensor,
+   broadcast, send/recv; 64 B) three ways in one run: torch's call; the patch with a resolver placing
+   nothing (its wrapper layers alone, the floor any Python wrapper pays); the patch as users install it
+   (default ``AutoResolver``: every call resolved, decided and counted). Short blocks of ``--calls``
+   calls rotate through the three in ABC CBA order for ``--rounds`` rounds (install / uninstall between
+   blocks), every call timed on its own; the median of all per-call samples of each is reported (CPU
+   time: all threads of the rank, gloo's included, per block). Two ranks on two cores schedule each
+   other's gloo threads: block medians wander by +-20%, which long blocks in one fixed order had turned
+   into a "patch overhead" of either sign; samples pooled from many short blocks in both orders agree to
+   a few percent, and the run prints the overhead on each half of its rounds so the figure says how far
+   it can be trusted. On real communication the patch's Python runs with caches cold (each call follows
+   a context switch to gloo's threads): it costs 2-3x what measurement 3 finds in a hot loop;
 2. the wrapper alone, without communication, in thread CPU time: the patch's wrapper around a no-op
    stand-in for the torch function vs the no-op itself (resolver lookup, policy decision, native stats
-   record).
-The resolver places WORLD as "dp" and WORLD p2p as "pp", so every call is decided and counted, the
-most the patch ever does for a call it does not compress.
+   record), with a resolver that places WORLD as "dp" (every call decided and counted);
 3. per function on torch's fake process group (``torch.testing._internal.distributed.fake_pg``: every call
    completes at once, nothing is sent), in this process: torch's own call vs the patched one with the
    resolver users get by default (``AutoResolver``), and with a resolver that places nothing (the wrapper
@@ -64,13 +69,16 @@ def _ops(dist, torch, rank: int, world: int):
     return ops
 
 
-def _per_call_us(fn, calls: int) -> tuple[float, float]:
-    """(wall, CPU) microseconds per call; CPU time (all threads of this rank, gloo's included) is what
-    the patch adds work to, and it is far less disturbed than wall time when the machine is shared."""
-    c0, t0 = time.process_time(), time.perf_counter()
+def _block(fn, calls: int, samples: list, cpu: list) -> None:
+    """``calls`` calls of ``fn``, each timed (wall, appended to ``samples`` in microseconds); the block's
+    CPU time per call (all threads of this rank) appended to ``cpu``."""
+    perf = time.perf_counter
+    c0 = time.process_time()
     for _ in range(calls):
+        t0 = perf()
         fn()
-    return (time.perf_counter() - t0) / calls * 1e6, (time.process_time() - c0) / calls * 1e6
+        samples.append((perf() - t0) * 1e6)
+    cpu.append((time.process_time() - c0) / calls * 1e6)
 
 
 def _thread_ns(fn, calls: int) -> float:
@@ -91,24 +99,39 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
 
     policy = Policy.from_yaml(args.policy)
     resolver = RankSetResolver({"dp": [list(range(world))]}, p2p_on_world="pp")
+    # torch's call; the patch with a resolver placing nothing (its wrapper layers alone: the floor of any
+    # Python wrapper); the patch as users install it (default AutoResolver: every call resolved, decided,
+    # counted)
+    modes = {"torch": None, "layers": lambda group, op: None, "patched": "auto"}
     ops = _ops(dist, torch, rank, world)
     rows = []
     for name, fn in ops.items():
         for _ in range(args.calls // 5):  # warm-up (connections, allocator)
             fn()
-        unpatched, patched = [], []
-        for _ in range(args.rounds):
-            dist.barrier()
-            unpatched.append(_per_call_us(fn, args.calls))
-            patch.install(policy, resolver)
-            dist.barrier()
-            patched.append(_per_call_us(fn, args.calls))
-            patch.uninstall()
-        u, p = (statistics.median(w for w, _ in unpatched), statistics.median(w for w, _ in patched))
-        uc, pc = (statistics.median(c for _, c in unpatched), statistics.median(c for _, c in patched))
-        rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "patched_us": p,
-                     "overhead_pct": (p - u) / u * 100.0, "unpatched_cpu_us": uc, "patched_cpu_us": pc,
-                     "cpu_overhead_pct": (pc - uc) / uc * 100.0})
+        walls: dict = {m: [] for m in modes}  # mode -> per-call wall samples
+        cpus: dict = {m: [] for m in modes}
+        halves: dict = {m: ([], []) for m in modes}
+        for i in range(args.rounds):
+            for mode in (list(modes) if i % 2 == 0 else list(modes)[::-1]):  # ABC CBA: order effects cancel
+                if modes[mode] is not None:
+                    patch.install(policy, None if modes[mode] == "auto" else modes[mode])
+                dist.barrier()
+                n0 = len(walls[mode])
+                _block(fn, args.calls, walls[mode], cpus[mode])
+                halves[mode][i * 2 >= args.rounds].extend(walls[mode][n0:])
+                if modes[mode] is not None:
+                    patch.uninstall()
+        med = {m: statistics.median(v) for m, v in walls.items()}
+        cpu = {m: statistics.median(v) for m, v in cpus.items()}
+        u = med["torch"]
+        # the overhead measured on each half of the rounds alone: how far apart they are is the noise
+        half_pct = [(statistics.median(halves["patched"][h]) / statistics.median(halves["torch"][h]) - 1) * 100
+                    for h in (0, 1)]
+        rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "layers_us": med["layers"],
+                     "patched_us": med["patched"], "layers_pct": (med["layers"] - u) / u * 100.0,
+                     "overhead_pct": (med["patched"] - u) / u * 100.0, "halves_pct": half_pct,
+                     "unpatched_cpu_us": cpu["torch"], "patched_cpu_us": cpu["patched"],
+                     "cpu_overhead_pct": (cpu["patched"] - cpu["torch"]) / cpu["torch"] * 100.0})
 
     # the wrapper alone: around a no-op stand-in, no communication at all
     x = torch.ones(NUMEL)
@@ -166,8 +189,8 @@ def fake_pg_rows(policy_path: str, calls: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--calls", type=int, default=500, help="calls per timed block")
-    ap.add_argument("--rounds", type=int, default=9, help="alternating unpatched/patched blocks")
+    ap.add_argument("--calls", type=int, default=50, help="calls per timed block")
+    ap.add_argument("--rounds", type=int, default=60, help="rounds of one unpatched and one patched block")
     ap.add_argument("--policy", default=os.path.join(REPO, "configs", "hybrid.yaml"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -181,18 +204,21 @@ def main(argv: list[str] | None = None) -> int:
 
     r0 = results[0]
     print(f"# ccoll.patch pass-through overhead: {args.ranks} gloo ranks, policy {os.path.relpath(args.policy, REPO)}, "
-          f"{args.rounds} rounds x {args.calls} calls, median per call (rank 0)")
+          f"{args.rounds} rounds x 3 blocks x {args.calls} calls (ABC CBA), median of per-call wall samples (rank 0): torch's "
+          "call, the patch's wrapper layers alone (a resolver placing nothing), the patch as installed by default; "
+          "halves_%: patched_% on each half of the rounds alone; CPU: all threads of the rank, per block")
     print(f"# load average at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    print(f"{'op':<24}{'bytes':>7}{'wall_unpatched_us':>19}{'wall_patched_us':>17}{'wall_ovh_%':>12}"
-          f"{'cpu_unpatched_us':>18}{'cpu_patched_us':>16}{'cpu_ovh_%':>11}")
+    print(f"{'op':<24}{'bytes':>7}{'torch_us':>10}{'layers_us':>11}{'patched_us':>12}{'layers_%':>10}{'patched_%':>11}"
+          f"{'halves_%':>14}{'cpu_torch_us':>14}{'cpu_patched_us':>16}")
     for row in r0["rows"]:
-        print(f"{row['op']:<24}{row['nbytes']:>7}{row['unpatched_us']:>19.2f}{row['patched_us']:>17.2f}"
-              f"{row['overhead_pct']:>12.2f}{row['unpatched_cpu_us']:>18.2f}{row['patched_cpu_us']:>16.2f}"
-              f"{row['cpu_overhead_pct']:>11.2f}")
+        print(f"{row['op']:<24}{row['nbytes']:>7}{row['unpatched_us']:>10.2f}{row['layers_us']:>11.2f}"
+              f"{row['patched_us']:>12.2f}{row['layers_pct']:>10.2f}{row['overhead_pct']:>11.2f}"
+              f"{row['halves_pct'][0]:>7.1f}{row['halves_pct'][1]:>7.1f}{row['unpatched_cpu_us']:>14.2f}"
+              f"{row['patched_cpu_us']:>16.2f}")
     d = r0["decision"]
     print(f"# wrapper alone, thread CPU time (no communication): no-op {d['stub_ns']:.0f} ns, wrapped "
           f"{d['wrapped_ns']:.0f} ns, added {d['added_ns']:.0f} ns per call")
-    fake = fake_pg_rows(args.policy, args.calls * 10)
+    fake = fake_pg_rows(args.policy, 5000)
     print("# per call on torch's fake process group (nothing sent), thread CPU, median of 7 blocks: torch's call, "
           "added by the patch (default AutoResolver), added by its wrapper layers alone (a resolver placing nothing)")
     print(f"{'op':<24}{'torch_us':>10}{'patched_+us':>13}{'wrapper_only_+us':>18}")

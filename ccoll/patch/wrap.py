@@ -3,6 +3,7 @@
 Every wrapped function runs the same shape (:func:`shape`):
 
     prologue   not installed / inside ccoll -> torch; resolver(group, op) -> dim (None: torch, untouched)
+    short      (dim, op) in ``Policy.passthrough`` (never compresses, torch's transport) -> torch, counted
     decide     :func:`decide`: the policy's codec for (dim, op, tensor, step), or None
     native     no codec -> torch's function (or the MPI transport for ``transport: mpi``), counted
     compress   the row's ``collective``: the one place that calls ``ccoll.collectives``
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -105,34 +107,53 @@ def enter(st: State) -> None:
 
 
 def shape(row: Row, torch_fn: Callable) -> Callable:
-    """The one wrapper shape, for one row: ``handle(tensor, group, async_op, reduce_op, args)`` with
-    ``args`` torch's arguments and the others read from them as the row says. (The row's fields are
-    bound here once: the per-call path reads closure variables, not attributes.)"""
+    """The one wrapper shape, for one row: ``handle(st, tensor, group, async_op, reduce_op, args)`` with
+    ``st`` the installation (the caller, :func:`make`'s wrapper, has already passed not-installed and
+    busy calls to torch), ``args`` torch's arguments and the others read from them as the row says. (The
+    row's fields are bound here once: the per-call path reads closure variables, not attributes.)
+
+    Pass-through calls (an exact row, or a (dim, op) whose rule never compresses on torch's transport:
+    ``Policy.passthrough``) take the short path: one set lookup, torch's call, counted. Most calls the
+    patch sees are such, and on small tensors the patch's cost is a fraction of torch's own (issue 20:
+    the pass-through path within 5% of a direct torch call)."""
     op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
     same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
     outputs = row.outputs or (lambda first, *_: [first])
-    event, never, size = row.event, bool(row.exact), row.size
+    event, never, size, reenters = row.event, bool(row.exact), row.size, row.reenters
     sending = stat_op == "send" if row.stat_op is not None else None
-    run_native = native.run
+    run_native, count, perf_counter, capture = native.run, native.count, time.perf_counter, _capture.state
+    local = _local
+    orig = torch_fn
+    if reenters:
+        torch_fn = _busy(torch_fn)  # the slow paths below call torch's function as they always did
 
-    def handle(tensor: torch.Tensor, group: Any, async_op: bool, reduce_op: Any, args: tuple) -> Any:
+    def handle(st: State, tensor: torch.Tensor, group: Any, async_op: bool, reduce_op: Any, args: tuple) -> Any:
         # prologue: not ours -> torch, untouched
-        st = SLOT.current
-        if st is None or _local.busy:
-            return torch_fn(*args)
         r = st.resolver
         dim = "default" if r is None else r(group, op)
         if dim is None:
             return torch_fn(*args)
+        # pass-through: torch's function, counted
+        if never or ((dim, op) in st.policy.passthrough and not capture.active):
+            nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)  # not .nbytes: sparse tensors refuse it
+            t0 = perf_counter()
+            if reenters:  # torch's send calls the wrapped isend: busy, so it does not count the call again
+                local.busy = True
+                try:
+                    result = orig(*args)
+                finally:
+                    local.busy = False
+            else:
+                result = orig(*args)
+            count(dim, stat_op, nbytes, perf_counter() - t0)
+            return result
         # decide
         red = None
-        if never:
-            codec = None
-        elif reduces:
+        if reduces:
             red = reduce_name(reduce_op)
             codec = decide(st, dim, op, tensor) if red else None
         elif compressible is None or compressible(*args):
-            if sending is not None and _capture.state.active:  # capture samples only what this rank sends
+            if sending is not None and capture.active:  # capture samples only what this rank sends
                 set_current(_CallCtx(dim, op, st.steps, sending))
             codec = decide(st, dim, op, tensor)
         else:
@@ -143,7 +164,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         comm = mpi_comm(rule, group) if mpi is not None else None
         # native: torch's function, or the MPI transport's uncompressed call; counted
         if codec is None:
-            nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)
+            nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)  # not .nbytes: sparse tensors refuse it
             if comm is not None:
                 via = mpi(comm, *args)
                 if via is not None:
@@ -158,7 +179,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
                 call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
                 h = collective(call, *args)
         finally:
-            _local.busy = False
+            local.busy = False
         # epilogue
         if async_op:
             return async_result(h, dim, outputs(*args))
@@ -195,12 +216,18 @@ def _busy(fn: Callable) -> Callable:
 
 
 def make(name: str, orig: Callable) -> Callable:
-    """The wrapper of ``orig`` (torch.distributed.<name>) by its row in :data:`ROWS`, with torch's signature."""
+    """The wrapper of ``orig`` (torch.distributed.<name>) by its row in :data:`ROWS`, with torch's signature.
+    Its first lines pass a call straight to torch when nothing is installed or when the thread is inside
+    a call ccoll handles (torch's send calling the wrapped isend, ccoll's own payload traffic): there the
+    wrapper costs one function call and two attribute reads."""
     row = ROWS[name]
     names = ", ".join(_names(row.params))
     code = (f"def {name}({row.params}):\n"
-            f"    return _handle({row.tensor}, {row.group}, {row.async_op}, {row.reduce}, ({names},))\n")
-    ns: dict = {"_handle": shape(row, _busy(orig) if row.reenters else orig), "_SUM": _SUM}
+            f"    st = _SLOT.current\n"
+            f"    if st is None or _local.busy:\n"
+            f"        return _torch({names})\n"
+            f"    return _handle(st, {row.tensor}, {row.group}, {row.async_op}, {row.reduce}, ({names},))\n")
+    ns: dict = {"_handle": shape(row, orig), "_torch": orig, "_SLOT": SLOT, "_local": _local, "_SUM": _SUM}
     exec(code, ns)  # noqa: S102 - fixed template over the rows below, no user input
     return functools.wraps(orig)(ns[name])
 

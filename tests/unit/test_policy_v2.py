@@ -109,3 +109,19 @@ def test_given_v2_yaml_file_when_loaded_expect_sizes_with_units_and_comments_ign
     p = Policy.from_yaml(f)
     assert _spec(p, "dp", "reduce_scatter", 2 * MiB) == "int4:block=64" and p.rule("dp", "reduce_scatter").transport == "mpi"
     assert "<1048576:native|int4:block=64" in p.describe() and "@mpi" in p.describe()
+
+
+def test_given_rules_when_asking_passthrough_expect_exactly_the_pairs_torch_always_runs_alone():
+    """``Policy.passthrough`` is the patch's short path (one set lookup, torch's call, counted): a pair in it
+    must never compress at any size, nor move to the MPI transport; every other pair must be left out."""
+    base = Policy.from_yaml(pathlib.Path(__file__).parents[2] / "configs" / "baseline.yaml")
+    assert base.passthrough == {(d, op) for d in DIMENSIONS for op in OPS}
+    p = _v2(dp={"codec": "native", "transport": "mpi"},
+            tp={"sizes": [{"below": "1MiB", "codec": "native"}, {"codec": "int8:block=64"}]})
+    for d in DIMENSIONS:
+        for op in OPS:
+            r = p.rule(d, op)
+            assert ((d, op) in p.passthrough) == (not r.compresses and r.transport == "torch"), (d, op)
+    assert ("dp", "all_reduce") not in p.passthrough and ("dp", "send_recv") in p.passthrough  # send_recv: torch
+    assert ("tp", "all_reduce") not in p.passthrough  # compresses at 1 MiB and above
+    assert ("pp", "all_reduce") in p.passthrough
