@@ -118,8 +118,8 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
         back = torch.empty(rows2d.shape[0] * row_numel, dtype=dtype, device=device)
         return digest(torch, codec.decode_rows(rows2d, back, row_numel))
 
-    out = [digest(torch, codec.decode(payload, n, dtype)) if as_values else digest(torch, payload),
-           digest(torch, codec.decode(payload, n, dtype))]
+    decoded = digest(torch, codec.decode(payload, n, dtype))
+    out = [decoded if as_values else digest(torch, payload), decoded]
     rows = torch.stack([payload, *(codec.encode(o.to(device)) for o in others)])
     out.append(digest(torch, codec.decode_sum(rows, n, dtype)))
     nbytes_row = codec.encoded_nbytes(row_numel, dtype)
