@@ -8,13 +8,14 @@ Three measurements:
    nothing (its wrapper layers alone, the floor any Python wrapper pays); the patch as users install it
    (default ``AutoResolver``: every call resolved, decided and counted). Short blocks of ``--calls``
    calls rotate through the three in ABC CBA order for ``--rounds`` rounds (install / uninstall between
-   blocks), every call timed on its own; the median of all per-call samples of each is reported (CPU
-   time: all threads of the rank, gloo's included, per block). Two ranks on two cores schedule each
+   blocks), every call timed on its own; the median of all per-call samples of each is reported, with the
+   calling thread's CPU time per call (per block; gloo's threads left out: they spin while a call waits). Two ranks on two cores schedule each
    other's gloo threads: block medians wander by +-20%, which long blocks in one fixed order had turned
    into a "patch overhead" of either sign; samples pooled from many short blocks in both orders agree to
    a few percent, and the run prints the overhead on each half of its rounds so the figure says how far
    it can be trusted. On real communication the patch's Python runs with caches cold (each call follows
-   a context switch to gloo's threads): it costs 2-3x what measurement 3 finds in a hot loop;
+   a context switch to gloo's threads): its CPU time there is 2-3x what measurement 3 finds in a hot loop
+   (and torch's own call's is ~7x);
 2. the wrapper alone, without communication, in thread CPU time: the patch's wrapper around a no-op
    stand-in for the torch function vs the no-op itself (resolver lookup, policy decision, native stats
    record), with a resolver that places WORLD as "dp" (every call decided and counted);
@@ -71,14 +72,15 @@ def _ops(dist, torch, rank: int, world: int):
 
 def _block(fn, calls: int, samples: list, cpu: list) -> None:
     """``calls`` calls of ``fn``, each timed (wall, appended to ``samples`` in microseconds); the block's
-    CPU time per call (all threads of this rank) appended to ``cpu``."""
+    CPU time per call of the calling thread (the one the patch's code runs on; gloo's own threads are left out,
+    they spin for as long as the call waits) appended to ``cpu``."""
     perf = time.perf_counter
-    c0 = time.process_time()
+    c0 = time.thread_time()
     for _ in range(calls):
         t0 = perf()
         fn()
         samples.append((perf() - t0) * 1e6)
-    cpu.append((time.process_time() - c0) / calls * 1e6)
+    cpu.append((time.thread_time() - c0) / calls * 1e6)
 
 
 def _thread_ns(fn, calls: int) -> float:
@@ -130,7 +132,7 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
         rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "layers_us": med["layers"],
                      "patched_us": med["patched"], "layers_pct": (med["layers"] - u) / u * 100.0,
                      "overhead_pct": (med["patched"] - u) / u * 100.0, "halves_pct": half_pct,
-                     "unpatched_cpu_us": cpu["torch"], "patched_cpu_us": cpu["patched"],
+                     "unpatched_cpu_us": cpu["torch"], "layers_cpu_us": cpu["layers"], "patched_cpu_us": cpu["patched"],
                      "cpu_overhead_pct": (cpu["patched"] - cpu["torch"]) / cpu["torch"] * 100.0})
 
     # the wrapper alone: around a no-op stand-in, no communication at all
@@ -206,15 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# ccoll.patch pass-through overhead: {args.ranks} gloo ranks, policy {os.path.relpath(args.policy, REPO)}, "
           f"{args.rounds} rounds x 3 blocks x {args.calls} calls (ABC CBA), median of per-call wall samples (rank 0): torch's "
           "call, the patch's wrapper layers alone (a resolver placing nothing), the patch as installed by default; "
-          "halves_%: patched_% on each half of the rounds alone; CPU: all threads of the rank, per block")
+          "halves_%: patched_% on each half of the rounds alone; cpu: the calling thread's CPU time per call (median of "
+          "blocks), torch's and what the layers / the patch add to it")
     print(f"# load average at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"{'op':<24}{'bytes':>7}{'torch_us':>10}{'layers_us':>11}{'patched_us':>12}{'layers_%':>10}{'patched_%':>11}"
-          f"{'halves_%':>14}{'cpu_torch_us':>14}{'cpu_patched_us':>16}")
+          f"{'halves_%':>14}{'cpu_torch_us':>14}{'cpu_layers_+us':>16}{'cpu_patched_+us':>17}")
     for row in r0["rows"]:
         print(f"{row['op']:<24}{row['nbytes']:>7}{row['unpatched_us']:>10.2f}{row['layers_us']:>11.2f}"
               f"{row['patched_us']:>12.2f}{row['layers_pct']:>10.2f}{row['overhead_pct']:>11.2f}"
               f"{row['halves_pct'][0]:>7.1f}{row['halves_pct'][1]:>7.1f}{row['unpatched_cpu_us']:>14.2f}"
-              f"{row['patched_cpu_us']:>16.2f}")
+              f"{row['layers_cpu_us'] - row['unpatched_cpu_us']:>16.2f}{row['patched_cpu_us'] - row['unpatched_cpu_us']:>17.2f}")
     d = r0["decision"]
     print(f"# wrapper alone, thread CPU time (no communication): no-op {d['stub_ns']:.0f} ns, wrapped "
           f"{d['wrapped_ns']:.0f} ns, added {d['added_ns']:.0f} ns per call")
