@@ -386,20 +386,24 @@ template <class Scalar> CCOLL_HD Scalar int_ldexp(typename Traits<Scalar>::Int q
   return make_scalar<Scalar>(neg, m, k);
 }
 
-// libzfp's encode of one value: (Int)(v * 2^k), truncating; v finite with |v| * 2^k < 2^(P-2)
-template <class Scalar> CCOLL_HD typename Traits<Scalar>::Int to_fixed(Scalar v, int k) {
+// libzfp's encode of one value: (Int)(v * 2^(P-2-emax)), truncating, for v of a finite block whose largest
+// magnitude has biased exponent bmax > P-4 (so emax = bmax - (EBIAS-1), and bmax >= 2). With be the biased
+// exponent of v (a subnormal scales as be = 1) and m its significand (implicit bit included),
+// v * 2^(P-2-emax) = m * 2^(D0 - t), D0 = P-3-MANT, t = bmax - max(be, 1) >= 0; m << D0 < 2^(P-2), so that is
+// (m << D0) >> t exactly, and 0 for t >= P-1. One right shift by t clamped to tcap = min(bmax - 1, P - 1) (once
+// per block; a subnormal's bmax - 0 clamps to its bmax - 1) instead of a shift either way and the exponent's
+// select: ~10 instructions a value instead of ~15 (f32, sm_90).
+template <class Scalar> CCOLL_HD typename Traits<Scalar>::Int to_fixed(Scalar v, int bmax, int tcap) {
   typedef Traits<Scalar> T;
   typedef typename T::UInt UInt;
   typedef typename T::Int Int;
+  const int D0 = T::P - 3 - T::MANT;
   UInt u = T::bits(v);
   int be = (int)((u >> T::MANT) & ((1u << T::EBITS) - 1));
-  UInt m = u & ((((UInt)1) << T::MANT) - 1);
-  int e;
-  if (be) { m |= (UInt)1 << T::MANT; e = be - T::EBIAS - T::MANT; } else { e = 1 - T::EBIAS - T::MANT; }
-  int s = e + k;
-  UInt q = s >= 0 ? m << s : (-s >= T::P ? 0 : m >> -s);
-  Int r = (Int)q;
-  return (u >> (T::P - 1)) ? (Int)((UInt)0 - q) : r;
+  UInt m = (u & ((((UInt)1) << T::MANT) - 1)) | (be ? (UInt)1 << T::MANT : (UInt)0);
+  int t = bmax - be < tcap ? bmax - be : tcap;
+  UInt q = (m << D0) >> t;
+  return (u >> (T::P - 1)) ? (Int)((UInt)0 - q) : (Int)q;
 }
 
 CCOLL_HD float add_rn(float a, float b) {
@@ -542,10 +546,16 @@ struct Span {
   ccoll_u64 g0;
   int m, valid;
   CCOLL_HD Span(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r, ccoll_u64 b, int S) {
-    ccoll_u64 in_row = b * S;
+    set(numel, row_numel, r * row_numel + b * S, b * S, S);
+  }
+  // the block at row position in_row (< row_numel), flat position g
+  CCOLL_HD Span(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g, ccoll_u64 in_row, int S, bool) {
+    set(numel, row_numel, g, in_row, S);
+  }
+  CCOLL_HD void set(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g, ccoll_u64 in_row, int S) {
     ccoll_u64 left = row_numel - in_row;
     m = left >= (ccoll_u64)S ? S : (int)left;
-    g0 = r * row_numel + in_row;
+    g0 = g;
     ccoll_u64 avail = numel > g0 ? numel - g0 : 0;
     valid = avail >= (ccoll_u64)m ? m : (int)avail;
   }
@@ -568,6 +578,26 @@ template <class St, int D> CCOLL_HD void load_block(const typename St::Stor* src
 #endif
 #pragma unroll
   for (int i = 0; i < S; i++) v[i] = i < sp.valid ? St::widen(src[sp.g0 + i]) : typename St::Code(0);
+}
+
+// Loads a whole block (S values, all inside the tensor) from p, without Span's range checks: the tile encoder's
+// whole tiles (whole_values: for fp32 / fp64, p 16-byte aligned).
+template <class St, int D> CCOLL_HD void load_whole(const typename St::Stor* p, typename St::Code* v) {
+  typedef typename St::Stor Stor;
+  const int S = Dims<D>::S;
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
+  if (sizeof(Stor) >= 4) {  // 16-byte loads (16-bit storage: the scalar loads below)
+    const int PER = 16 / (int)sizeof(Stor);
+    Stor raw[S];
+#pragma unroll
+    for (int c = 0; c < S / PER; c++) load16(p + c * PER, raw + c * PER);
+#pragma unroll
+    for (int i = 0; i < S; i++) v[i] = St::widen(raw[i]);
+    return;
+  }
+#endif
+#pragma unroll
+  for (int i = 0; i < S; i++) v[i] = St::widen(p[i]);
 }
 
 // Stores the block's first min(m, valid) values, narrowed to Stor.
@@ -821,8 +851,9 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
   w.write_bits(2 * (ccoll_u64)(emax + T::EBIAS) + 1, 1 + T::EBITS);
 
   Int q[S];
+  const int tcap = biased_exp - 1 < P - 1 ? biased_exp - 1 : P - 1;
 #pragma unroll
-  for (int i = 0; i < S; i++) q[i] = to_fixed<Scalar>(v[i], P - 2 - emax);
+  for (int i = 0; i < S; i++) q[i] = to_fixed<Scalar>(v[i], biased_exp, tcap);
   fwd_xform<Int, UInt, D>(q);
   UInt u[S];
 #pragma unroll
@@ -1118,21 +1149,64 @@ struct LaneWriter {
 
 CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
 
-// Phase 1, lane `lane` of tile t of row r: its block into buf + lane * lane_stride(maxbits).
-// planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved (word j of lane l at
-// planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
+// The output words of tile t of a row that has ntile tiles: maxbits, and for the row's last tile the rest of the
+// row's 2 * row_words (the zero padding up to the row's 64-bit end; at most maxbits + 1): a 32-bit count.
+CCOLL_HD int tile_nwords(ccoll_u64 t, ccoll_u64 ntile, int maxbits, ccoll_u64 row_words) {
+  return t + 1 == ntile ? (int)(2 * row_words - t * (ccoll_u64)maxbits) : maxbits;
+}
+
+// Phase 1, lane `lane` of the tile whose first value is pos (its row ends at row_end): its block into
+// buf + lane * lane_stride(maxbits). planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved
+// (word j of lane l at planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
+// whole (the same for every lane, whole_limit): every block of the tile has S values inside its row and the tensor,
+// and no error feedback: the block is loaded straight from src + pos + lane * S (load_whole). Otherwise (a row's
+// last tile, the tensor's end, error feedback, an unaligned source) the general path: Span's range checks, zeros
+// past the end, zfp's padding of a partial block, lanes past the row's last block coding nothing.
 template <class St, int D>
-CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r,
-                               ccoll_u64 t, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
-                               int lane, ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
-  ccoll_u64 b = t * TILE + lane;
+CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 pos,
+                               ccoll_u64 row_end, bool whole, int maxbits, typename St::Fb* feedback, int lane,
+                               ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
+  typedef typename St::Code Code;
+  const int S = Dims<D>::S;
   LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
-  if (b < nblk_row) {
-    Span sp(numel, row_numel, r, b, Dims<D>::S);
-    encode_span<St, D>(src, sp, maxbits, feedback, w,
-                       PlaneStore<typename Traits<typename St::Code>::UInt>(planes + lane, TILE));
+  PlaneStore<typename Traits<Code>::UInt> ps(planes + lane, TILE);
+  Code v[S];
+  if (whole) {
+    load_whole<St, D>(src + pos + (ccoll_u32)(lane * S), v);
+  } else {
+    const ccoll_u64 in_row = pos - (row_end - row_numel) + (ccoll_u32)(lane * S);
+    if (in_row >= row_numel) {  // past the row's last block: coded as zeros, i.e. all zero bits
+#pragma unroll
+      for (int i = 0; i < S; i++) v[i] = Code(0);
+    } else {
+      Span sp(numel, row_numel, pos + (ccoll_u32)(lane * S), in_row, S, true);
+      if (!feedback) {
+        load_block<St, D>(src, sp, v);
+        if (sp.m < S) pad_block<Code, D>(v, sp.m);
+      } else {
+        encode_span<St, D>(src, sp, maxbits, feedback, w, ps);
+        w.finish();
+        return;
+      }
+    }
   }
+  encode_values<Code, D, false>(v, maxbits, w, v, ps);
   w.finish();
+}
+
+// Whether a tile is whole for encode_tile_lane: it ends (pos + TILE * S) by whole_limit(numel, its row's start,
+// whole_values(...)), i.e. inside the row's whole tiles and inside the tensor.
+// whole_values: the values of a row in whole tiles (a multiple of TS = TILE * S), 0 where no tile is whole: error
+// feedback, or (fp32 / fp64: 16-byte loads) src or a row not 16-byte aligned (a tile's first value
+// r * row_numel + t * TS).
+template <class Stor>
+CCOLL_HD ccoll_u64 whole_values(const Stor* src, ccoll_u64 row_numel, const void* feedback, ccoll_u64 TS) {
+  if (feedback) return 0;
+  bool aligned = sizeof(Stor) < 4 || (((unsigned long long)src & 15) == 0 && ((row_numel * sizeof(Stor)) & 15) == 0);
+  return aligned ? row_numel & ~(TS - 1) : 0;
+}
+CCOLL_HD ccoll_u64 whole_limit(ccoll_u64 numel, ccoll_u64 row_start, ccoll_u64 whole_values) {
+  return row_start + whole_values < numel ? row_start + whole_values : numel;
 }
 
 // floor(p / d) as mulhi32(p, div_magic(d)) for 2 <= d and p * d < 2^32: magic = 2^32 / d + e with 0 <= e < 1, so
@@ -1148,16 +1222,11 @@ CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
 #endif
 }
 
-// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of tile t of row r.
-// maxbits_magic: div_magic(maxbits).
-CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 r, ccoll_u64 t, ccoll_u64 ntile_row, int maxbits,
-                                 ccoll_u32 maxbits_magic, ccoll_u64 row_words, int lane, ccoll_u32* out) {
-  const ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
-  // the tile's words; the row's last tile also writes the zero padding up to the row's 64-bit end (so its count
-  // is at most maxbits + 1): a 32-bit index from the tile's first word instead of 64-bit row positions
-  const int nwords = t + 1 == ntile_row ? (int)(2 * row_words - lo) : maxbits;
+// Phase 2, after every lane's phase 1: lane `lane` stores words lane, lane+32, ... of the tile's nwords output words
+// at tile_words (tile_nwords). maxbits_magic: div_magic(maxbits).
+CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, int maxbits, ccoll_u32 maxbits_magic, int nwords, int lane,
+                                 ccoll_u32* tile_words) {
   const int stride = lane_stride(maxbits);
-  ccoll_u32* tile_words = out + r * 2 * row_words + lo;
   for (int j = lane; j < nwords; j += TILE) {
     ccoll_u32 p = (ccoll_u32)j * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
     int blk = (int)mulhi32(p, maxbits_magic), off = (int)p - blk * maxbits;
@@ -1280,32 +1349,58 @@ CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
   return shift;
 }
 
-template <class St>
-__device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
-                                                  int rows, int dims, int maxbits, ccoll_u64 row_words,
-                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
-                                                  typename Traits<typename St::Code>::UInt* planes) {
+// A warp's run of tiles: the first tile's place (row r, tile t, its first value pos, its first output word) from the
+// one division, then each next tile's by adding its size (pos by TILE * S values, the output by the tile's words;
+// at a row's end both move on to the next row's start), so the per-tile set-up is a few additions.
+template <class St, int D>
+__device__ __forceinline__ void encode_tiles_run(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
+                                                 int rows, int maxbits, ccoll_u64 row_words, typename St::Fb* feedback,
+                                                 ccoll_u32* out, ccoll_u32* buf,
+                                                 typename Traits<typename St::Code>::UInt* planes) {
   const int lane = (int)(threadIdx.x & 31);
   const int WARPS_PER_CTA = CCOLL_ZFP_TILE_THREADS / 32;  // blockDim.x, checked by the kernel
-  const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
+  const ccoll_u64 TS = TILE * Dims<D>::S;  // values per tile
+  const ccoll_u64 nblk = blocks_per(row_numel, D), ntile = tiles_per(nblk), total = ntile * rows;
   const ccoll_u64 warps = (ccoll_u64)gridDim.x * WARPS_PER_CTA;
   const int shift = tiles_per_warp_log2(warps, total);
   const ccoll_u32 maxbits_magic = div_magic(maxbits);
   const ccoll_u64 first = ((ccoll_u64)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) << shift;
   if (first >= total) return;  // the same for the 32 lanes of a warp: every lane runs every tile (full-warp syncs)
-  ccoll_u64 last = first + (1ull << shift);  // no overflow: first + K <= warps * K < 2^64 for any real launch
-  if (last > total) last = total;
-  ccoll_u64 r = first / ntile, t = first - r * ntile;
-  for (ccoll_u64 tile = first; tile < last; ++tile) {
-    if (dims == 2)
-      encode_tile_lane<St, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
-    else
-      encode_tile_lane<St, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
+  const ccoll_u64 run = total - first < (1ull << shift) ? total - first : 1ull << shift;  // tiles of the run
+  const ccoll_u64 wvals = whole_values(src, row_numel, feedback, TS);
+  const int last_words = tile_nwords(ntile - 1, ntile, maxbits, row_words);
+  const ccoll_u64 r = first / ntile, t = first - r * ntile;
+  ccoll_u64 pos = r * row_numel + t * TS;  // the tile's first value
+  ccoll_u64 row_end = pos - t * TS + row_numel;  // its row's end
+  ccoll_u64 lim = whole_limit(numel, row_end - row_numel, wvals);  // a tile that ends by lim is whole
+  ccoll_u32* tile_words = out + r * 2 * row_words + t * (ccoll_u64)maxbits;
+  for (ccoll_u64 left = run; left != 0; --left) {
+    const ccoll_u64 next = pos + TS;
+    encode_tile_lane<St, D>(src, numel, row_numel, pos, row_end, next <= lim, maxbits, feedback, lane, buf, planes);
+    const bool last_in_row = next >= row_end;
+    const int nwords = last_in_row ? last_words : maxbits;
     __syncwarp();
-    assemble_tile_lane(buf, r, t, ntile, maxbits, maxbits_magic, row_words, lane, out);
+    assemble_tile_lane(buf, maxbits, maxbits_magic, nwords, lane, tile_words);
     __syncwarp();  // the buffer is rewritten by the next tile
-    if (++t == ntile) { t = 0; ++r; }
+    tile_words += nwords;
+    pos = next;
+    if (last_in_row) {
+      pos = row_end;
+      row_end += row_numel;
+      lim = whole_limit(numel, pos, wvals);
+    }
   }
+}
+
+template <class St>
+__device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
+                                                  int rows, int dims, int maxbits, ccoll_u64 row_words,
+                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
+                                                  typename Traits<typename St::Code>::UInt* planes) {
+  if (dims == 2)
+    encode_tiles_run<St, 2>(src, numel, row_numel, rows, maxbits, row_words, feedback, out, buf, planes);
+  else
+    encode_tiles_run<St, 1>(src, numel, row_numel, rows, maxbits, row_words, feedback, out, buf, planes);
 }
 }  // namespace ccoll_zfp
 
@@ -1342,17 +1437,21 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
       ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
       ccoll_zfp::Traits<ST::Code>::UInt planes[ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                   \
       const ccoll_u64 r = (ccoll_u64)tile / ntile, t = (ccoll_u64)tile - r * ntile;                            \
+      const ccoll_u64 TS = ccoll_zfp::TILE * (dims == 2 ? 16 : 4), pos = r * row_numel + t * TS;              \
+      const bool whole = pos + TS <= ccoll_zfp::whole_limit(numel, r * row_numel,                               \
+                                                            ccoll_zfp::whole_values(src, row_numel, feedback, TS)); \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
         if (dims == 2)                                                                                          \
-          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
-                                              planes);                                                          \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, pos, (r + 1) * row_numel, whole, maxbits,   \
+                                              feedback, lane, buf, planes);                                     \
         else                                                                                                    \
-          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
-                                              planes);                                                          \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, pos, (r + 1) * row_numel, whole, maxbits,   \
+                                              feedback, lane, buf, planes);                                     \
       }                                                                                                         \
+      const int nwords = ccoll_zfp::tile_nwords(t, ntile, maxbits, row_words);                                  \
+      ccoll_u32* tile_words = reinterpret_cast<ccoll_u32*>(out) + r * 2 * row_words + t * (ccoll_u64)maxbits;   \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
-        ccoll_zfp::assemble_tile_lane(buf, r, t, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
-                                      reinterpret_cast<ccoll_u32*>(out));                                       \
+        ccoll_zfp::assemble_tile_lane(buf, maxbits, ccoll_zfp::div_magic(maxbits), nwords, lane, tile_words);   \
     }                                                                                                           \
   }
 
