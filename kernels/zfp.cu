@@ -35,14 +35,16 @@
 // encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
 // encode_tiles):
 //  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row (a warp codes a run of
-//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_warp). A tile's bits,
+//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_run). A tile's bits,
 //    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
 //    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 64/56/64/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5) at 64 | 102; 63/63/63/95 before the runs of tiles per warp and the word assembly's
+//    the row's 64-bit end). 64/63/64/96 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5) at 64 | 102; no local memory on sm_90, on sm_80 8 / 16 bytes of spills for f32 / f64, refilled on
+//    the general path of a tile that is not whole and, f64 only, once per tile; 64/56/64/93 before the whole-tile
+//    load and the run's additive stepping, 63/63/63/95 before the runs of tiles per warp and the word assembly's
 //    multiply for its division, 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
 //    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
 //    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
@@ -75,39 +77,43 @@
 // (ccoll/codecs/zfp.py tiles_per_warp): 1 tile per warp below 33792 tiles (dims=1: ~4.3M values), 8 from
 // 135168 tiles (dims=1 ~17M values, dims=2 ~69M), 2 and 4 between:
 //                    1 tile per warp: mean lane    slowest lane of each warp  | 8 tiles per warp: mean   slowest
-//    dims=1 rate 8:   611 (153 per value, 21%)   779 (195 per value, 16%)    |  501 (125, 26%)   668 (167, 19%)
-//    dims=1 rate 16:  711 (178 per value, 18%)   949 (237 per value, 14%)    |  601 (150, 21%)   839 (210, 15%)
-//    dims=2 rate 8:  1707 (107 per value, 30%)  1979 (124 per value, 26%)    | 1597 (100, 32%)  1869 (117, 27%)
-//    dims=2 rate 16: 2232 (140 per value, 23%)  2510 (157 per value, 20%)    | 2122 (133, 24%)  2400 (150, 21%)
-// (a warp is at best as fast as its slowest lane). Before the two changes below (one tile per warp, the only
-// launch then): dims=1 rate 8 612 / 780, rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701.
-//  * the word assembly found each output word's first lane buffer with a 32-bit signed division by maxbits
-//    (~25 instructions per word: 42 a word, now 12, the division a multiply-high, div_magic);
-//  * every tile paid the kernel set-up and the 64-bit tile -> (row, tile in row) division; a warp now codes a
-//    run of consecutive tiles (encode_tiles_warp) and pays them once per run: 'warp' below. With one tile per
-//    warp the run's set-up costs ~16 more than before (dims=1 rate 8 595 -> 611 over the word-assembly
-//    change alone); from 2 tiles per warp on it saves.
+//    dims=1 rate 8:   571 (143 per value, 22%)   742 (185 per value, 17%)    |  409 (102, 31%)   580 (145, 22%)
+//    dims=1 rate 16:  667 (167 per value, 19%)   909 (227 per value, 14%)    |  505 (126, 25%)   748 (187, 17%)
+//    dims=2 rate 8:  1578 ( 99 per value, 33%)  1855 (116 per value, 28%)    | 1422 ( 89, 36%)  1699 (106, 30%)
+//    dims=2 rate 16: 2091 (131 per value, 25%)  2375 (148 per value, 22%)    | 1935 (121, 27%)  2219 (139, 23%)
+// (a warp is at best as fast as its slowest lane). dims=1 rate 8 with 8 tiles per warp is still below the 25% target
+// at its slowest lane: the group-test planes (136) and the word assembly (42) are now most of its 580.
+// Before the changes below (8 tiles per warp): dims=1 rate 8 501 / 668 (26% / 19%), rate 16 601 / 839; dims=2
+// rate 8 1597 / 1869, rate 16 2122 / 2400 (1 tile per warp: 611 / 779, 711 / 949, 1707 / 1979, 2232 / 2510):
+//  * a whole tile (every block S values inside its row and the tensor, no feedback, src and rows 16-byte aligned
+//    for fp32 / fp64: whole_values, whole_limit) loads each lane's block straight from src + pos + lane * S
+//    (load_whole) with no Span range checks and no alignment test; the general path (encode_tile_lane's else side:
+//    a row's last partial tile, the tensor's end, feedback, an unaligned source) is 'partial' below, which the
+//    tool's whole tiles never take;
+//  * the run steps its tile's first value, row end and first output word by additions (no per-tile multiply, no
+//    tile -> (row, tile in row) state), and dispatches on dims once outside the tile loop;
+//  * to_fixed is one right shift of the significand by a clamped amount (tcap, once per block) instead of a shift
+//    either way and an exponent select (~10 instructions a value instead of ~15).
 // Its regions (static instructions x events per block, rate 8, 8 tiles per warp):
-//  * dims=1: per warp 126 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
-//    per tile 123 (the block's position and load, the run's step, the word assembly's set-up); per coded block
-//    119 (max, header, fixed point, lifting, leading all-zero planes at once); a group-test plane 60 (x 2.2,
-//    one branch-free write from group_code); the all-significant tail 9, and 49 per nibble-stream write of 8
-//    planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 12 per output word and 35 for its first lane
-//    buffer (x 1; rate 16: x 2), 19 for each further one.
-//  * dims=2: per warp 126, per tile 167; per coded block 615 (the transpose and plane store,
-//    transpose_planes, ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 25 (x 6.4), a test
-//    that finds its coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient
-//    8 (x 1), then 7 for either; word assembly as dims=1 for 4 words (rate 16: 8).
-// These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
-// ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
-// Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
-// write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
-// assembly at ~70 per block where the kernel's path then spent 224 + 73 (dims=1 rate 8).
-// What would cut the count next: the per-tile set-up (123 for dims=1: the block's 64-bit position, Span's range
-// checks, the load's alignment test), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
-// the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
-// ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
-// register cap).
+//  * dims=1: per warp 185 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
+//    per tile 48 (the whole test and the load, the run's step, the word assembly's set-up, ~12 of them the
+//    divergent-__syncwarp fallbacks); per coded block 96 (max, header, fixed point, lifting, leading all-zero
+//    planes at once); a group-test plane 61 (x 2.2, one branch-free write from group_code); the all-significant
+//    tail 9, and 50 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 9; word assembly 8 per
+//    output word and 34 for its first lane buffer (x 1; rate 16: x 2), 19 for each further one.
+//  * dims=2: per warp 178, per tile 94; per coded block 511 (the transpose and plane store, transpose_planes,
+//    ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its
+//    coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for
+//    either; word assembly as dims=1 for 4 words (rate 16: 8).
+// The figures before the runs of tiles per warp (one tile per warp, the only launch then): dims=1 rate 8 612 / 780,
+// rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701. Earlier still, this header's figures came from
+// ad-hoc scripts outside the repo: dims=1 rate 8 ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest
+// lane; dims=2 ~93 per value, ~33%; they put the load and the word assembly at ~70 per block where the kernel's path
+// then spent 224 + 73 (dims=1 rate 8).
+// What would cut the count next: a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove the
+// remaining divergence (most of the 171 between dims=1 rate 8's mean and slowest lane), the word assembly (42 per dims=1 block),
+// dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the ~10 of dims=2's
+// instructions per plane that recompute the lane's shared-memory address (rematerialised under the register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -1341,7 +1347,7 @@ namespace ccoll_zfp {
 // Tiles per warp: each warp codes a run of K consecutive tiles, K the smallest power of two with warps * K >= the
 // tiles of all rows (the launch, ccoll/codecs/zfp.py tiles_per_warp, gives K = 1 for small inputs, up to 8 for
 // large ones; any grid is coded correctly). Found by doubling, not a division (a test and no iteration for
-// K = 1, one iteration per doubling); consecutive tiles step their (row, tile in row) by an increment, so the
+// K = 1, one iteration per doubling); consecutive tiles step their place by additions (encode_tiles_run), so the
 // only division, tile / ntile, is paid once per warp, not once per tile as a grid-stride loop would.
 CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
   int shift = 0;
