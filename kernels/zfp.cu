@@ -35,14 +35,16 @@
 // encoders give the same bytes (tests/unit/test_simt.py compares them on simt; the codec launches
 // encode_tiles):
 //  * encode_tiles (the default): one warp per tile of 32 consecutive blocks of a row (a warp codes a run of
-//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_warp). A tile's bits,
+//    consecutive tiles, 1 for small inputs, up to 8 for large ones: see encode_tiles_run). A tile's bits,
 //    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
 //    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
 //    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 64/56/64/93 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
-//    (128, 8 | 5) at 64 | 102; 63/63/63/95 before the runs of tiles per warp and the word assembly's
+//    the row's 64-bit end). 64/63/64/96 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    (128, 8 | 5) at 64 | 102; no local memory on sm_90, on sm_80 8 / 16 bytes of spills for f32 / f64, refilled on
+//    the general path of a tile that is not whole and, f64 only, once per tile; 64/56/64/93 before the whole-tile
+//    load and the run's additive stepping, 63/63/63/95 before the runs of tiles per warp and the word assembly's
 //    multiply for its division, 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
 //    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
 //    per 128-thread CTA (32.5 KiB for f64; 8 KiB / 16 KiB of it the plane stores), so 8 | 5 CTAs still fit
@@ -75,39 +77,43 @@
 // (ccoll/codecs/zfp.py tiles_per_warp): 1 tile per warp below 33792 tiles (dims=1: ~4.3M values), 8 from
 // 135168 tiles (dims=1 ~17M values, dims=2 ~69M), 2 and 4 between:
 //                    1 tile per warp: mean lane    slowest lane of each warp  | 8 tiles per warp: mean   slowest
-//    dims=1 rate 8:   611 (153 per value, 21%)   779 (195 per value, 16%)    |  501 (125, 26%)   668 (167, 19%)
-//    dims=1 rate 16:  711 (178 per value, 18%)   949 (237 per value, 14%)    |  601 (150, 21%)   839 (210, 15%)
-//    dims=2 rate 8:  1707 (107 per value, 30%)  1979 (124 per value, 26%)    | 1597 (100, 32%)  1869 (117, 27%)
-//    dims=2 rate 16: 2232 (140 per value, 23%)  2510 (157 per value, 20%)    | 2122 (133, 24%)  2400 (150, 21%)
-// (a warp is at best as fast as its slowest lane). Before the two changes below (one tile per warp, the only
-// launch then): dims=1 rate 8 612 / 780, rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701.
-//  * the word assembly found each output word's first lane buffer with a 32-bit signed division by maxbits
-//    (~25 instructions per word: 42 a word, now 12, the division a multiply-high, div_magic);
-//  * every tile paid the kernel set-up and the 64-bit tile -> (row, tile in row) division; a warp now codes a
-//    run of consecutive tiles (encode_tiles_warp) and pays them once per run: 'warp' below. With one tile per
-//    warp the run's set-up costs ~16 more than before (dims=1 rate 8 595 -> 611 over the word-assembly
-//    change alone); from 2 tiles per warp on it saves.
+//    dims=1 rate 8:   571 (143 per value, 22%)   742 (185 per value, 17%)    |  409 (102, 31%)   580 (145, 22%)
+//    dims=1 rate 16:  667 (167 per value, 19%)   909 (227 per value, 14%)    |  505 (126, 25%)   748 (187, 17%)
+//    dims=2 rate 8:  1578 ( 99 per value, 33%)  1855 (116 per value, 28%)    | 1422 ( 89, 36%)  1699 (106, 30%)
+//    dims=2 rate 16: 2091 (131 per value, 25%)  2375 (148 per value, 22%)    | 1935 (121, 27%)  2219 (139, 23%)
+// (a warp is at best as fast as its slowest lane). dims=1 rate 8 with 8 tiles per warp is still below the 25% target
+// at its slowest lane: the group-test planes (136) and the word assembly (42) are now most of its 580.
+// Before the changes below (8 tiles per warp): dims=1 rate 8 501 / 668 (26% / 19%), rate 16 601 / 839; dims=2
+// rate 8 1597 / 1869, rate 16 2122 / 2400 (1 tile per warp: 611 / 779, 711 / 949, 1707 / 1979, 2232 / 2510):
+//  * a whole tile (every block S values inside its row and the tensor, no feedback, src and rows 16-byte aligned
+//    for fp32 / fp64: whole_values, whole_limit) loads each lane's block straight from src + pos + lane * S
+//    (load_whole) with no Span range checks and no alignment test; the general path (encode_tile_lane's else side:
+//    a row's last partial tile, the tensor's end, feedback, an unaligned source) is 'partial' below, which the
+//    tool's whole tiles never take;
+//  * the run steps its tile's first value, row end and first output word by additions (no per-tile multiply, no
+//    tile -> (row, tile in row) state), and dispatches on dims once outside the tile loop;
+//  * to_fixed is one right shift of the significand by a clamped amount (tcap, once per block) instead of a shift
+//    either way and an exponent select (~10 instructions a value instead of ~15).
 // Its regions (static instructions x events per block, rate 8, 8 tiles per warp):
-//  * dims=1: per warp 126 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
-//    per tile 123 (the block's position and load, the run's step, the word assembly's set-up); per coded block
-//    119 (max, header, fixed point, lifting, leading all-zero planes at once); a group-test plane 60 (x 2.2,
-//    one branch-free write from group_code); the all-significant tail 9, and 49 per nibble-stream write of 8
-//    planes (x 0.9; rate 16: x 1.9); finish 8; word assembly 12 per output word and 35 for its first lane
-//    buffer (x 1; rate 16: x 2), 19 for each further one.
-//  * dims=2: per warp 126, per tile 167; per coded block 615 (the transpose and plane store,
-//    transpose_planes, ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 25 (x 6.4), a test
-//    that finds its coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient
-//    8 (x 1), then 7 for either; word assembly as dims=1 for 4 words (rate 16: 8).
-// These replace this header's earlier figures, which came from ad-hoc scripts outside the repo: dims=1 rate 8
-// ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest lane; dims=2 ~93 per value, ~33%.
-// Their coder part is close to the tool's (to the end of the plane loop, dims=1 rate 8: ~290 from the header
-// write then, 314 from the block maximum now; dims=2: ~1050, 1236), but they put the load and the word
-// assembly at ~70 per block where the kernel's path then spent 224 + 73 (dims=1 rate 8).
-// What would cut the count next: the per-tile set-up (123 for dims=1: the block's 64-bit position, Span's range
-// checks, the load's alignment test), a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove
-// the remaining divergence, dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the
-// ~10 of dims=2's instructions per plane that recompute the lane's shared-memory address (rematerialised under the
-// register cap).
+//  * dims=1: per warp 185 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
+//    per tile 48 (the whole test and the load, the run's step, the word assembly's set-up, ~12 of them the
+//    divergent-__syncwarp fallbacks); per coded block 96 (max, header, fixed point, lifting, leading all-zero
+//    planes at once); a group-test plane 61 (x 2.2, one branch-free write from group_code); the all-significant
+//    tail 9, and 50 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 9; word assembly 8 per
+//    output word and 34 for its first lane buffer (x 1; rate 16: x 2), 19 for each further one.
+//  * dims=2: per warp 178, per tile 94; per coded block 511 (the transpose and plane store, transpose_planes,
+//    ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its
+//    coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for
+//    either; word assembly as dims=1 for 4 words (rate 16: 8).
+// The figures before the runs of tiles per warp (one tile per warp, the only launch then): dims=1 rate 8 612 / 780,
+// rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701. Earlier still, this header's figures came from
+// ad-hoc scripts outside the repo: dims=1 rate 8 ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest
+// lane; dims=2 ~93 per value, ~33%; they put the load and the word assembly at ~70 per block where the kernel's path
+// then spent 224 + 73 (dims=1 rate 8).
+// What would cut the count next: a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove the
+// remaining divergence (most of the 171 between dims=1 rate 8's mean and slowest lane), the word assembly (42 per dims=1 block),
+// dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the ~10 of dims=2's
+// instructions per plane that recompute the lane's shared-memory address (rematerialised under the register cap).
 
 // No system #include: NVRTC (CuPy RawModule) has no system headers; the host build needs none either.
 #include "common.cuh"
@@ -386,20 +392,24 @@ template <class Scalar> CCOLL_HD Scalar int_ldexp(typename Traits<Scalar>::Int q
   return make_scalar<Scalar>(neg, m, k);
 }
 
-// libzfp's encode of one value: (Int)(v * 2^k), truncating; v finite with |v| * 2^k < 2^(P-2)
-template <class Scalar> CCOLL_HD typename Traits<Scalar>::Int to_fixed(Scalar v, int k) {
+// libzfp's encode of one value: (Int)(v * 2^(P-2-emax)), truncating, for v of a finite block whose largest
+// magnitude has biased exponent bmax > P-4 (so emax = bmax - (EBIAS-1), and bmax >= 2). With be the biased
+// exponent of v (a subnormal scales as be = 1) and m its significand (implicit bit included),
+// v * 2^(P-2-emax) = m * 2^(D0 - t), D0 = P-3-MANT, t = bmax - max(be, 1) >= 0; m << D0 < 2^(P-2), so that is
+// (m << D0) >> t exactly, and 0 for t >= P-1. One right shift by t clamped to tcap = min(bmax - 1, P - 1) (once
+// per block; a subnormal's bmax - 0 clamps to its bmax - 1) instead of a shift either way and the exponent's
+// select: ~10 instructions a value instead of ~15 (f32, sm_90).
+template <class Scalar> CCOLL_HD typename Traits<Scalar>::Int to_fixed(Scalar v, int bmax, int tcap) {
   typedef Traits<Scalar> T;
   typedef typename T::UInt UInt;
   typedef typename T::Int Int;
+  const int D0 = T::P - 3 - T::MANT;
   UInt u = T::bits(v);
   int be = (int)((u >> T::MANT) & ((1u << T::EBITS) - 1));
-  UInt m = u & ((((UInt)1) << T::MANT) - 1);
-  int e;
-  if (be) { m |= (UInt)1 << T::MANT; e = be - T::EBIAS - T::MANT; } else { e = 1 - T::EBIAS - T::MANT; }
-  int s = e + k;
-  UInt q = s >= 0 ? m << s : (-s >= T::P ? 0 : m >> -s);
-  Int r = (Int)q;
-  return (u >> (T::P - 1)) ? (Int)((UInt)0 - q) : r;
+  UInt m = (u & ((((UInt)1) << T::MANT) - 1)) | (be ? (UInt)1 << T::MANT : (UInt)0);
+  int t = bmax - be < tcap ? bmax - be : tcap;
+  UInt q = (m << D0) >> t;
+  return (u >> (T::P - 1)) ? (Int)((UInt)0 - q) : (Int)q;
 }
 
 CCOLL_HD float add_rn(float a, float b) {
@@ -542,10 +552,16 @@ struct Span {
   ccoll_u64 g0;
   int m, valid;
   CCOLL_HD Span(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r, ccoll_u64 b, int S) {
-    ccoll_u64 in_row = b * S;
+    set(numel, row_numel, r * row_numel + b * S, b * S, S);
+  }
+  // the block at row position in_row (< row_numel), flat position g
+  CCOLL_HD Span(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g, ccoll_u64 in_row, int S, bool) {
+    set(numel, row_numel, g, in_row, S);
+  }
+  CCOLL_HD void set(ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 g, ccoll_u64 in_row, int S) {
     ccoll_u64 left = row_numel - in_row;
     m = left >= (ccoll_u64)S ? S : (int)left;
-    g0 = r * row_numel + in_row;
+    g0 = g;
     ccoll_u64 avail = numel > g0 ? numel - g0 : 0;
     valid = avail >= (ccoll_u64)m ? m : (int)avail;
   }
@@ -568,6 +584,26 @@ template <class St, int D> CCOLL_HD void load_block(const typename St::Stor* src
 #endif
 #pragma unroll
   for (int i = 0; i < S; i++) v[i] = i < sp.valid ? St::widen(src[sp.g0 + i]) : typename St::Code(0);
+}
+
+// Loads a whole block (S values, all inside the tensor) from p, without Span's range checks: the tile encoder's
+// whole tiles (whole_values: for fp32 / fp64, p 16-byte aligned).
+template <class St, int D> CCOLL_HD void load_whole(const typename St::Stor* p, typename St::Code* v) {
+  typedef typename St::Stor Stor;
+  const int S = Dims<D>::S;
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
+  if (sizeof(Stor) >= 4) {  // 16-byte loads (16-bit storage: the scalar loads below)
+    const int PER = 16 / (int)sizeof(Stor);
+    Stor raw[S];
+#pragma unroll
+    for (int c = 0; c < S / PER; c++) load16(p + c * PER, raw + c * PER);
+#pragma unroll
+    for (int i = 0; i < S; i++) v[i] = St::widen(raw[i]);
+    return;
+  }
+#endif
+#pragma unroll
+  for (int i = 0; i < S; i++) v[i] = St::widen(p[i]);
 }
 
 // Stores the block's first min(m, valid) values, narrowed to Stor.
@@ -821,8 +857,9 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
   w.write_bits(2 * (ccoll_u64)(emax + T::EBIAS) + 1, 1 + T::EBITS);
 
   Int q[S];
+  const int tcap = biased_exp - 1 < P - 1 ? biased_exp - 1 : P - 1;
 #pragma unroll
-  for (int i = 0; i < S; i++) q[i] = to_fixed<Scalar>(v[i], P - 2 - emax);
+  for (int i = 0; i < S; i++) q[i] = to_fixed<Scalar>(v[i], biased_exp, tcap);
   fwd_xform<Int, UInt, D>(q);
   UInt u[S];
 #pragma unroll
@@ -1118,21 +1155,64 @@ struct LaneWriter {
 
 CCOLL_HD ccoll_u64 tiles_per(ccoll_u64 nblk_row) { return (nblk_row + TILE - 1) / TILE; }
 
-// Phase 1, lane `lane` of tile t of row r: its block into buf + lane * lane_stride(maxbits).
-// planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved (word j of lane l at
-// planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
+// The output words of tile t of a row that has ntile tiles: maxbits, and for the row's last tile the rest of the
+// row's 2 * row_words (the zero padding up to the row's 64-bit end; at most maxbits + 1): a 32-bit count.
+CCOLL_HD int tile_nwords(ccoll_u64 t, ccoll_u64 ntile, int maxbits, ccoll_u64 row_words) {
+  return t + 1 == ntile ? (int)(2 * row_words - t * (ccoll_u64)maxbits) : maxbits;
+}
+
+// Phase 1, lane `lane` of the tile whose first value is pos (its row ends at row_end): its block into
+// buf + lane * lane_stride(maxbits). planes: the warp's plane scratch, MAX_PLANE_WORDS words per lane, lane-interleaved
+// (word j of lane l at planes[j * TILE + l]: the 32 lanes' word j are consecutive, no bank conflicts).
+// whole (the same for every lane, whole_limit): every block of the tile has S values inside its row and the tensor,
+// and no error feedback: the block is loaded straight from src + pos + lane * S (load_whole). Otherwise (a row's
+// last tile, the tensor's end, error feedback, an unaligned source) the general path: Span's range checks, zeros
+// past the end, zfp's padding of a partial block, lanes past the row's last block coding nothing.
 template <class St, int D>
-CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 r,
-                               ccoll_u64 t, ccoll_u64 nblk_row, int maxbits, typename St::Fb* feedback,
-                               int lane, ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
-  ccoll_u64 b = t * TILE + lane;
+CCOLL_HD void encode_tile_lane(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel, ccoll_u64 pos,
+                               ccoll_u64 row_end, bool whole, int maxbits, typename St::Fb* feedback, int lane,
+                               ccoll_u32* buf, typename Traits<typename St::Code>::UInt* planes) {
+  typedef typename St::Code Code;
+  const int S = Dims<D>::S;
   LaneWriter w(buf + lane * lane_stride(maxbits), lane_words(maxbits));
-  if (b < nblk_row) {
-    Span sp(numel, row_numel, r, b, Dims<D>::S);
-    encode_span<St, D>(src, sp, maxbits, feedback, w,
-                       PlaneStore<typename Traits<typename St::Code>::UInt>(planes + lane, TILE));
+  PlaneStore<typename Traits<Code>::UInt> ps(planes + lane, TILE);
+  Code v[S];
+  if (whole) {
+    load_whole<St, D>(src + pos + (ccoll_u32)(lane * S), v);
+  } else {
+    const ccoll_u64 in_row = pos - (row_end - row_numel) + (ccoll_u32)(lane * S);
+    if (in_row >= row_numel) {  // past the row's last block: coded as zeros, i.e. all zero bits
+#pragma unroll
+      for (int i = 0; i < S; i++) v[i] = Code(0);
+    } else {
+      Span sp(numel, row_numel, pos + (ccoll_u32)(lane * S), in_row, S, true);
+      if (!feedback) {
+        load_block<St, D>(src, sp, v);
+        if (sp.m < S) pad_block<Code, D>(v, sp.m);
+      } else {
+        encode_span<St, D>(src, sp, maxbits, feedback, w, ps);
+        w.finish();
+        return;
+      }
+    }
   }
+  encode_values<Code, D, false>(v, maxbits, w, v, ps);
   w.finish();
+}
+
+// Whether a tile is whole for encode_tile_lane: it ends (pos + TILE * S) by whole_limit(numel, its row's start,
+// whole_values(...)), i.e. inside the row's whole tiles and inside the tensor.
+// whole_values: the values of a row in whole tiles (a multiple of TS = TILE * S), 0 where no tile is whole: error
+// feedback, or (fp32 / fp64: 16-byte loads) src or a row not 16-byte aligned (a tile's first value
+// r * row_numel + t * TS).
+template <class Stor>
+CCOLL_HD ccoll_u64 whole_values(const Stor* src, ccoll_u64 row_numel, const void* feedback, ccoll_u64 TS) {
+  if (feedback) return 0;
+  bool aligned = sizeof(Stor) < 4 || (((unsigned long long)src & 15) == 0 && ((row_numel * sizeof(Stor)) & 15) == 0);
+  return aligned ? row_numel & ~(TS - 1) : 0;
+}
+CCOLL_HD ccoll_u64 whole_limit(ccoll_u64 numel, ccoll_u64 row_start, ccoll_u64 whole_values) {
+  return row_start + whole_values < numel ? row_start + whole_values : numel;
 }
 
 // floor(p / d) as mulhi32(p, div_magic(d)) for 2 <= d and p * d < 2^32: magic = 2^32 / d + e with 0 <= e < 1, so
@@ -1148,16 +1228,11 @@ CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
 #endif
 }
 
-// Phase 2, after every lane's phase 1: lane `lane` stores output words lane, lane+32, ... of tile t of row r.
-// maxbits_magic: div_magic(maxbits).
-CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, ccoll_u64 r, ccoll_u64 t, ccoll_u64 ntile_row, int maxbits,
-                                 ccoll_u32 maxbits_magic, ccoll_u64 row_words, int lane, ccoll_u32* out) {
-  const ccoll_u64 lo = t * (ccoll_u64)maxbits;  // the tile's first 32-bit word in the row
-  // the tile's words; the row's last tile also writes the zero padding up to the row's 64-bit end (so its count
-  // is at most maxbits + 1): a 32-bit index from the tile's first word instead of 64-bit row positions
-  const int nwords = t + 1 == ntile_row ? (int)(2 * row_words - lo) : maxbits;
+// Phase 2, after every lane's phase 1: lane `lane` stores words lane, lane+32, ... of the tile's nwords output words
+// at tile_words (tile_nwords). maxbits_magic: div_magic(maxbits).
+CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, int maxbits, ccoll_u32 maxbits_magic, int nwords, int lane,
+                                 ccoll_u32* tile_words) {
   const int stride = lane_stride(maxbits);
-  ccoll_u32* tile_words = out + r * 2 * row_words + lo;
   for (int j = lane; j < nwords; j += TILE) {
     ccoll_u32 p = (ccoll_u32)j * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
     int blk = (int)mulhi32(p, maxbits_magic), off = (int)p - blk * maxbits;
@@ -1272,7 +1347,7 @@ namespace ccoll_zfp {
 // Tiles per warp: each warp codes a run of K consecutive tiles, K the smallest power of two with warps * K >= the
 // tiles of all rows (the launch, ccoll/codecs/zfp.py tiles_per_warp, gives K = 1 for small inputs, up to 8 for
 // large ones; any grid is coded correctly). Found by doubling, not a division (a test and no iteration for
-// K = 1, one iteration per doubling); consecutive tiles step their (row, tile in row) by an increment, so the
+// K = 1, one iteration per doubling); consecutive tiles step their place by additions (encode_tiles_run), so the
 // only division, tile / ntile, is paid once per warp, not once per tile as a grid-stride loop would.
 CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
   int shift = 0;
@@ -1280,32 +1355,58 @@ CCOLL_HD int tiles_per_warp_log2(ccoll_u64 warps, ccoll_u64 total) {
   return shift;
 }
 
-template <class St>
-__device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
-                                                  int rows, int dims, int maxbits, ccoll_u64 row_words,
-                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
-                                                  typename Traits<typename St::Code>::UInt* planes) {
+// A warp's run of tiles: the first tile's place (row r, tile t, its first value pos, its first output word) from the
+// one division, then each next tile's by adding its size (pos by TILE * S values, the output by the tile's words;
+// at a row's end both move on to the next row's start), so the per-tile set-up is a few additions.
+template <class St, int D>
+__device__ __forceinline__ void encode_tiles_run(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
+                                                 int rows, int maxbits, ccoll_u64 row_words, typename St::Fb* feedback,
+                                                 ccoll_u32* out, ccoll_u32* buf,
+                                                 typename Traits<typename St::Code>::UInt* planes) {
   const int lane = (int)(threadIdx.x & 31);
   const int WARPS_PER_CTA = CCOLL_ZFP_TILE_THREADS / 32;  // blockDim.x, checked by the kernel
-  const ccoll_u64 nblk = blocks_per(row_numel, dims), ntile = tiles_per(nblk), total = ntile * rows;
+  const ccoll_u64 TS = TILE * Dims<D>::S;  // values per tile
+  const ccoll_u64 nblk = blocks_per(row_numel, D), ntile = tiles_per(nblk), total = ntile * rows;
   const ccoll_u64 warps = (ccoll_u64)gridDim.x * WARPS_PER_CTA;
   const int shift = tiles_per_warp_log2(warps, total);
   const ccoll_u32 maxbits_magic = div_magic(maxbits);
   const ccoll_u64 first = ((ccoll_u64)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) << shift;
   if (first >= total) return;  // the same for the 32 lanes of a warp: every lane runs every tile (full-warp syncs)
-  ccoll_u64 last = first + (1ull << shift);  // no overflow: first + K <= warps * K < 2^64 for any real launch
-  if (last > total) last = total;
-  ccoll_u64 r = first / ntile, t = first - r * ntile;
-  for (ccoll_u64 tile = first; tile < last; ++tile) {
-    if (dims == 2)
-      encode_tile_lane<St, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
-    else
-      encode_tile_lane<St, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf, planes);
+  const ccoll_u64 run = total - first < (1ull << shift) ? total - first : 1ull << shift;  // tiles of the run
+  const ccoll_u64 wvals = whole_values(src, row_numel, feedback, TS);
+  const int last_words = tile_nwords(ntile - 1, ntile, maxbits, row_words);
+  const ccoll_u64 r = first / ntile, t = first - r * ntile;
+  ccoll_u64 pos = r * row_numel + t * TS;  // the tile's first value
+  ccoll_u64 row_end = pos - t * TS + row_numel;  // its row's end
+  ccoll_u64 lim = whole_limit(numel, row_end - row_numel, wvals);  // a tile that ends by lim is whole
+  ccoll_u32* tile_words = out + r * 2 * row_words + t * (ccoll_u64)maxbits;
+  for (ccoll_u64 left = run; left != 0; --left) {
+    const ccoll_u64 next = pos + TS;
+    encode_tile_lane<St, D>(src, numel, row_numel, pos, row_end, next <= lim, maxbits, feedback, lane, buf, planes);
+    const bool last_in_row = next >= row_end;
+    const int nwords = last_in_row ? last_words : maxbits;
     __syncwarp();
-    assemble_tile_lane(buf, r, t, ntile, maxbits, maxbits_magic, row_words, lane, out);
+    assemble_tile_lane(buf, maxbits, maxbits_magic, nwords, lane, tile_words);
     __syncwarp();  // the buffer is rewritten by the next tile
-    if (++t == ntile) { t = 0; ++r; }
+    tile_words += nwords;
+    pos = next;
+    if (last_in_row) {
+      pos = row_end;
+      row_end += row_numel;
+      lim = whole_limit(numel, pos, wvals);
+    }
   }
+}
+
+template <class St>
+__device__ __forceinline__ void encode_tiles_warp(const typename St::Stor* src, ccoll_u64 numel, ccoll_u64 row_numel,
+                                                  int rows, int dims, int maxbits, ccoll_u64 row_words,
+                                                  typename St::Fb* feedback, ccoll_u32* out, ccoll_u32* buf,
+                                                  typename Traits<typename St::Code>::UInt* planes) {
+  if (dims == 2)
+    encode_tiles_run<St, 2>(src, numel, row_numel, rows, maxbits, row_words, feedback, out, buf, planes);
+  else
+    encode_tiles_run<St, 1>(src, numel, row_numel, rows, maxbits, row_words, feedback, out, buf, planes);
 }
 }  // namespace ccoll_zfp
 
@@ -1342,17 +1443,21 @@ CCOLL_ZFP_TILE_KERNEL(ccoll_zfp_encode_tiles_f64, ccoll_zfp::StF64, 5)
       ccoll_u32 buf[ccoll_zfp::TILE * ccoll_zfp::MAX_LANE_STRIDE];                                              \
       ccoll_zfp::Traits<ST::Code>::UInt planes[ccoll_zfp::TILE * ccoll_zfp::MAX_PLANE_WORDS];                   \
       const ccoll_u64 r = (ccoll_u64)tile / ntile, t = (ccoll_u64)tile - r * ntile;                            \
+      const ccoll_u64 TS = ccoll_zfp::TILE * (dims == 2 ? 16 : 4), pos = r * row_numel + t * TS;              \
+      const bool whole = pos + TS <= ccoll_zfp::whole_limit(numel, r * row_numel,                               \
+                                                            ccoll_zfp::whole_values(src, row_numel, feedback, TS)); \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++) {                                                      \
         if (dims == 2)                                                                                          \
-          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
-                                              planes);                                                          \
+          ccoll_zfp::encode_tile_lane<ST, 2>(src, numel, row_numel, pos, (r + 1) * row_numel, whole, maxbits,   \
+                                              feedback, lane, buf, planes);                                     \
         else                                                                                                    \
-          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, r, t, nblk, maxbits, feedback, lane, buf,   \
-                                              planes);                                                          \
+          ccoll_zfp::encode_tile_lane<ST, 1>(src, numel, row_numel, pos, (r + 1) * row_numel, whole, maxbits,   \
+                                              feedback, lane, buf, planes);                                     \
       }                                                                                                         \
+      const int nwords = ccoll_zfp::tile_nwords(t, ntile, maxbits, row_words);                                  \
+      ccoll_u32* tile_words = reinterpret_cast<ccoll_u32*>(out) + r * 2 * row_words + t * (ccoll_u64)maxbits;   \
       for (int lane = 0; lane < ccoll_zfp::TILE; lane++)                                                        \
-        ccoll_zfp::assemble_tile_lane(buf, r, t, ntile, maxbits, ccoll_zfp::div_magic(maxbits), row_words, lane,   \
-                                      reinterpret_cast<ccoll_u32*>(out));                                       \
+        ccoll_zfp::assemble_tile_lane(buf, maxbits, ccoll_zfp::div_magic(maxbits), nwords, lane, tile_words);   \
     }                                                                                                           \
   }
 

@@ -420,7 +420,10 @@ class Regions:
     keep working; a restructured coder fails loudly in ``find_line``). Regions are the mirror's event names
     (``code_block``, ``tile_events``); ``NEUTRAL`` lines have none; ``store`` lines are LaneWriter's word store,
     counted as '<region>.store' of the region that writes; lines not listed are 'lane' (once per lane and
-    tile: the tile loop, loading the block, the word-assembly set-up)."""
+    tile: the tile loop, loading the block, the word-assembly set-up). 'partial' is the general path of a tile that
+    is not whole (encode_tile_lane's else side of `if (whole)`: Span's range checks, load_block, zfp's padding; a
+    row's last tile unless the row is whole tiles, the tensor's end, an unaligned source), which the mirror's whole
+    tiles never take (``block_regions`` gives it by the branch, not by lines alone)."""
 
     line_region: dict[int, str]
     neutral: set[int]
@@ -431,6 +434,8 @@ class Regions:
     dims2_lines: set[int]  # lines only the dims=2 path runs (delta_swap: the plane transpose)
     found_if_line: int  # `if (t < lim)`: its else side is the 'limit' region
     tile_loop_line: int  # `for (... tile = first; ...)`: the warp's tile loop; 'lane' code outside it is 'warp'
+    whole_lines: set[int]  # `if (whole) {` in encode_tile_lane, its then side and load_whole: the branch's lines
+    general_marker: set[int]  # lines only that else side runs (Span's, the test for lanes past the row's end)
 
     def of(self, line: int) -> str:
         if line in self.store:
@@ -465,9 +470,22 @@ class Regions:
             for n in [n for n in range(1, len(L) + 1) if re.search(header, L[n - 1])]:
                 a, b = function_span(L, header, n)
                 mark(a, b, "block")
-        for fn in ("pad_run", "pad_block"):  # a partial block (the row's last, n % S != 0) only
+        for fn in ("pad_run", "pad_block", "load_block"):  # a tile that is not whole only (see below)
             a, b = function_span(L, rf"\b{fn}\s*\(.*\)\s*\{{")
             mark(a, b, "partial")
+        a, b = function_span(L, r"^struct Span \{")
+        mark(a, b, "partial")
+        for n in [n for n in range(1, len(L) + 1) if re.search(r"\bbool vec_ok\(", L[n - 1])]:  # load_block's
+            mark(*function_span(L, r"\bbool vec_ok\(", n), "partial")
+        a, b = function_span(L, r"void encode_tile_lane\(")  # its general path: a tile that is not whole
+        whole_line = find_line(L, r"if \(whole\) \{", a, b)
+        general = find_line(L, r"\} else \{", whole_line, b)
+        mark(general, find_line(L, r"^  encode_values<", general, b) - 1, "partial")
+        feedback_line = find_line(L, r"if \(!feedback\)", general, b)
+        general_marker = {find_line(L, r"if \(in_row >= row_numel\)", general, b)}
+        whole_lines = set(range(whole_line, general + 1))  # the compiler may give the branch a line of the load
+        whole_lines.update(range(*function_span(L, r"void load_whole\(")))
+        general_marker.update(range(*function_span(L, r"^struct Span \{")))
         a, b = function_span(L, r"void finish\(\) \{", lane_writer)
         mark(a, b, "finish")
         mark(find_line(L, r"while \(widx < nwords\)", a, b), b, "zerofill")
@@ -507,16 +525,17 @@ class Regions:
         mark(pieces, pieces_end, "piece")
 
         a, b = function_span(L, r"void encode_span\(")
-        feedback_line = find_line(L, r"if \(!feedback\)", a, b)
         feedback_marker = find_line(L, r"add_rn\(\(Fb\)v\[i\], feedback", a, b)
         a, b = function_span(L, r"void encode_tiles_warp\(")
         dims_line = find_line(L, r"if \(dims == 2\)", a, b)
-        tile_loop = find_line(L, r"for \(ccoll_u64 tile = ", a, b)
+        a, b = function_span(L, r"void encode_tiles_run\(")
+        tile_loop = find_line(L, r"for \(ccoll_u64 left = ", a, b)
         swaps: set[int] = set()
         for n in [n for n in range(1, len(L) + 1) if re.search(r"void delta_swap\(", L[n - 1])]:
             a, b = function_span(L, r"void delta_swap\(", n)
             swaps.update(range(a, b + 1))
-        return cls(region, neutral, store, dims_line, feedback_line, feedback_marker, swaps, found, tile_loop)
+        return cls(region, neutral, store, dims_line, feedback_line, feedback_marker, swaps, found, tile_loop,
+                   whole_lines, general_marker)
 
 
 #: the regions the mirror counts (``tile_events``); '<region>.store' exists for those that write bits
@@ -611,11 +630,35 @@ def block_regions(blocks: list[Block], regions: Regions, ids: set[int]) -> dict[
             for j in others:
                 out[j] = name + ".first"
             out[i] = name + ".again"
+    # 'partial' is the blocks only a tile that is not whole runs, whatever their lines: the compiler hoists or shares
+    # code across `if (whole)` (e.g. one address for both sides' loads), so a block of mostly 'partial' lines on the
+    # way every tile takes is 'lane', and one of other lines on the not-whole side only is 'partial'
+    general = not_whole_side(blocks, regions, ids)
+    for i, name in out.items():
+        if name == "partial" and i not in general:
+            out[i] = "lane"
+        elif i in general and name in ("lane", "warp"):
+            out[i] = "partial"
     loop = tile_loop(blocks, regions, ids) if "lane" in out.values() else set()
     for i, name in out.items():
         if name == "lane" and i not in loop:
             out[i] = "warp"
     return out
+
+
+def not_whole_side(blocks: list[Block], regions: Regions, ids: set[int]) -> set[int]:
+    """The blocks among ``ids`` that only the not-whole side of `if (whole)` reaches: at the first two-way branch (address
+    order) on one of its lines (``whole_lines``: the compiler may hoist the load above the branch and give the branch
+    the load's line) whose one side alone runs the not-whole side's lines. None where ``ids`` has no such branch, as in
+    a made-up kernel."""
+    for i in sorted(ids):
+        b = blocks[i]
+        if len(b.succ) == 2 and b.ins[-1][2] and b.ins[-1][2][0] == "zfp.cu" and b.ins[-1][2][1] in regions.whole_lines:
+            one, two = (reach(blocks, s, {i}) for s in b.succ)
+            one, two = one - two, two - one
+            if bool(_lines(blocks, one) & regions.general_marker) != bool(_lines(blocks, two) & regions.general_marker):
+                return one if _lines(blocks, one) & regions.general_marker else two
+    return set()
 
 
 def tile_loop(blocks: list[Block], regions: Regions, ids: set[int]) -> set[int]:

@@ -60,7 +60,7 @@ from .base import CODECS, Codec, Param, per_backend
 MAX_RATE = 64.0
 
 #: the tile encoder's launch: a warp codes a run of up to this many consecutive tiles (kernels/zfp.cu,
-#: encode_tiles_warp, derives the run from the grid), so its set-up -- the launch geometry and the tile ->
+#: encode_tiles_run, derives the run from the grid), so its set-up -- the launch geometry and the tile ->
 #: (row, tile in row) division -- is paid once per run instead of once per tile
 TILES_PER_WARP_MAX = 8
 #: ... but runs grow only while the launch keeps this many warps: four waves of an H200 at the kernel's
