@@ -113,9 +113,10 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
     row's fields are bound here once: the per-call path reads closure variables, not attributes.)
 
     Pass-through calls (an exact row, or a (dim, op) whose rule never compresses on torch's transport:
-    ``Policy.passthrough``) take the short path: one set lookup, torch's call, counted. Most calls the
-    patch sees are such, and on small tensors the patch's cost is a fraction of torch's own (issue 20:
-    the pass-through path within 5% of a direct torch call)."""
+    ``Policy.passthrough``) take the short path: one set lookup, torch's call, counted (native.run's timing
+    and count written out, with the busy flag set in place of the ``_busy`` wrapper: one frame less). Most
+    calls the patch sees are such, and on small tensors every line here is a share of the call's host time
+    (``tools/bench_patch_overhead.py`` measures it)."""
     op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
     same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
     outputs = row.outputs or (lambda first, *_: [first])
