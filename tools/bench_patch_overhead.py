@@ -1,10 +1,11 @@
 """What ccoll.patch costs on the calls it passes through (tiny tensors below ``min_bytes``).
 
-    python tools/bench_patch_overhead.py [--ranks 2] [--calls 50] [--rounds 60] [--policy configs/hybrid.yaml] [--json out.json]
+    python tools/bench_patch_overhead.py [--ranks 2] [--calls 50] [--rounds 60] [--policy configs/hybrid.yaml]
+        [--nbytes 64,4096,65536,1048576] [--json out.json]
 
 Three measurements:
 1. end to end, on gloo ranks on this machine: the same tiny collective (all_reduce, all_gather_into_tensor,
-   broadcast, send/recv; 64 B) three ways in one run: torch's call; the patch with a resolver placing
+   broadcast, send/recv; 64 B, or each size of ``--nbytes``) three ways in one run: torch's call; the patch with a resolver placing
    nothing (its wrapper layers alone, the floor any Python wrapper pays); the patch as users install it
    (default ``AutoResolver``: every call resolved, decided and counted). Short blocks of ``--calls``
    calls rotate through the three in ABC CBA order for ``--rounds`` rounds (install / uninstall between
@@ -24,6 +25,10 @@ Three measurements:
    resolver users get by default (``AutoResolver``), and with a resolver that places nothing (the wrapper
    layers alone). No wire, no peer, no other process: the steadiest figure of what the patch adds per
    call, in microseconds (send/recv run two wrapper layers: torch's send calls the wrapped isend).
+
+Sizes above the policy's ``min_bytes`` pass through only where the policy never compresses (``configs/
+baseline.yaml``: every call); with a compressing policy the "patched" column at such a size times
+compression, and the run says so per row (``passthrough``).
 """
 from __future__ import annotations
 
@@ -39,12 +44,12 @@ sys.path.insert(0, REPO)
 
 from ccoll.launch import RankError, run_gloo  # noqa: E402
 
-NUMEL = 16  # 64 B of fp32: far below any min_bytes
+NBYTES = 64  # 16 fp32 values: far below any min_bytes
 
 
-def _ops(dist, torch, rank: int, world: int):
-    x = torch.ones(NUMEL)
-    out = torch.empty(NUMEL * world)
+def _ops(dist, torch, rank: int, world: int, numel: int):
+    x = torch.ones(numel)
+    out = torch.empty(numel * world)
     peer = 1 - rank if world == 2 else None
 
     def all_reduce():
@@ -105,9 +110,43 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
     # Python wrapper); the patch as users install it (default AutoResolver: every call resolved, decided,
     # counted)
     modes = {"torch": None, "layers": lambda group, op: None, "patched": "auto"}
-    ops = _ops(dist, torch, rank, world)
     rows = []
-    for name, fn in ops.items():
+    for nbytes in args.nbytes:
+        rows.extend(_size_rows(dist, torch, patch, policy, modes, rank, world, nbytes, args))
+
+    # the wrapper alone: around a no-op stand-in, no communication at all
+    x = torch.ones(NBYTES // 4)
+    stub = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
+    patch.install(policy, resolver)
+    wrapped = patch.wrap.make("all_reduce", stub)
+    n = args.calls * 20
+    stub_ns = min(_thread_ns(lambda: stub(x), n) for _ in range(5))
+    wrapped_ns = min(_thread_ns(lambda: wrapped(x), n) for _ in range(5))
+    patch.uninstall()
+    decision = {"stub_ns": stub_ns, "wrapped_ns": wrapped_ns, "added_ns": wrapped_ns - stub_ns}
+    dist.barrier()
+    return {"rows": rows, "decision": decision}
+
+
+def passes_through(policy, op: str, nbytes: int) -> bool:
+    """Whether the policy leaves an fp32 tensor of ``nbytes`` to torch for the policy op ``op`` on every
+    dimension (a call's dimension depends on the resolver): the rows this tool times as pass-through."""
+    import torch
+
+    from ccoll.policy import DIMENSIONS
+
+    return all(policy.resolve(dim, op, (nbytes // 4, torch.float32)) is None
+               and policy.rule(dim, op).transport == "torch" for dim in DIMENSIONS)
+
+
+def _size_rows(dist, torch, patch, policy, modes: dict, rank: int, world: int, nbytes: int,
+               args: argparse.Namespace) -> list[dict]:
+    """Measurement 1 at one size: a row per op."""
+    passthrough = {name: passes_through(policy, op, nbytes) for name, op in
+                   (("all_reduce", "all_reduce"), ("all_gather_into_tensor", "all_gather"),
+                    ("broadcast", "broadcast"), ("send_recv", "send_recv"))}
+    rows = []
+    for name, fn in _ops(dist, torch, rank, world, nbytes // 4).items():
         for _ in range(args.calls // 5):  # warm-up (connections, allocator)
             fn()
         walls: dict = {m: [] for m in modes}  # mode -> per-call wall samples
@@ -129,24 +168,12 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> dict:
         # the overhead measured on each half of the rounds alone: how far apart they are is the noise
         half_pct = [(statistics.median(halves["patched"][h]) / statistics.median(halves["torch"][h]) - 1) * 100
                     for h in (0, 1)]
-        rows.append({"op": name, "nbytes": NUMEL * 4, "unpatched_us": u, "layers_us": med["layers"],
+        rows.append({"op": name, "nbytes": nbytes, "passthrough": passthrough[name], "unpatched_us": u, "layers_us": med["layers"],
                      "patched_us": med["patched"], "layers_pct": (med["layers"] - u) / u * 100.0,
                      "overhead_pct": (med["patched"] - u) / u * 100.0, "halves_pct": half_pct,
                      "unpatched_cpu_us": cpu["torch"], "layers_cpu_us": cpu["layers"], "patched_cpu_us": cpu["patched"],
                      "cpu_overhead_pct": (cpu["patched"] - cpu["torch"]) / cpu["torch"] * 100.0})
-
-    # the wrapper alone: around a no-op stand-in, no communication at all
-    x = torch.ones(NUMEL)
-    stub = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
-    patch.install(policy, resolver)
-    wrapped = patch.wrap.make("all_reduce", stub)
-    n = args.calls * 20
-    stub_ns = min(_thread_ns(lambda: stub(x), n) for _ in range(5))
-    wrapped_ns = min(_thread_ns(lambda: wrapped(x), n) for _ in range(5))
-    patch.uninstall()
-    decision = {"stub_ns": stub_ns, "wrapped_ns": wrapped_ns, "added_ns": wrapped_ns - stub_ns}
-    dist.barrier()
-    return {"rows": rows, "decision": decision}
+    return rows
 
 
 def fake_pg_rows(policy_path: str, calls: int) -> list[dict]:
@@ -163,7 +190,7 @@ def fake_pg_rows(policy_path: str, calls: int) -> list[dict]:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     # the fake group has no second rank to publish a policy fingerprint (and its store stores nothing)
     check, fingerprint.check = fingerprint.check, lambda state: setattr(state, "checked", True)
-    x, out = torch.ones(NUMEL), torch.empty(2 * NUMEL)
+    x, out = torch.ones(NBYTES // 4), torch.empty(2 * NBYTES // 4)
     fns = {"all_reduce": lambda: dist.all_reduce(x), "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
            "broadcast": lambda: dist.broadcast(x, src=0), "send": lambda: dist.send(x, 1),
            "recv": lambda: dist.recv(x, 1), "isend+wait": lambda: dist.isend(x, 1).wait()}
@@ -194,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=50, help="calls per timed block")
     ap.add_argument("--rounds", type=int, default=60, help="rounds of one unpatched and one patched block")
     ap.add_argument("--policy", default=os.path.join(REPO, "configs", "hybrid.yaml"))
+    ap.add_argument("--nbytes", type=lambda v: [int(b) for b in v.split(",")], default=[NBYTES],
+                    help="comma-separated fp32 message sizes in bytes for measurement 1 (multiples of 4)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args(argv)
+    if any(b <= 0 or b % 4 for b in args.nbytes):
+        ap.error(f"--nbytes: positive multiples of 4 (fp32), got {args.nbytes}")
 
     try:
         results = dict(enumerate(run_gloo(args.ranks, _rank_main, args, timeout_s=args.timeout)))
@@ -211,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
           "halves_%: patched_% on each half of the rounds alone; cpu: the calling thread's CPU time per call (median of "
           "blocks), torch's and what the layers / the patch add to it")
     print(f"# load average at end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    print(f"{'op':<24}{'bytes':>7}{'torch_us':>10}{'layers_us':>11}{'patched_us':>12}{'layers_%':>10}{'patched_%':>11}"
+    print(f"{'op':<24}{'bytes':>8}{'pass':>5}{'torch_us':>10}{'layers_us':>11}{'patched_us':>12}{'layers_%':>10}{'patched_%':>11}"
           f"{'halves_%':>14}{'cpu_torch_us':>14}{'cpu_layers_+us':>16}{'cpu_patched_+us':>17}")
     for row in r0["rows"]:
-        print(f"{row['op']:<24}{row['nbytes']:>7}{row['unpatched_us']:>10.2f}{row['layers_us']:>11.2f}"
+        print(f"{row['op']:<24}{row['nbytes']:>8}{'yes' if row['passthrough'] else 'NO':>5}{row['unpatched_us']:>10.2f}{row['layers_us']:>11.2f}"
               f"{row['patched_us']:>12.2f}{row['layers_pct']:>10.2f}{row['overhead_pct']:>11.2f}"
               f"{row['halves_pct'][0]:>7.1f}{row['halves_pct'][1]:>7.1f}{row['unpatched_cpu_us']:>14.2f}"
               f"{row['layers_cpu_us'] - row['unpatched_cpu_us']:>16.2f}{row['patched_cpu_us'] - row['unpatched_cpu_us']:>17.2f}")

@@ -35,3 +35,19 @@ def test_given_fake_process_group_when_measuring_pass_through_expect_every_funct
         assert set(row) == {"op", "torch_us", "patched_us", "wrapper_only_us"}
         assert all(row[k] > 0 for k in ("torch_us", "patched_us", "wrapper_only_us"))
     assert res["initialized"] is False and res["check_restored"] and res["send_is_torch"]
+
+
+def test_given_sizes_when_asking_which_rows_pass_through_expect_baseline_always_and_hybrid_only_below_min_bytes():
+    """The tool labels each timed size: with a compressing policy a size above ``min_bytes`` times compression,
+    not the pass-through path, and the row must say so."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import bench_patch_overhead as b
+    from ccoll.policy import Policy
+
+    baseline = Policy.from_yaml(os.path.join(REPO, "configs", "baseline.yaml"))
+    hybrid = Policy.from_yaml(os.path.join(REPO, "configs", "hybrid.yaml"))
+    ops = ("all_reduce", "all_gather", "broadcast", "send_recv")
+    assert all(b.passes_through(baseline, op, n) for op in ops for n in (64, 4096, 65536, 1 << 20))
+    assert all(b.passes_through(hybrid, op, 64) for op in ops)
+    assert not b.passes_through(hybrid, "all_reduce", 1 << 20)
+    assert not b.passes_through(hybrid, "send_recv", 1 << 20)
