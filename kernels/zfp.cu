@@ -39,11 +39,13 @@
 //    [32t*maxbits, 32(t+1)*maxbits) of its row, are exactly the 32-bit words [t*maxbits, (t+1)*maxbits),
 //    owned by that warp alone. Each lane codes its block into its own words of a shared-memory buffer with a
 //    32-bit bit writer (LaneWriter), then, after a __syncwarp, the lanes store the tile's words round robin,
-//    each word assembled from the (at most 5) lane buffers it overlaps: every output word stored once,
+//    each word assembled from the (at most 5) lane buffers it overlaps (copied from one where blocks are whole
+//    words): every output word stored once,
 //    coalesced, no atomics, no zero-initialised output (the row's last tile writes the zero padding up to
-//    the row's 64-bit end). 64/63/64/96 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
+//    the row's 64-bit end). 64/63/63/94 registers (f32/bf16/f16/f64, sm_90, capped by __launch_bounds__
 //    (128, 8 | 5) at 64 | 102; no local memory on sm_90, on sm_80 8 / 16 bytes of spills for f32 / f64, refilled on
-//    the general path of a tile that is not whole and, f64 only, once per tile; 64/56/64/93 before the whole-tile
+//    the general path of a tile that is not whole and, f64 only, once per tile; 64/63/64/96 before the nibble
+//    stream from 3 significant coefficients and the copy assembly, 64/56/64/93 before the whole-tile
 //    load and the run's additive stepping, 63/63/63/95 before the runs of tiles per warp and the word assembly's
 //    multiply for its division, 64/63/63/93 before the dims=1 plane-loop changes, 63/56/56/92 before the
 //    dims=2 plane transpose), no local memory, 24.5 KiB shared memory
@@ -51,7 +53,9 @@
 //    an SM.
 //  * encode_rows (kept as the reference and for comparison): one thread per block; words that lie inside
 //    the block are plain stores and the (at most two) boundary words are OR-ed atomically into an output
-//    the caller zeroes first. 76/72/72/109 registers (72/72/72/119 before the dims=1 plane-loop changes)
+//    the caller zeroes first. 76/72/72/114 registers on sm_90 (77/72/72/110 on sm_80; this header said
+//    76/72/72/109 before the nibble stream from 3 significant coefficients, 72/72/72/119 before the dims=1
+//    plane-loop changes)
 //    and a 64/64/64/128-byte stack frame, the dims=2 plane store (was 72/74/74/112 and none before the plane transpose; 102/102/102/153 before the 32-bit
 //    plane words and the RECON/feedback register savings that both encoders share).
 // The block coder itself is the same serial per-block function in both (encode_values); lanes of a warp
@@ -77,14 +81,23 @@
 // (ccoll/codecs/zfp.py tiles_per_warp): 1 tile per warp below 33792 tiles (dims=1: ~4.3M values), 8 from
 // 135168 tiles (dims=1 ~17M values, dims=2 ~69M), 2 and 4 between:
 //                    1 tile per warp: mean lane    slowest lane of each warp  | 8 tiles per warp: mean   slowest
-//    dims=1 rate 8:   571 (143 per value, 22%)   742 (185 per value, 17%)    |  409 (102, 31%)   580 (145, 22%)
-//    dims=1 rate 16:  667 (167 per value, 19%)   909 (227 per value, 14%)    |  505 (126, 25%)   748 (187, 17%)
-//    dims=2 rate 8:  1578 ( 99 per value, 33%)  1855 (116 per value, 28%)    | 1422 ( 89, 36%)  1699 (106, 30%)
-//    dims=2 rate 16: 2091 (131 per value, 25%)  2375 (148 per value, 22%)    | 1935 (121, 27%)  2219 (139, 23%)
-// (a warp is at best as fast as its slowest lane). dims=1 rate 8 with 8 tiles per warp is still below the 25% target
-// at its slowest lane: the group-test planes (136) and the word assembly (42) are now most of its 580.
+//    dims=1 rate 8:   511 (128 per value, 25%)   661 (165 per value, 19%)    |  346 ( 87, 37%)   496 (124, 26%)
+//    dims=1 rate 16:  575 (144 per value, 22%)   725 (181 per value, 18%)    |  410 (103, 31%)   561 (140, 23%)
+//    dims=2 rate 8:  1479 ( 92 per value, 35%)  1756 (110 per value, 29%)    | 1322 ( 83, 39%)  1600 (100, 32%)
+//    dims=2 rate 16: 1880 (118 per value, 27%)  2164 (135 per value, 24%)    | 1723 (108, 30%)  2008 (126, 26%)
+// (a warp is at best as fast as its slowest lane). With 8 tiles per warp, rate 8 meets the 25% target at the
+// slowest lane in both dims; rate 16 does not (dims=1 23%: its two nibble-stream writes and two copied words).
+// Before the last two changes (the nibble stream from 3 significant coefficients, the copy assembly; see
+// below), 8 tiles per warp: dims=1 rate 8 409 / 580 (31% / 22%), rate 16 505 / 748; dims=2 rate 8 1422 / 1699,
+// rate 16 1935 / 2219 (1 tile per warp: 571 / 742, 667 / 909, 1578 / 1855, 2091 / 2375).
 // Before the changes below (8 tiles per warp): dims=1 rate 8 501 / 668 (26% / 19%), rate 16 601 / 839; dims=2
 // rate 8 1597 / 1869, rate 16 2122 / 2400 (1 tile per warp: 611 / 779, 711 / 949, 1707 / 1979, 2232 / 2510):
+//  * dims=1 writes the nibble stream as soon as 3 coefficients are significant (was: all 4): with 3, a plane is
+//    their 3 verbatim bits and the last coefficient's group test, which is that coefficient's plane bit (its 1 is
+//    implied, no scan), so the block's remaining bits are the same nibbles. Group-test planes per block 2.2 -> 1.5;
+//  * where a block is whole 32-bit words (maxbits % 32 == 0: rate 8, 16, ... in dims=1, every even rate in
+//    dims=2), each output word is one lane-buffer word, copied (assemble_tile_lane's first loop: 14 instructions
+//    a word, was 8 + 34 for the word and its one piece);
 //  * a whole tile (every block S values inside its row and the tensor, no feedback, src and rows 16-byte aligned
 //    for fp32 / fp64: whole_values, whole_limit) loads each lane's block straight from src + pos + lane * S
 //    (load_whole) with no Span range checks and no alignment test; the general path (encode_tile_lane's else side:
@@ -95,23 +108,24 @@
 //  * to_fixed is one right shift of the significand by a clamped amount (tcap, once per block) instead of a shift
 //    either way and an exponent select (~10 instructions a value instead of ~15).
 // Its regions (static instructions x events per block, rate 8, 8 tiles per warp):
-//  * dims=1: per warp 185 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
-//    per tile 48 (the whole test and the load, the run's step, the word assembly's set-up, ~12 of them the
+//  * dims=1: per warp 188 (x 1/8: kernel set-up, the run, the one 64-bit division, the reciprocal of maxbits);
+//    per tile 54 (the whole test and the load, the run's step, the word assembly's set-up, ~12 of them the
 //    divergent-__syncwarp fallbacks); per coded block 96 (max, header, fixed point, lifting, leading all-zero
-//    planes at once); a group-test plane 61 (x 2.2, one branch-free write from group_code); the all-significant
-//    tail 9, and 50 per nibble-stream write of 8 planes (x 0.9; rate 16: x 1.9); finish 9; word assembly 8 per
-//    output word and 34 for its first lane buffer (x 1; rate 16: x 2), 19 for each further one.
-//  * dims=2: per warp 178, per tile 94; per coded block 511 (the transpose and plane store, transpose_planes,
+//    planes at once); a group-test plane 61 (x 1.5, one branch-free write from group_code); the nibble
+//    stream's set-up 9, and 50 per write of 8 planes (x 1; rate 16: x 2); finish 9; the copy assembly 14 per
+//    output word (x 1; rate 16: x 2). Rates whose blocks are not whole words take the general assembly: 10 per
+//    word, 34 for its first lane buffer, 19 for each further one (up to 5).
+//  * dims=2: per warp 179, per tile 106; per coded block 511 (the transpose and plane store, transpose_planes,
 //    ~170 of them); a plane 42 (x 7.9; rate 16: x 15.9); a group test 26 (x 6.4), a test that finds its
 //    coefficient 21 (x 3.5) and one that stops at the budget or the implied last coefficient 9 (x 1), then 7 for
-//    either; word assembly as dims=1 for 4 words (rate 16: 8).
+//    either; the copy assembly 16 per word, 4 words (rate 16: 8).
 // The figures before the runs of tiles per warp (one tile per warp, the only launch then): dims=1 rate 8 612 / 780,
 // rate 16 738 / 976; dims=2 rate 8 1788 / 2065, rate 16 2417 / 2701. Earlier still, this header's figures came from
 // ad-hoc scripts outside the repo: dims=1 rate 8 ~360 per block, ~90 per value, ~35% of copy, ~25% with the slowest
 // lane; dims=2 ~93 per value, ~33%; they put the load and the word assembly at ~70 per block where the kernel's path
 // then spent 224 + 73 (dims=1 rate 8).
 // What would cut the count next: a warp-wide plane loop (lanes coding 32 blocks' plane k together) to remove the
-// remaining divergence (most of the 171 between dims=1 rate 8's mean and slowest lane), the word assembly (42 per dims=1 block),
+// remaining divergence (most of the 150 between dims=1 rate 8's mean and slowest lane),
 // dims=2's group tests (the table of group_code does not scale to 16 coefficients) and the ~10 of dims=2's
 // instructions per plane that recompute the lane's shared-memory address (rematerialised under the register cap).
 
@@ -706,7 +720,8 @@ CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA
 #endif
 }
 // ---- dims=1: planes as a nibble stream --------------------------------------------------------------
-// Once all 4 coefficients of a dims=1 block are significant, every further plane is its 4 bits verbatim,
+// Once 3 of the 4 coefficients of a dims=1 block are significant, every further plane is its 4 bits
+// verbatim (with 3 significant, the one group test left is the 4th coefficient's bit, its 1 implied),
 // so the rest of the block is the planes' nibbles back to back: plane k-1 (coefficient i at bit i), then
 // plane k-2, ... The encoder writes that tail 8 planes (32 bits) at a time from r_i = brev(u_i) (bit p of
 // r_i is plane P-1-p): the low bytes of r_i >> (P-k) (planes k-1 .. k-8 of coefficient i, bit p for
@@ -900,9 +915,12 @@ CCOLL_HD void encode_values(const Scalar* v, int maxbits, W& w, Scalar* d,
     if (RECON && k < P) klast = k;  // xlast stays 0
   }
   while (bits > 0 && k > kmin) {
-    if (S == 4 && nsig == S) {
-      // dims=1, every coefficient significant: the rest of the budget is the nibble stream of planes
-      // k-1, k-2, ... (see plane_nibbles), written 8 planes at a time
+    if (S == 4 && nsig >= S - 1) {
+      // dims=1, at least 3 coefficients significant: the rest of the budget is the nibble stream of planes
+      // k-1, k-2, ... (see plane_nibbles), written 8 planes at a time. With 3 significant, a plane is
+      // their 3 verbatim bits and one group test, which says whether the last coefficient becomes
+      // significant (its 1 implied, no scan): that test bit is the coefficient's plane bit, so the
+      // plane is its nibble as well, and so is every plane after it.
       int n = 4 * (k - kmin) < bits ? 4 * (k - kmin) : bits;
       UInt r[4];
 #pragma unroll
@@ -1233,6 +1251,15 @@ CCOLL_HD ccoll_u32 mulhi32(ccoll_u32 a, ccoll_u32 b) {
 CCOLL_HD void assemble_tile_lane(const ccoll_u32* buf, int maxbits, ccoll_u32 maxbits_magic, int nwords, int lane,
                                  ccoll_u32* tile_words) {
   const int stride = lane_stride(maxbits);
+  if ((maxbits & 31) == 0) {  // blocks of whole words (rate 8, 16, ... in dims=1): each word one lane-buffer word
+    const int block_words = maxbits >> 5;
+#pragma unroll 1
+    for (int j = lane; j < nwords; j += TILE) {
+      int blk = (int)mulhi32((ccoll_u32)j * 32, maxbits_magic);
+      tile_words[j] = blk < TILE ? buf[blk * stride + (j - blk * block_words)] : 0u;
+    }
+    return;
+  }
   for (int j = lane; j < nwords; j += TILE) {
     ccoll_u32 p = (ccoll_u32)j * 32;  // tile bit of the word's bit 0 (< 32 * (maxbits + 1))
     int blk = (int)mulhi32(p, maxbits_magic), off = (int)p - blk * maxbits;

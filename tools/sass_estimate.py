@@ -150,8 +150,8 @@ def code_block(vals: list[int], maxbits: int, dims: int) -> tuple[int, collectio
     the same block takes (see ``Regions``):
       block: once per coded block (header, transform, leading all-zero planes at once);
       plane: each plane the plane loop codes (dims=1: one write of a plane's verbatim bits and group tests);
-      tail, chunk (dims=1): once all 4 coefficients are significant the rest is a nibble stream written 32 bits
-        (8 planes) per chunk;
+      tail, chunk (dims=1): once 3 of the 4 coefficients are significant the rest is a nibble stream written 32
+        bits (8 planes) per chunk (the last coefficient's group test is its plane bit);
       test / found / limit (dims=2): each group-test bit; each test of 1 whose scan reaches a 1 (found) or stops
         at the budget or the implied last coefficient (limit);
       finish: once per block (the pending word); zerofill: zero words after the coded bits;
@@ -199,7 +199,7 @@ def _code_planes(u: list[int], bits: int, S: int, out: Bits) -> None:
             bits -= 1
             continue
         leading = False
-        if S == 4 and nsig == S:  # dims=1 tail: every remaining plane's 4 bits verbatim, 32 bits a chunk
+        if S == 4 and nsig >= S - 1:  # dims=1 tail: every remaining plane's 4 bits verbatim, 32 bits a chunk
             n = min(4 * (k + 1), bits)
             ev["tail"] += 1
             ev["chunk"] += (n + 31) // 32
@@ -259,8 +259,11 @@ def encode(x: np.ndarray, rate: int, dims: int) -> tuple[bytes, list[collections
 def assemble_events(maxbits: int, lane: int) -> collections.Counter:
     """What lane ``lane`` does in assemble_tile_lane for a full tile that is not its row's last: one 'word' per
     32-bit output word it stores (words lane, lane+32, ... of the tile's maxbits words), one 'piece' per lane
-    buffer a word takes bits from."""
+    buffer a word takes bits from; where a block is whole words (maxbits % 32 == 0), one 'copy' per word instead."""
     ev: collections.Counter = collections.Counter()
+    if maxbits % 32 == 0:  # blocks of whole words: each output word copied from one lane-buffer word
+        ev["copy"] += len(range(lane, maxbits, 32))
+        return ev
     for j in range(lane, maxbits, 32):
         ev["word"] += 1
         p = 32 * j
@@ -282,7 +285,7 @@ def tile_events(x: np.ndarray, rate: int, dims: int, tiles_per_warp: int = 1) ->
         ev.update(assemble_events(maxbits, b % 32), lane=1, rare=ev["nonfinite"] + ev["zero"])
         ev["warp"] = 1 / tiles_per_warp
         ev["sig"] = ev["found"] + ev["limit"]
-        entries = {"piece": ev["word"], "chunk": ev["tail"], "zerofill": min(1, ev["zerofill"])}
+        entries = {"piece": ev["word"], "chunk": ev["tail"], "zerofill": min(1, ev["zerofill"]), "copy": min(1, ev["copy"])}
         for r in PEELED:
             ev[r + ".first"], ev[r + ".again"] = entries[r], ev[r] - entries[r]
     return evs
@@ -494,7 +497,7 @@ class Regions:
         loop = find_line(L, r"while \(bits > 0 && k > kmin\)", a, b)
         mark(a, loop - 1, "block")
         mark(find_line(L, r"if \(maxmag >= EXPMASK\)", a, b), find_line(L, r"int emax = ", a, b) - 1, "rare")
-        tail = find_line(L, r"if \(S == 4 && nsig == S\)", loop, b)
+        tail = find_line(L, r"if \(S == 4 && nsig >= S - 1\)", loop, b)
         chunk = find_line(L, r"for \(int done = 0;", tail, b)
         recon_tail = find_line(L, r"if \(RECON\)", chunk, b)
         mark(loop, tail, "plane")  # the tail's test runs on every plane
@@ -518,7 +521,11 @@ class Regions:
         mark(fin + 1, b, "recon")  # error feedback only
 
         a, b = function_span(L, r"void assemble_tile_lane\(")
-        words = find_line(L, r"for \(int j = lane; ", a, b)
+        copy = find_line(L, r"if \(\(maxbits & 31\) == 0\)", a, b)
+        words = find_line(L, r"for \(int j = lane; ", copy, b)
+        copy_loop = find_line(L, r"for \(int j = lane; ", words + 1, b)
+        mark(words, copy_loop - 1, "copy")
+        words = copy_loop
         pieces = find_line(L, r"for \(int got = 0;", words, b)
         pieces_end = find_line(L, r"got \+= take;", pieces, b) + 1
         mark(words, b, "word")
@@ -540,10 +547,10 @@ class Regions:
 
 #: the regions the mirror counts (``tile_events``); '<region>.store' exists for those that write bits
 EVENTS = ("warp", "lane", "block", "rare", "partial", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish",
-          "zerofill", "word", "piece")
+          "zerofill", "copy", "word", "piece")
 WRITERS = ("block", "plane", "chunk", "test", "found", "limit")
 #: regions whose loop the compiler may peel: the mirror counts their entries ('<region>.first')
-PEELED = ("piece", "chunk", "zerofill")
+PEELED = ("piece", "chunk", "zerofill", "copy")
 
 
 def _lines(blocks: list[Block], ids: set[int]) -> set[int]:

@@ -90,8 +90,9 @@ def test_warp_events_are_shared_by_the_run():
 
 
 def test_assembly_events():
-    # dims=1 rate 8: 32-bit blocks, one word per lane, one lane buffer per word
-    assert se.assemble_events(32, 5) == {"word": 1, "piece": 1}
+    # blocks of whole words take the copy loop: dims=1 rate 8 one word per lane, rate 16 two, dims=2 rate 8 four
+    assert se.assemble_events(32, 5) == {"copy": 1}
+    assert se.assemble_events(64, 5) == {"copy": 2} and se.assemble_events(128, 31) == {"copy": 4}
     # maxbits 36: a word meets two lane buffers where a block boundary falls inside it
     ev = [se.assemble_events(36, lane) for lane in range(32)]
     assert sum(e["word"] for e in ev) == 36
@@ -128,7 +129,7 @@ def test_regions_found_in_the_source():
     assert "if (t < lim)" in lines[r.found_if_line - 1]
     assert any("words[widx++] = acc;" in lines[n - 1] for n in r.store)
     assert set(r.line_region.values()) <= set(se.EVENTS) | {"recon"}
-    for name in ("block", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish", "word", "piece"):
+    for name in ("block", "plane", "tail", "chunk", "test", "found", "limit", "sig", "finish", "copy", "word", "piece"):
         assert name in r.line_region.values(), name
     with pytest.raises(ValueError, match="no line matching"):
         se.Regions.from_source(src.replace("if (t < lim)", "if (lim > t)"))
