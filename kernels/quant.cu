@@ -89,19 +89,39 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB (int4 16 KB; its traffic is mostly
     reads: met); encode 32 warps x 32 x 32 B = 32 KB for f32 (bf16 16 KB, ~60% of the 29 KB: its reads are
     3/5 of the traffic, so it needs ~17 KB: about met).
-  Instructions per value (SASS estimate): encode int8 nearest ~20 (abs/max 2, div.rn.f32 fast path ~8
-    with MUFU.RCP + FCHK, FRND + F2I, clamp 2, pack 3, per-word addressing / count ~3), fp8 ~16 (no
-    division), stochastic +~12 (two mix32 hashes, floor, add), bf16/f16 input +1..3 (f16 -> f32 in integer
-    code ~6). decode_rows ~5..8 (extract, I2F, multiply, pack; addressing now once per 4 words), decode_sum
-    ~7 per row. Budget: 33e12 thread-instructions/s issue, ~4.2e12/s conversions (FRND, F2I, I2F) and
-    MUFU; streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s: ~35 instructions per value (f32 encode),
-    ~21 (bf16 encode, 3 B/value), ~26 (f32 decode_rows).
-  Expected: f32 encode (int8/int4/fp8, nearest) memory-bound, >= 75% of copy bandwidth (~20 instr/value
-    of 35; ~2 conversions of 4.4). bf16/f16 encode: ~22..26 instr/value against 21..28 at 75..100% -- at
-    the edge (~65..80%); stochastic bf16 below (~50..60%): instruction-bound by the hash. decode_rows: now
-    >= 75% (~80..90%) on bytes in flight and instructions, unless the half-sector stores above bind;
-    decode_sum ~80..90%. Rotate kernels (123..167 registers, 128..256 B stack, from the check): not
-    streaming kernels, ~25..40%.
+  Instructions per value, counted on the SASS (sm_90, NVRTC 13 with the codec's options + -lineinfo,
+    `nvdisasm -c -gi`: every instruction carries its inline chain of source lines), by hand along the path
+    of the common case -- encode_rows int8, f32, block 256 (team of 32 lanes, 2 q words = 8 values per lane
+    per block), nearest, no feedback, aligned, whole block, blocks per row a power of two -- every
+    instruction one issue slot (BSSY / BSYNC included); the warp's set-up before its unit loop left out:
+      per block and lane 592: unit set-up (row / block / start / len in 64-bit, the `chunks` division
+      redone per unit) 104; pass 0, load + absmax of 2 words (2 LDG.128) 98; pass-loop turn, team max
+      (5 shuffle steps, a loop: size is a runtime value) + params (one div.rn) + the scale store 115;
+      pass 1, 2 words of 4 values each 130 + 118 (the value itself ~24.5: `k < count` branch 3, `finite`
+      branch 3, div.rn fast path 9 + BSYNC, FRND / clamp / F2I / mask 5, pack 2..3, BSYNCs; the word's
+      index / count in 64-bit, the store and the loop ~20 a word); the rest 25.
+      = ~74 instructions per value, of which ~25 the quantization and ~49 per-block overhead spread over
+      only 8 values per lane.
+    The earlier figure here (~20 per value) counted the quantization only. Budget: 33e12 thread-
+    instructions/s issue (132 SMs x 128 lanes x ~1.98 GHz; the integer ALU pipe has half that, and ALU
+    instructions -- ISETP, LOP3, SHF, IADD3, SEL, LEA -- are ~36% of this kernel's, under half, so issue is
+    the ceiling; tools/sass_estimate.py's zfp figures assume the ALU pipe alone, zfp being all integer
+    code), ~4.2e12/s conversions and MUFU; streaming
+    5 B/value at 4.8 TB/s is 0.96e12 values/s: ~35 instructions per value for 100%, ~46 for 75%.
+  Expected (int8 f32 encode, from the count): instruction-bound at ~0.45e12 values/s = ~2.2 TB/s of its
+    bytes, ~46% of copy bandwidth at full issue efficiency (the >= 75% target of issue 18 is NOT met by
+    construction). The other formats were not counted; the same per-block overhead is spread over fewer
+    values per lane where the team is smaller than the block's words allow (fp8's MX block 32: a team of
+    8, 4 values per lane), so expect them lower, bf16/f16 input and stochastic lower still. What would
+    reach 75% (~46 per value): the per-block overhead over 32 values per lane instead of 8 (teams of 8 for
+    block 256) with the unit set-up and the `chunks` division hoisted out of the unit loop and 32-bit
+    indices (a block <= 2^20 values), the team max unrolled, a whole-word path without the per-value
+    `count` / `finite` branches, and (if it can keep division's correct rounding, i.e. with a range check
+    falling back to div.rn) the reciprocal refinement done once per block instead of per value.
+    (hybrid.yaml's DP codec int4:block=64 with error feedback: a team of 8, 8 values per lane, plus the
+    residual load / store; not counted.) decode_rows / decode_sum (predicted ~5..8 and ~7 per value) were
+    not re-counted either.
+    Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
     re-reading them per word (two passes, q words kept through selects, residuals in a third pass) spills
