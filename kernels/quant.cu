@@ -45,13 +45,17 @@ Payload layout (little-endian), numel values, nblocks = ceil(numel / B):
 
 Thread mapping (GPU; each `__global__` only maps threads to work, the per-block / per-word functions are
 shared with the host build):
-  encode_rows: a "team" of T lanes (T = min(32, next_pow2(B / G)), a power of two, so teams never straddle a
-          warp) per quant block of any row (grid over rows * blocks_per_row blocks); each lane handles whole
-          32-bit q words (G consecutive inputs, one 16- or 32-byte vector load when aligned) in chunks of
-          8 values held in registers (unrolled), absmax by __shfl_xor_sync within the team, then the q words.
-          A block of <= 8 T values (B <= 256: int8/int4 at the default block, every MX block) is read once;
-          a larger one is read again for the quantize pass (L1/L2-resident). Coalesced: consecutive lanes
-          touch consecutive words, consecutive teams consecutive blocks.
+  encode_rows: a "team" of T lanes (a power of two <= 32, so teams never straddle a warp) per quant block of
+          any row (grid over rows * blocks_per_row blocks); lane l handles the block's whole 32-bit q words
+          l, l + T, ... (G consecutive inputs each, one 16- or 8-byte vector load when aligned). Plain
+          kernels: T from ccoll/codecs/quant_kernels.py _encode_team -- up to 8 words per lane, so the
+          per-block work (indices, team max, scale) is spread over up to 32 values (int4: 64), but at least
+          128 bytes of input per team load instruction (f32 int8 block 256: T = 8; bf16: 16). Rotate
+          kernels: T = min(32, next_pow2(B / G)). Two passes: absmax (team max by __shfl_xor_sync), then
+          quantize and store, reading the words again (L1/L2-resident). A whole block (B values long,
+          before numel, vector-aligned input and residuals, finite) takes a path without per-word count
+          and per-value finite tests, feedback a template parameter; anything else the general path.
+          Coalesced: consecutive lanes touch consecutive words, consecutive teams consecutive blocks.
   decode_rows: one thread per 16-byte q group (4 q words: 16 values, int4 32) of any row: one 16-byte
           vector load (a warp: 512 contiguous bytes, 4 full lines), then per word decode and store (one
           vector store of its G outputs when aligned); pure streaming.
@@ -91,36 +95,42 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     3/5 of the traffic, so it needs ~17 KB: about met).
   Instructions per value, counted on the SASS (sm_90, NVRTC 13 with the codec's options + -lineinfo,
     `nvdisasm -c -gi`: every instruction carries its inline chain of source lines), by hand along the path
-    of the common case -- encode_rows int8, f32, block 256 (team of 32 lanes, 2 q words = 8 values per lane
-    per block), nearest, no feedback, aligned, whole block, blocks per row a power of two -- every
-    instruction one issue slot (BSSY / BSYNC included); the warp's set-up before its unit loop left out:
-      per block and lane 592: unit set-up (row / block / start / len in 64-bit, the `chunks` division
-      redone per unit) 104; pass 0, load + absmax of 2 words (2 LDG.128) 98; pass-loop turn, team max
-      (5 shuffle steps, a loop: size is a runtime value) + params (one div.rn) + the scale store 115;
-      pass 1, 2 words of 4 values each 130 + 118 (the value itself ~24.5: `k < count` branch 3, `finite`
-      branch 3, div.rn fast path 9 + BSYNC, FRND / clamp / F2I / mask 5, pack 2..3, BSYNCs; the word's
-      index / count in 64-bit, the store and the loop ~20 a word); the rest 25.
-      = ~74 instructions per value, of which ~25 the quantization and ~49 per-block overhead spread over
-      only 8 values per lane.
-    The earlier figure here (~20 per value) counted the quantization only. Budget: 33e12 thread-
-    instructions/s issue (132 SMs x 128 lanes x ~1.98 GHz; the integer ALU pipe has half that, and ALU
-    instructions -- ISETP, LOP3, SHF, IADD3, SEL, LEA -- are ~36% of this kernel's, under half, so issue is
-    the ceiling; tools/sass_estimate.py's zfp figures assume the ALU pipe alone, zfp being all integer
-    code), ~4.2e12/s conversions and MUFU; streaming
-    5 B/value at 4.8 TB/s is 0.96e12 values/s: ~35 instructions per value for 100%, ~46 for 75%.
-  Expected (int8 f32 encode, from the count): instruction-bound at ~0.45e12 values/s = ~2.2 TB/s of its
-    bytes, ~46% of copy bandwidth at full issue efficiency (the >= 75% target of issue 18 is NOT met by
-    construction). The other formats were not counted; the same per-block overhead is spread over fewer
-    values per lane where the team is smaller than the block's words allow (fp8's MX block 32: a team of
-    8, 4 values per lane), so expect them lower, bf16/f16 input and stochastic lower still. What would
-    reach 75% (~46 per value): the per-block overhead over 32 values per lane instead of 8 (teams of 8 for
-    block 256) with the unit set-up and the `chunks` division hoisted out of the unit loop and 32-bit
-    indices (a block <= 2^20 values), the team max unrolled, a whole-word path without the per-value
-    `count` / `finite` branches, and (if it can keep division's correct rounding, i.e. with a range check
-    falling back to div.rn) the reciprocal refinement done once per block instead of per value.
-    (hybrid.yaml's DP codec int4:block=64 with error feedback: a team of 8, 8 values per lane, plus the
-    residual load / store; not counted.) decode_rows / decode_sum (predicted ~5..8 and ~7 per value) were
-    not re-counted either.
+    of the common case -- encode_rows int8, f32, block 256, nearest, no feedback, aligned, whole block,
+    blocks per row a power of two -- every instruction one warp issue slot (BSSY / BSYNC included; all
+    lanes of a warp are in step, so a branch one team lane takes costs every lane); the warp's set-up
+    before its unit loop left out. The plain encode's team (ccoll/codecs/quant_kernels.py _encode_team):
+    8 lanes for this block, so 8 q words = 32 values per lane per block.
+      per block and lane ~944: unit set-up (row / block / start / len, the whole-block test) ~66; dispatch
+      ~11; pass 0 (absmax_whole, 2 LDG.128 in flight per lane) 4 pairs x 27 + 3 = 111; team max (3 active
+      shuffle steps of 6, 2 skipped of 2) ~24; params (one div.rn) ~30; payload / scale store (lane 0's
+      branch costs the warp) ~20; dispatch ~11; pass 1 (encode_whole: reload, quantize, store) 8 words
+      x 82 = 656; loop turn ~15.
+      A word of pass 1: address + LDG.128 + stochastic test 12, 4 values x ~15 (MUFU.RCP, FCHK, 5 FFMA,
+      BRA, BSSY / BSYNC: div.rn's fast path, redone per value; FRND, 2 FMNMX, F2I) + pack 1, the q
+      store + loop 9.
+      = ~29.5 instructions per value: ~15 the quantization, ~5 the word's load / store, ~9 per-block
+      overhead spread over 32 values per lane.
+    Before the whole-block path and the 8-lane teams (d5f96d6, a team of 32 and 2 words per lane): 592
+    per block and lane for 8 values = ~74 per value. Budget: 33e12 thread-instructions/s issue (132 SMs
+    x 128 lanes x ~1.98 GHz; the integer ALU pipe has half that, and ALU instructions -- ISETP, LOP3,
+    SHF, IADD3, SEL, LEA -- are under half of this kernel's, so issue is the ceiling;
+    tools/sass_estimate.py's zfp figures assume the ALU pipe alone, zfp being all integer code), ~4.2e12/s
+    conversions and MUFU (MUFU.RCP, FRND, F2I: 3 per value here, ~1.4e12 values/s, not binding); streaming 5 B/value at
+    4.8 TB/s is 0.96e12 values/s: ~35 instructions per value for 100%, ~46 for 75%.
+  Expected (int8 f32 encode, from the count): ~1.1e12 values/s at full issue, above the 0.96e12 that
+    HBM allows, so memory-bound by construction: issue 18's >= 75% of copy bandwidth is met on paper at
+    full issue efficiency (to be measured: `make gpu-check`). Not counted: the other formats. Per-block
+    overhead is spread over the values a lane holds, so expect bf16/f16 int8 block 256 (team of 16: 4
+    words per lane, 16 values) at ~15 + 5 + ~18 + the conversion = ~40 per value against a budget of ~21
+    (100%) / ~28 (75%) for its 3 B per value: ~50..55%, below the target; fp8's MX block 32 is the weak one:
+    8 words per block and >= 128 B per team load give a team of 8 with 1 word = 4 values per lane, so
+    roughly 190 per block (the parts above without pass 1) over 4 values + ~20 = ~70 per value (~50% of
+    copy at full issue) -- a team of fewer lanes holding several blocks' words (an absmax per block in
+    registers) is the fix, not done. Stochastic adds roughly 20 per value (the hash, read off the same
+    SASS); hybrid.yaml's DP codec int4:block=64 with error feedback (a team of 4: 2 words = 16 values
+    per lane, plus the residual load / store) was not counted either, nor
+    decode_rows / decode_sum (predicted ~5..8 and ~7 per value). A cheaper correctly rounded division
+    (the reciprocal once per block, with a range check falling back to div.rn) would take ~5 off the 15.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
@@ -572,21 +582,25 @@ struct CqDiv {
 template <class F>
 struct CqRows {
     cq_i64 numel, rows, row_numel, block;
-    cq_i64 blocks_per_row, words_per_row, scale_nbytes, row_nbytes;
+    cq_i64 blocks_per_row;  // the one derived size that needs a division
     CQ_HD CqRows(cq_i64 numel_, cq_i64 rows_, cq_i64 row_numel_, cq_i64 block_)
         : numel(numel_), rows(rows_), row_numel(row_numel_), block(block_),
-          blocks_per_row(cq_nblocks(row_numel_, block_)),
-          words_per_row((row_numel_ + F::G - 1) / F::G),
-          scale_nbytes(cq_scale_nbytes<F>(row_numel_, block_)),
-          row_nbytes(cq_scale_nbytes<F>(row_numel_, block_) + cq_q_nbytes<F>(row_numel_)) {}
+          blocks_per_row(cq_nblocks(row_numel_, block_)) {}
+    // shifts and adds from row_numel / blocks_per_row, derived on use: a kernel holds only what it uses
+    CQ_HD cq_i64 scale_nbytes() const { return cq_round16(F::SCALE_BYTES * blocks_per_row); }
+    CQ_HD cq_i64 row_nbytes() const { return scale_nbytes() + cq_q_nbytes<F>(row_numel); }
     // every row starts on a q word of the tensor: whole words are aligned vector accesses
     CQ_HD bool word_aligned() const { return row_numel % F::G == 0; }
     // the padding after the last scale and after the last q word of a payload row is zero (deterministic
-    // bytes); from the row's precomputed sizes: no 64-bit division in the kernels
-    CQ_HD void zero_padding(cq_u8* payload) const {
-        for (cq_i64 i = F::SCALE_BYTES * blocks_per_row; i < scale_nbytes; ++i) payload[i] = 0;
-        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + scale_nbytes);
-        for (cq_i64 i = words_per_row; i < (row_nbytes - scale_nbytes) / 4; ++i) qwords[i] = 0;
+    // bytes), written with the row's last block (b, values from start to start + len = row_numel): the
+    // bounds come from that block's own values, so nothing about the padding is a loop invariant the
+    // compiler would hoist and hold in registers across a kernel's grid-stride loop (it did: 3 spills).
+    // At most 15 scale bytes and 3 q words; round16 of the q words' bytes is the q section's size.
+    CQ_HD void zero_padding(cq_u8* payload, cq_u32* qwords, cq_i64 b, cq_i64 start, cq_i64 len) const {
+        const cq_i64 scale_end = (b + 1) * F::SCALE_BYTES;
+        for (int k = 0; k < (int)(cq_round16(scale_end) - scale_end); ++k) payload[scale_end + k] = 0;
+        const cq_i64 words_end = (start + len + F::G - 1) / F::G;
+        for (int k = 0; k < (int)(cq_round16(4 * words_end) / 4 - words_end); ++k) qwords[words_end + k] = 0;
     }
 };
 
@@ -633,9 +647,13 @@ struct CqTeam {
     // max over the team's lanes (every lane of the warp must call it)
     CQ_HD cq_u32 max(cq_u32 v) const {
 #if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
-        for (int off = size >> 1; off > 0; off >>= 1) {
-            const cq_u32 o = __shfl_xor_sync(0xffffffffu, v, off);
-            v = o > v ? o : v;
+        // unrolled: a step is a shuffle and a max under a warp-uniform guard, not a loop turn
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            if (off < size) {
+                const cq_u32 o = __shfl_xor_sync(0xffffffffu, v, off);
+                v = o > v ? o : v;
+            }
         }
 #endif
         return v;
@@ -842,43 +860,147 @@ struct CqEncodeRows {
         }
     }
 
+    // ---- whole blocks: the common case, written without the general path's per-word and per-value tests
+    // (the word count, the padding, the alignment fallback, a non-finite block) and with feedback and
+    // stochastic rounding as template parameters instead of per-value branches. A block is whole when it is
+    // block values long, lies before numel and both its input and its residuals take vector accesses.
+    // Lane l of a team of T handles words l, l + T, ... (a word: G values, one 16- or 8-byte load per 16
+    // bytes): the team's T lanes read T consecutive words per instruction.
+
+    CQ_HD bool whole(cq_i64 e0, cq_i64 len) const {
+        return len == g.block && e0 + len <= g.numel && vec_x && (feedback == nullptr || vec_fb);
+    }
+
+    // the G values of the whole word at padded index e: c = x (+ residual in fp32) and what is encoded
+    // from them (c, or with feedback c rounded to the input type)
+    template <bool FB>
+    CQ_HD void load_whole(cq_i64 e, float* c, float* sent) const {
+        cq_load_word<Tr, G>(x, e, G, true, c);
+        if constexpr (FB) {
+            float r[G];
+            cq_load_word<CqF32, G>(reinterpret_cast<const cq_u32*>(feedback), e, G, true, r);
+#pragma unroll
+            for (int k = 0; k < G; ++k) {
+                c[k] = cq_add(c[k], r[k]);
+                sent[k] = Tr::to_f(Tr::from_f(c[k]));
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < G; ++k) sent[k] = c[k];
+        }
+    }
+
+    // pass 0 of a whole block: this lane's share of the absmax, with >= 32 bytes of loads in flight per
+    // lane (two words where a word and its residuals are less; more would not fit 64 registers). The pair's
+    // loads are issued before either is used: an unrolled `w < nwords` loop would put its bound test between
+    // them and the compiler keeps each load next to its use (one 16-byte load in flight per lane).
+    template <bool FB>
+    CQ_HD cq_u32 absmax_whole(cq_i64 e0, const CqTeam& t) const {
+        constexpr int PAIR = G * (int)sizeof(S) * (FB ? 2 : 1) < 32;
+        const int nwords = (int)(g.block / G);
+        cq_u32 absmax = 0;
+        int w = t.lane;
+        if constexpr (PAIR) {
+            for (; w + t.size < nwords; w += 2 * t.size) {
+                float c[2][G], sent[2][G];
+                load_whole<FB>(e0 + (cq_i64)w * G, c[0], sent[0]);
+                load_whole<FB>(e0 + (cq_i64)(w + t.size) * G, c[1], sent[1]);
+#pragma unroll
+                for (int k = 0; k < 2 * G; ++k) {
+                    const cq_u32 a = cq_abs_bits(sent[k / G][k % G]);
+                    absmax = a > absmax ? a : absmax;
+                }
+            }
+        }
+        for (; w < nwords; w += t.size) {
+            float c[G], sent[G];
+            load_whole<FB>(e0 + (cq_i64)w * G, c, sent);
+#pragma unroll
+            for (int k = 0; k < G; ++k) {
+                const cq_u32 a = cq_abs_bits(sent[k]);
+                absmax = a > absmax ? a : absmax;
+            }
+        }
+        return absmax;
+    }
+
+    // pass 1 of a whole block with finite values (bp.finite): reload each word (an L1/L2 hit), quantize,
+    // store it and its residuals
+    template <bool FB>
+    CQ_HD void encode_whole(cq_i64 e0, const CqBlock& bp, cq_u32* qwords, cq_i64 start, const CqTeam& t) const {
+        const int nwords = (int)(g.block / G);
+        cq_u32* q = qwords + start / G;
+        for (int w = t.lane; w < nwords; w += t.size) {
+            const cq_i64 e = e0 + (cq_i64)w * G;
+            float c[G], sent[G];
+            load_whole<FB>(e, c, sent);
+            const cq_u32 word = cq_encode_word<F>(c, G, bp, stochastic, seed, e, Sent{FB});
+            q[w] = word;
+            if constexpr (FB) {
+                float d[G], r[G];
+                cq_decode_word<F>(word, bp.scale, d);
+#pragma unroll
+                for (int k = 0; k < G; ++k) {
+                    r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(d[k])));
+                    if (cq_abs_bits(r[k]) >= CQ_INF_BITS) r[k] = 0.0f;
+                }
+                cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, G, true, r);
+            }
+        }
+    }
+
     // quant block `unit` (row unit / blocks_per_row) by team t; units past the end only join the team max.
-    // Lane l handles words l, l + T, l + 2T, ... in chunks of NREG words held in registers: a block of at
-    // most T * NREG words (256 values: the default int block, every MX block) is read once; a larger one
-    // is read twice (absmax, then quantize; the second read hits L1/L2).
+    // A whole block (see `whole`) takes the paths above; any other one (a row's partial last block, the
+    // tensor's end, unaligned input, a non-finite block) the general one: lane l handles words l, l + T,
+    // l + 2T, ... in chunks of NREG words, read twice (absmax, then quantize). The choice is per team; the
+    // one team max below is reached by every lane of the warp whatever its team chose.
     CQ_HD void block(cq_i64 unit, const CqTeam& t) const {
         const CqUnit u(g, row_of_block, unit, nunits());
         const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
-        // chunks per lane: depends on the block and the team only (uniform over the launch)
-        const int chunks = (int)((g.block / G + (cq_i64)NREG * t.size - 1) / ((cq_i64)NREG * t.size));
+        const bool is_whole = whole(e0, len);
         cq_u32 absmax = 0;
-        float c[NREG * G];
-        CqBlock bp;
-        cq_u8* payload = out + row * g.row_nbytes;
-        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
-        // pass 0: absmax; pass 1: quantize. One copy of the load and of the quantization in the code keeps
-        // the register count down; a single chunk is not reloaded.
-        for (int pass = 0; pass < 2; ++pass) {
-            for (int chunk = 0; chunk < chunks; ++chunk) {
-                if (pass == 0 || chunks > 1) load_chunk(e0, len, chunk, t, c, absmax);
-                if (pass == 0) continue;
-#pragma unroll
-                for (int j = 0; j < NREG; ++j) {
-                    const int w = t.lane + (chunk * NREG + j) * t.size;
-                    const int count = (int)cq_min(G, len - w * G);
-                    if (count > 0) encode_word(e0, w, count, bp, qwords, start, c + j * G);
-                }
-            }
-            if (pass == 1) break;
-            absmax = t.max(absmax);  // every lane of the warp: pass 0 ends at the same point for all
-            if (len == 0) return;
-            bp = F::params(absmax);
-            if (t.lane == 0) {
-                F::store_scale(payload, b, bp);
-                if (b == g.blocks_per_row - 1) g.zero_padding(payload);
+        if (is_whole) {
+            if (feedback != nullptr) absmax = absmax_whole<true>(e0, t);
+            else absmax = absmax_whole<false>(e0, t);
+        } else {
+            for (int chunk = 0; chunk < chunks(t); ++chunk) {
+                float c[NREG * G];
+                load_chunk(e0, len, chunk, t, c, absmax);
             }
         }
+        absmax = t.max(absmax);  // every lane of the warp
+        if (len == 0) return;
+        const CqBlock bp = F::params(absmax);
+        cq_u8* payload = out + row * g.row_nbytes();
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes());
+        if (t.lane == 0) {
+            F::store_scale(payload, b, bp);
+            if (b == g.blocks_per_row - 1) g.zero_padding(payload, qwords, b, start, len);
+        }
+        if (is_whole && bp.finite) {
+            if (feedback != nullptr) encode_whole<true>(e0, bp, qwords, start, t);
+            else encode_whole<false>(e0, bp, qwords, start, t);
+            return;
+        }
+        // the general pass 1 reads its chunks again (an L1/L2 hit): holding one across the team max would
+        // cost registers on every path for the rare one
+        for (int chunk = 0; chunk < chunks(t); ++chunk) {
+            float c[NREG * G];
+            cq_u32 ignored = 0;
+            load_chunk(e0, len, chunk, t, c, ignored);
+#pragma unroll
+            for (int j = 0; j < NREG; ++j) {
+                const int w = t.lane + (chunk * NREG + j) * t.size;
+                const int count = (int)cq_min(G, len - w * G);
+                if (count > 0) encode_word(e0, w, count, bp, qwords, start, c + j * G);
+            }
+        }
+    }
+
+    // the general path's chunks of NREG words per lane (depends on the block and the team only)
+    CQ_HD int chunks(const CqTeam& t) const {
+        return (int)((g.block / G + (cq_i64)NREG * t.size - 1) / ((cq_i64)NREG * t.size));
     }
 
     // the same with rotate=hadamard: the team holds the block in registers (see CqRot); every lane of the
@@ -908,11 +1030,11 @@ struct CqEncodeRows {
         }
         absmax = t.max(absmax);
         const CqBlock bp = F::params(absmax);
-        cq_u8* payload = out + row * g.row_nbytes;
-        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes);
+        cq_u8* payload = out + row * g.row_nbytes();
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + g.scale_nbytes());
         if (len > 0 && t.lane == 0) {
             F::store_scale(payload, b, bp);
-            if (b == g.blocks_per_row - 1) g.zero_padding(payload);
+            if (b == g.blocks_per_row - 1) g.zero_padding(payload, qwords, b, start, len);
         }
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
@@ -971,8 +1093,8 @@ struct CqDecodeRows {
         const cq_i64 e0 = row * g.row_numel + w0 * G;
         const cq_i64 have = cq_min(g.row_numel - w0 * G, g.numel - e0);  // values of the group to write
         if (have <= 0) return;
-        const cq_u8* payload = payloads + row * g.row_nbytes;
-        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
+        const cq_u8* payload = payloads + row * g.row_nbytes();
+        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes());
         cq_u32 q[GW];
         cq_load_group(qwords, w0, vec_q, q);
         const float scale0 = F::load_scale(payload, block_of_word(w0));
@@ -993,8 +1115,8 @@ struct CqDecodeRows {
         const CqUnit u(g, row_of_block, unit, nunits());
         const cq_i64 row = u.row, start = u.start, len = u.len;
         const int nw = (int)(g.block / (G * t.size));
-        const cq_u8* payload = payloads + row * g.row_nbytes;
-        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes);
+        const cq_u8* payload = payloads + row * g.row_nbytes();
+        const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes());
         const float scale = u.valid ? F::load_scale(payload, u.b) : 0.0f;
         float v[CQ_ROT_MAXV];
         for (int j = 0; j < nw; ++j) {
@@ -1109,13 +1231,21 @@ template <class Op>
 __device__ void cq_teams_kernel(const Op& op, int team) {
     const int lane = threadIdx.x & 31;
     const CqTeam t = {lane & (team - 1), team};
-    const int teams_per_warp = 32 / team;
+    // team is a power of two: shifts, not divisions; the team index is unsigned so that its 64-bit widening
+    // needs no sign word held live across the loop (at the 64-register cap every invariant counts)
+#ifdef __CUDA_ARCH__
+    const int log2_team = __ffs(team) - 1;
+#else
+    const int log2_team = __builtin_ctz((unsigned)team);  // the simt build runs this on the host
+#endif
+    const cq_u32 team_of_lane = (cq_u32)lane >> log2_team;
+    const int log2_teams_per_warp = 5 - log2_team;
     const cq_i64 warp = ((cq_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const cq_i64 nwarps = ((cq_i64)gridDim.x * blockDim.x) >> 5;
+    const cq_i64 stride = (((cq_i64)gridDim.x * blockDim.x) >> 5) << log2_teams_per_warp;
     const cq_i64 units = op.nunits();
     // the loop bound is warp-uniform, so every lane reaches the team's shuffles
-    for (cq_i64 base = warp * teams_per_warp; base < units; base += nwarps * teams_per_warp)
-        op.team_block(base + lane / team, t);
+    for (cq_i64 base = warp << log2_teams_per_warp; base < units; base += stride)
+        op.team_block(base + team_of_lane, t);
 }
 
 // one thread per 16-byte q group (decode_rows, decode_sum)

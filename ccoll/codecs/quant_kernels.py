@@ -20,10 +20,25 @@ class QuantKernelBackend:
     GROUP_WORDS = 4
 
     def _team(self) -> int:
-        """Lanes per quant block in the encode kernels (and the rotate=hadamard decodes): a power of two <= 32
-        covering its q words."""
+        """Lanes per quant block in the rotate=hadamard kernels (encode and decodes: the team holds the whole
+        block in registers): a power of two <= 32 covering its q words. The plain encode uses _encode_team."""
         words = self.block * self.bits // 32
         return min(32, 1 << (words - 1).bit_length())
+
+    #: q words per lane per block the plain encode aims at: its per-block work (the unit's indices, the team
+    #: max, the scale) is then spread over 8 words (32 values for int8 / fp8, 64 for int4) instead of 1 or 2
+    WORDS_PER_LANE = 8
+    #: bytes a team should read per load instruction: a whole 128-byte line (the L1's unit)
+    LINE_NBYTES = 128
+
+    def _encode_team(self, dtype: torch.dtype) -> int:
+        """Lanes per quant block in the plain encode kernel (kernels/quant.cu ``block``): a power of two <= 32
+        giving each lane up to ``WORDS_PER_LANE`` q words, but at least a line of input per team load
+        instruction (f32 int8: 8 lanes of 16-byte words) when the block has that many words."""
+        words = self.block * self.bits // 32
+        word_nbytes = (32 // self.bits) * dtype.itemsize
+        team = max(-(-words // self.WORDS_PER_LANE), -(-self.LINE_NBYTES // word_nbytes))
+        return min(32, 1 << (words - 1).bit_length(), 1 << (team - 1).bit_length())
 
     def _groups(self, numel: int) -> int:
         """16-byte q groups of a payload of ``numel`` values: the plain decodes' threads."""
@@ -39,7 +54,8 @@ class QuantKernelBackend:
 
     def _encode_rows_kernel(self, backend: str, src, out, row_numel, feedback, salt) -> None:
         enc, dst = self._salted(salt), aligned_like(out)
-        rows, team = out.shape[0], self._team()
+        rows = out.shape[0]
+        team = self._team() if self.rotate else self._encode_team(src.dtype)
         kernel_call.call(
             backend, "quant", self.kernel_format, self._op("encode_rows"), src.dtype, src.device,
             rows * -(-row_numel // self.block) * team,

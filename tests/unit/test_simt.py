@@ -316,13 +316,14 @@ def test_lossless_kernels_match_emulated_and_torch(dname):
 
 
 def test_huge_grid_top_ctas_past_2_pow_32():
-    """int8 stochastic encode and decode of 2^32 + 8192 f32 values (16 GiB virtual each way, MAP_NORESERVE):
-    only the CTAs whose grid-stride loop reaches the top blocks run; the top 32 blocks' scales and q bytes
+    """int8 stochastic encode and decode of 2^32 + 8192 f32 values (16 GiB virtual in, 6 GiB out, MAP_NORESERVE):
+    only the CTAs whose grid-stride loop reaches the top blocks run; the top blocks' scales and q bytes
     equal the torch backend's encode of that slice at stochastic index 2^32, and their decode the decode of
-    that payload (64-bit index and offset arithmetic)."""
-    top, tail = 1 << 32, 8192
+    that payload (64-bit index and offset arithmetic). Block 8 (teams of 2 lanes, 16 blocks per warp): the
+    smallest block, so that 2^32 values are more units than one grid stride holds."""
+    top, tail, block = 1 << 32, 8192, 8
     numel = top + tail
-    codec = ccoll.get_codec("int8:block=256,round=stochastic,seed=5", backend="emulated")
+    codec = ccoll.get_codec(f"int8:block={block},round=stochastic,seed=5", backend="emulated")
     nbytes = codec.encoded_nbytes(numel, torch.float32)
     try:
         src = simt.guarded_empty(numel, torch.float32, noreserve=True)
@@ -332,15 +333,21 @@ def test_huge_grid_top_ctas_past_2_pow_32():
     x = _values(tail, torch.float32, 9)
     src[top:].copy_(x)
     record: list = []
-    # grid = 2^20 CTAs of 256 (the codec's cap); 2^24 + 32 units, one warp (team of 32) each, 2^23 warps per
-    # stride: units >= 2^24 belong to warps 0..31 = CTAs 0..3 on their third iteration
-    with kernel_call.cupy_on_simt(ctas=(0, 4), record=record):
+    # the grid is the codec's cap, 2^20 CTAs of 256 threads = 2^23 warps; a team of 2 lanes per block, 16
+    # blocks per warp: 2^27 units per stride, so the top units (>= 2^29) belong to warps 0..63 = CTAs 0..7
+    # on their fifth iteration
+    team = codec._encode_team(torch.float32)
+    assert team == 2
+    units_per_stride = (1 << 23) * (32 // team)
+    first_warp = (top // block) % units_per_stride // (32 // team)
+    last_warp = (numel // block - 1) % units_per_stride // (32 // team)
+    with kernel_call.cupy_on_simt(ctas=(first_warp // 8, last_warp // 8 + 1), record=record):
         codec._encode_rows_cupy(src, out, numel, None, 0)
-    assert record[0][2] == 1 << 20
+    assert record[0][2] == 1 << 20 and (first_warp, last_warp) == (0, 63)
     ref = codec._encode_row_at(x, top)
-    nb = tail // 256
+    nb = tail // block
     sbytes = codec.encoded_nbytes(numel, torch.float32) - numel  # scale section (numel % 16 == 0)
-    assert torch.equal(out[0, 4 * (top // 256): 4 * (top // 256 + nb)], ref[: 4 * nb])
+    assert torch.equal(out[0, 4 * (top // block): 4 * (top // block + nb)], ref[: 4 * nb])
     ref_sbytes = ref.numel() - tail
     assert torch.equal(out[0, sbytes + top: sbytes + top + tail], ref[ref_sbytes:])
     # decode_rows: one thread per 16-byte q group (16 values), 2^28 threads per grid stride: groups >= 2^28
