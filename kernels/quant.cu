@@ -47,10 +47,11 @@ Thread mapping (GPU; each `__global__` only maps threads to work, the per-block 
 shared with the host build):
   encode_rows: a "team" of T lanes (a power of two <= 32, so teams never straddle a warp) per quant block of
           any row (grid over rows * blocks_per_row blocks); lane l handles the block's whole 32-bit q words
-          l, l + T, ... (G consecutive inputs each, one 16- or 8-byte vector load when aligned). Plain
-          kernels: T from ccoll/codecs/quant_kernels.py _encode_team -- up to 8 words per lane, so the
-          per-block work (indices, team max, scale) is spread over up to 32 values (int4: 64), but at least
-          128 bytes of input per team load instruction (f32 int8 block 256: T = 8; bf16: 16). Rotate
+          l, l + T, ... (G consecutive inputs each, one 16- or 8-byte vector load when aligned; a whole
+          block's lane takes 16-byte chunks of two 8-byte words instead: CqEncodeRows::V). Plain kernels: T
+          from ccoll/codecs/quant_kernels.py _encode_team -- up to 8 words per lane, so the per-block work
+          (indices, team max, scale) is spread over up to 32 values (int4: 64), but at least 128 bytes of
+          input per team load instruction (int8 block 256: T = 8 for f32 and for bf16). Rotate
           kernels: T = min(32, next_pow2(B / G)). Two passes: absmax (team max by __shfl_xor_sync), then
           quantize and store, reading the words again (L1/L2-resident). A whole block (B values long,
           before numel, vector-aligned input and residuals, finite) takes a path without per-word count
@@ -80,7 +81,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
   Transactions per warp instruction (sector = 32 B, line = 128 B):
     encode: input loads 32 lanes x 16 B contiguous (f32 int8 / fp8: 4 lines, every sector whole); int4
       f32 a lane's two 16-B halves of a word are two instructions over the same sectors (the second an L1
-      hit); bf16/f16 int8 / fp8 8-B loads (2 lines). q stores 32 x 4 B consecutive words = 1 whole line.
+      hit); bf16/f16 int8 / fp8 whole blocks 16-B loads of two words (4 lines), other blocks 8-B loads of
+      one (2 lines). q stores 32 x 4 B consecutive words = 1 whole line (bf16 int8: two 4-B stores per lane).
     decode_rows / decode_sum: q loads 32 x 16 B = 512 contiguous bytes (4 lines, was 1 line of 4-B words).
       Output stores: a thread's 16 outputs are contiguous, so one store instruction covers half of each of
       32 sectors (f32 int8 / fp8: lanes 64 B apart; bf16 8-B stores: a quarter); the group's next stores
@@ -91,8 +93,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
   Bytes in flight per SM (loads): decode_rows 40 warps x 32 x 16 B = 20 KB of q (the q share of its
     traffic is 1/5 (f32) to 1/3 (bf16), needing ~6..10 KB: met 2..3x; the 4-B word loads before gave
     ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB (int4 16 KB; its traffic is mostly
-    reads: met); encode 32 warps x 32 x 32 B = 32 KB for f32 (bf16 16 KB, ~60% of the 29 KB: its reads are
-    3/5 of the traffic, so it needs ~17 KB: about met).
+    reads: met); encode (pass 0 issues two 16-B loads before using either) 32 warps x 32 x 32 B = 32 KB
+    for f32 and, with two-word loads, for bf16 whole blocks too (its reads are 2/3 of the traffic: met).
   Instructions per value, counted on the SASS (sm_90, NVRTC 13 with the codec's options + -lineinfo,
     `nvdisasm -c -gi`: every instruction carries its inline chain of source lines), by hand along the path
     of the common case -- encode_rows int8, f32, block 256, nearest, no feedback, aligned, whole block,
@@ -115,22 +117,34 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     x 128 lanes x ~1.98 GHz; the integer ALU pipe has half that, and ALU instructions -- ISETP, LOP3,
     SHF, IADD3, SEL, LEA -- are under half of this kernel's, so issue is the ceiling;
     tools/sass_estimate.py's zfp figures assume the ALU pipe alone, zfp being all integer code), ~4.2e12/s
-    conversions and MUFU (MUFU.RCP, FRND, F2I: 3 per value here, ~1.4e12 values/s, not binding); streaming 5 B/value at
-    4.8 TB/s is 0.96e12 values/s: ~35 instructions per value for 100%, ~46 for 75%.
+    conversions and MUFU (MUFU.RCP, FRND, F2I: 3 per value here, ~1.4e12 values/s, not binding);
+    streaming 5 B/value at 4.8 TB/s is 0.96e12 values/s: ~35 instructions per value for 100%, ~46 for 75%.
   Expected (int8 f32 encode, from the count): ~1.1e12 values/s at full issue, above the 0.96e12 that
     HBM allows, so memory-bound by construction: issue 18's >= 75% of copy bandwidth is met on paper at
-    full issue efficiency (to be measured: `make gpu-check`). Not counted: the other formats. Per-block
-    overhead is spread over the values a lane holds, so expect bf16/f16 int8 block 256 (team of 16: 4
-    words per lane, 16 values) at ~15 + 5 + ~18 + the conversion = ~40 per value against a budget of ~21
-    (100%) / ~28 (75%) for its 3 B per value: ~50..55%, below the target; fp8's MX block 32 is the weak one:
-    8 words per block and >= 128 B per team load give a team of 8 with 1 word = 4 values per lane, so
-    roughly 190 per block (the parts above without pass 1) over 4 values + ~20 = ~70 per value (~50% of
-    copy at full issue) -- a team of fewer lanes holding several blocks' words (an absmax per block in
-    registers) is the fix, not done. Stochastic adds roughly 20 per value (the hash, read off the same
-    SASS); hybrid.yaml's DP codec int4:block=64 with error feedback (a team of 4: 2 words = 16 values
-    per lane, plus the residual load / store) was not counted either, nor
-    decode_rows / decode_sum (predicted ~5..8 and ~7 per value). A cheaper correctly rounded division
-    (the reciprocal once per block, with a range check falling back to div.rn) would take ~5 off the 15.
+    full issue efficiency (to be measured: `make gpu-check`). Two more paths counted the same way
+    (per word from the SASS; the per-block parts taken from the f32 count where the code is the same):
+    - bf16 int8 block 256: a lane's unit is a 16-byte load of two words (V = 2), a team of 8, 4 loads = 32
+      values per lane: a chunk of pass 1 (8 values) 152 (load 10, two words' quantization ~62 each, stores
+      and loop ~18; the bf16 -> f32 conversion is one IMAD per value), pass 0 45 per pair of chunks; ~885
+      per block and lane = ~28 per value against a budget of ~21 (100%) / ~28 (75%) for its ~3 B per value:
+      ~1.2e12 values/s = ~75% of copy bandwidth at full issue -- on the line, no margin. (With 8-byte loads
+      and a team of 16, 16 values per lane: 82 per word, ~36 per value, ~58%.) f16 converts in software
+      (ccoll_conv, several branches per value): lower, not counted.
+    - int4 f32 block 64 with error feedback (hybrid.yaml's DP codec; a team of 4: 2 words = 16 values
+      per lane): a word of 8 values 234 in pass 1 (load 24, quantize ~131, decode + residual store 79),
+      36 in pass 0 (4 LDG.128: x and residuals); ~727 per block and lane = ~45 per value against a
+      budget of ~86 (100%) for its ~12.6 B per value (x 4, residual read + write 8, q 0.5): memory-bound
+      with ~2x headroom.
+    - fp8's MX block 32 is the weak one: 8 words per block and >= 128 B per team load give f32 a team of
+      8 with 1 word = 4 values per lane (bf16: a team of 4, one two-word chunk = 8 values), so roughly 190
+      per block (the parts above without pass 1) over 4 values + ~20 = ~70 per value for f32 (~50% of
+      copy at full issue); not counted on the SASS.
+    What would lift fp8 (and give bf16 a margin): a team holding several blocks' words side by side (an
+    absmax per block in registers, the team maxes interleaved) so that the per-block overhead is spread
+    over 32 values per lane while each team load stays a line; the division below. Not done. Stochastic
+    adds roughly 20 per value (the hash, read off the same SASS). Not counted: decode_rows / decode_sum
+    (predicted ~5..8 and ~7 per value). A cheaper correctly rounded division (the reciprocal once per
+    block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
@@ -139,7 +153,7 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     q store is 1/5 of encode's bytes and a warp's 4-B word stores already fill whole lines, so the gain
     would be fewer store instructions only. Other lifts for the edge cases: a cheaper correctly rounded
     division (int formats), fp16 -> fp32 through the hardware conversion (bit-identical for finite values,
-    NaN payload aside), 16-B input loads for bf16/f16 (two words per load).
+    NaN payload aside).
 
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
@@ -861,62 +875,66 @@ struct CqEncodeRows {
     }
 
     // ---- whole blocks: the common case, written without the general path's per-word and per-value tests
-    // (the word count, the padding, the alignment fallback, a non-finite block) and with feedback and
-    // stochastic rounding as template parameters instead of per-value branches. A block is whole when it is
-    // block values long, lies before numel and both its input and its residuals take vector accesses.
-    // Lane l of a team of T handles words l, l + T, ... (a word: G values, one 16- or 8-byte load per 16
-    // bytes): the team's T lanes read T consecutive words per instruction.
+    // (the word count, the padding, the alignment fallback, a non-finite block) and with feedback as a
+    // template parameter instead of per-value branches. A block is whole when it is block values long, lies
+    // before numel and its input and its residuals take vector accesses (and 16-byte ones where V = 2).
+    // The unit of a lane is a chunk of V words read by one 16-byte load: V = 2 where a word is 8 bytes
+    // (int8 / fp8 of bf16 / f16 input), else 1 (a word of 16 or 32 bytes). Lane l of a team of T handles
+    // chunks l, l + T, ...: the team's T lanes read T consecutive chunks per instruction.
+    static constexpr int V = G * (int)sizeof(S) == 8 ? 2 : 1;  // mirrored by quant_kernels._encode_team
+    static constexpr int GV = G * V;                             // values per chunk
 
     CQ_HD bool whole(cq_i64 e0, cq_i64 len) const {
-        return len == g.block && e0 + len <= g.numel && vec_x && (feedback == nullptr || vec_fb);
+        return len == g.block && e0 + len <= g.numel && vec_x && (feedback == nullptr || vec_fb) &&
+               (V == 1 || e0 % GV == 0);  // vec_x: x is 16-byte aligned and e0 a multiple of G
     }
 
-    // the G values of the whole word at padded index e: c = x (+ residual in fp32) and what is encoded
+    // the GV values of the whole chunk at padded index e: c = x (+ residual in fp32) and what is encoded
     // from them (c, or with feedback c rounded to the input type)
     template <bool FB>
     CQ_HD void load_whole(cq_i64 e, float* c, float* sent) const {
-        cq_load_word<Tr, G>(x, e, G, true, c);
+        cq_load_word<Tr, GV>(x, e, GV, true, c);
         if constexpr (FB) {
-            float r[G];
-            cq_load_word<CqF32, G>(reinterpret_cast<const cq_u32*>(feedback), e, G, true, r);
+            float r[GV];
+            cq_load_word<CqF32, GV>(reinterpret_cast<const cq_u32*>(feedback), e, GV, true, r);
 #pragma unroll
-            for (int k = 0; k < G; ++k) {
+            for (int k = 0; k < GV; ++k) {
                 c[k] = cq_add(c[k], r[k]);
                 sent[k] = Tr::to_f(Tr::from_f(c[k]));
             }
         } else {
 #pragma unroll
-            for (int k = 0; k < G; ++k) sent[k] = c[k];
+            for (int k = 0; k < GV; ++k) sent[k] = c[k];
         }
     }
 
     // pass 0 of a whole block: this lane's share of the absmax, with >= 32 bytes of loads in flight per
-    // lane (two words where a word and its residuals are less; more would not fit 64 registers). The pair's
-    // loads are issued before either is used: an unrolled `w < nwords` loop would put its bound test between
-    // them and the compiler keeps each load next to its use (one 16-byte load in flight per lane).
+    // lane (two chunks where a chunk and its residuals are less; more would not fit 64 registers). The
+    // pair's loads are issued before either is used: an unrolled `c < nchunks` loop would put its bound test
+    // between them and the compiler keeps each load next to its use (one 16-byte load in flight per lane).
     template <bool FB>
     CQ_HD cq_u32 absmax_whole(cq_i64 e0, const CqTeam& t) const {
-        constexpr int PAIR = G * (int)sizeof(S) * (FB ? 2 : 1) < 32;
-        const int nwords = (int)(g.block / G);
+        constexpr int PAIR = GV * (int)sizeof(S) * (FB ? 2 : 1) < 32;
+        const int nchunks = (int)(g.block / GV);  // block % 8 == 0: whole chunks
         cq_u32 absmax = 0;
-        int w = t.lane;
+        int ch = t.lane;
         if constexpr (PAIR) {
-            for (; w + t.size < nwords; w += 2 * t.size) {
-                float c[2][G], sent[2][G];
-                load_whole<FB>(e0 + (cq_i64)w * G, c[0], sent[0]);
-                load_whole<FB>(e0 + (cq_i64)(w + t.size) * G, c[1], sent[1]);
+            for (; ch + t.size < nchunks; ch += 2 * t.size) {
+                float c[2][GV], sent[2][GV];
+                load_whole<FB>(e0 + (cq_i64)ch * GV, c[0], sent[0]);
+                load_whole<FB>(e0 + (cq_i64)(ch + t.size) * GV, c[1], sent[1]);
 #pragma unroll
-                for (int k = 0; k < 2 * G; ++k) {
-                    const cq_u32 a = cq_abs_bits(sent[k / G][k % G]);
+                for (int k = 0; k < 2 * GV; ++k) {
+                    const cq_u32 a = cq_abs_bits(sent[k / GV][k % GV]);
                     absmax = a > absmax ? a : absmax;
                 }
             }
         }
-        for (; w < nwords; w += t.size) {
-            float c[G], sent[G];
-            load_whole<FB>(e0 + (cq_i64)w * G, c, sent);
+        for (; ch < nchunks; ch += t.size) {
+            float c[GV], sent[GV];
+            load_whole<FB>(e0 + (cq_i64)ch * GV, c, sent);
 #pragma unroll
-            for (int k = 0; k < G; ++k) {
+            for (int k = 0; k < GV; ++k) {
                 const cq_u32 a = cq_abs_bits(sent[k]);
                 absmax = a > absmax ? a : absmax;
             }
@@ -924,27 +942,36 @@ struct CqEncodeRows {
         return absmax;
     }
 
-    // pass 1 of a whole block with finite values (bp.finite): reload each word (an L1/L2 hit), quantize,
-    // store it and its residuals
+    // pass 1 of a whole block with finite values (bp.finite): reload each chunk (an L1/L2 hit), quantize
+    // its V words, store them and the residuals
     template <bool FB>
     CQ_HD void encode_whole(cq_i64 e0, const CqBlock& bp, cq_u32* qwords, cq_i64 start, const CqTeam& t) const {
-        const int nwords = (int)(g.block / G);
+        const int nchunks = (int)(g.block / GV);
         cq_u32* q = qwords + start / G;
-        for (int w = t.lane; w < nwords; w += t.size) {
-            const cq_i64 e = e0 + (cq_i64)w * G;
-            float c[G], sent[G];
+        for (int ch = t.lane; ch < nchunks; ch += t.size) {
+            const cq_i64 e = e0 + (cq_i64)ch * GV;
+            float c[GV], sent[GV];
             load_whole<FB>(e, c, sent);
-            const cq_u32 word = cq_encode_word<F>(c, G, bp, stochastic, seed, e, Sent{FB});
-            q[w] = word;
-            if constexpr (FB) {
-                float d[G], r[G];
-                cq_decode_word<F>(word, bp.scale, d);
+            cq_u32 words[V];
 #pragma unroll
-                for (int k = 0; k < G; ++k) {
-                    r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(d[k])));
-                    if (cq_abs_bits(r[k]) >= CQ_INF_BITS) r[k] = 0.0f;
+            for (int v = 0; v < V; ++v) {
+                words[v] = cq_encode_word<F>(c + v * G, G, bp, stochastic, seed, e + v * G, Sent{FB});
+                q[ch * V + v] = words[v];
+            }
+            if constexpr (FB) {
+                float r[GV];
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    float d[G];
+                    cq_decode_word<F>(words[v], bp.scale, d);
+#pragma unroll
+                    for (int k = 0; k < G; ++k) {
+                        float& rk = r[v * G + k];
+                        rk = cq_sub(c[v * G + k], Tr::to_f(Tr::from_f(d[k])));
+                        if (cq_abs_bits(rk) >= CQ_INF_BITS) rk = 0.0f;
+                    }
                 }
-                cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, G, true, r);
+                cq_store_word<CqF32, GV>(reinterpret_cast<cq_u32*>(feedback), e, GV, true, r);
             }
         }
     }

@@ -36,7 +36,7 @@ from ..errors import KernelError
 ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
 BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
-#: compute capabilities `make kernels-check` compiles for (nvcc: sm_XY device code; NVRTC: sm_XY cubins with
+#: compute capabilities `make kernels-check` builds with NVRTC (sm_XY cubins with
 #: ptxas's resource report, what such a device loads)
 CHECK_ARCHS = ("sm_80", "sm_90")
 

@@ -40,6 +40,7 @@ def zfp_build():
 _TINY = 'extern "C" __global__ void k(float* x) { x[0] = x[1] * x[2] + x[3]; x[4] = fmaxf(x[5], x[6]); x[7] = x[8] / x[9]; }'
 
 
+@pytest.mark.timeout(900)  # the suite's slowest test: ~5 min of NVRTC + nvcc on 2 cores
 def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_with_every_launched_kernel():
     names = kernels.kernel_names()
     assert {"quant", "zfp"} <= set(names)  # the check must not pass vacuously
@@ -53,7 +54,7 @@ def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_wi
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
     version = ".".join(map(str, nv.version))
     for name in names:
-        assert f"{name}.cu compiles for sm_80, sm_90" in proc.stdout
+        assert f"{name}.cu compiles with nvcc for sm_90" in proc.stdout
         assert f"{name}.cu compiles with NVRTC {version} for sm_80, sm_90" in proc.stdout
     assert "-ftz=false" in proc.stdout
     # the resource report: every launched quant kernel, registers / local bytes for sm_80 and sm_90
