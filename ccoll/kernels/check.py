@@ -58,7 +58,7 @@ def check_compile(name: str, archs=NVCC_ARCHS) -> None:
     procs = [(arch, subprocess.Popen([_nvcc(), "-std=c++17", f"-arch={arch}", f"-I{KERNEL_DIR}", "-c", "-o",
                                       os.devnull, str(source(name))], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True))
-             for arch in archs]  # the archs compile at once: this check is the slowest test of the suite
+             for arch in archs]  # several archs (if given) compile at once: the suite's slowest test
     errors = []
     for arch, proc in procs:
         _, err = proc.communicate()
