@@ -31,9 +31,11 @@ def _require_nvrtc():
 
 
 @pytest.fixture(scope="module")
-def zfp_build():
+def lossless_build():
+    """The smallest kernel source (~1 s of NVRTC for compute_90, zfp's ~20 s): the verification and launch
+    logic under test are the same for every source."""
     _require_nvrtc()
-    return kernels.compile_nvrtc("zfp", "compute_90")
+    return kernels.compile_nvrtc("lossless", "compute_90")
 
 
 # a multiply, an add, a max and a division of fp32 values: flush-to-zero would mark each with .ftz
@@ -98,16 +100,17 @@ def test_given_fp32_arithmetic_when_compiled_with_the_options_expect_ptx_without
 
 
 def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifying_expect_kernel_error(
-    zfp_build, monkeypatch
+    lossless_build, monkeypatch
 ):
-    import ccoll.codecs.zfp as zfp_codec
+    import ccoll.codecs.lossless as lossless_codec
 
-    kernels_check.verify_nvrtc_build(zfp_build)  # the real module exports what zfp.py launches
-    assert {"ccoll_zfp_encode_rows_f32", "ccoll_zfp_decode_rows_f64", "ccoll_zfp_decode_sum_f32"} <= zfp_build.entries
-    monkeypatch.setattr(zfp_codec, "CUDA_KERNELS", ("ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"), raising=False)
-    assert kernels_check.launched_kernels("zfp") == ["ccoll_zfp_encode_rows_f32", "ccoll_zfp_encode_f128"]
-    with pytest.raises(KernelError, match="ccoll_zfp_encode_f128"):
-        kernels_check.verify_nvrtc_build(zfp_build)
+    kernels_check.verify_nvrtc_build(lossless_build)  # the real module exports what lossless.py launches
+    assert {"ccoll_lossless_range_f32", "ccoll_lossless_pack_bf16", "ccoll_lossless_decode_f16"} <= lossless_build.entries
+    monkeypatch.setattr(lossless_codec, "CUDA_KERNELS", ("ccoll_lossless_pack_f32", "ccoll_lossless_pack_f64"),
+                        raising=False)
+    assert kernels_check.launched_kernels("lossless") == ["ccoll_lossless_pack_f32", "ccoll_lossless_pack_f64"]
+    with pytest.raises(KernelError, match="ccoll_lossless_pack_f64"):
+        kernels_check.verify_nvrtc_build(lossless_build)
 
 
 _PTXAS_LOG = """ptxas info    : 220 bytes gmem
@@ -175,7 +178,7 @@ def test_given_launches_on_two_torch_streams_expect_one_build_one_lookup_and_no_
     """Stand-in for a GPU (CI has none): a recording fake of the CuPy pieces ``kernels.launch`` uses
     (Module.load, get_function, Stream.from_external, Device, the launch call) and torch's stream/capability
     queries. What runs for real: the NVRTC build with the options under test, the on-disk cache and the
-    caching and stream logic of ``launch``."""
+    caching and stream logic of ``launch`` (on the smallest source, lossless: the logic is per module)."""
     _require_nvrtc()
     log = {"load": [], "get_function": [], "from_external": [], "launch": []}
 
@@ -220,14 +223,14 @@ def test_given_launches_on_two_torch_streams_expect_one_build_one_lookup_and_no_
         monkeypatch.setattr(kernels, cache, {})
     device = torch.device("cuda", 0)
 
-    kernels.launch("zfp", "ccoll_zfp_encode_f32", 3, 128, ("a",), device)
-    kernels.launch("zfp", "ccoll_zfp_encode_f32", 4, 128, ("b",), device)
+    kernels.launch("lossless", "ccoll_lossless_pack_f32", 3, 128, ("a",), device)
+    kernels.launch("lossless", "ccoll_lossless_pack_f32", 4, 128, ("b",), device)
     current["ptr"] = 0xB000
-    kernels.launch("zfp", "ccoll_zfp_encode_f32", 5, 128, ("c",), device)
+    kernels.launch("lossless", "ccoll_lossless_pack_f32", 5, 128, ("c",), device)
 
     assert len(log["load"]) == 1 and log["load"][0][:4] == b"\x7fELF"  # a sm_90 cubin: no JIT, no -ftz=true
-    assert len(list((tmp_path / "nvrtc").glob("zfp-sm_90-*.bin"))) == 1
-    assert log["get_function"] == ["ccoll_zfp_encode_f32"]
+    assert len(list((tmp_path / "nvrtc").glob("lossless-sm_90-*.bin"))) == 1
+    assert log["get_function"] == ["ccoll_lossless_pack_f32"]
     assert log["from_external"] == [(0, 0xA000), (0, 0xB000)]
     assert log["launch"] == [
         ((3,), (128,), ("a",), ("cupy-stream", 0xA000)),
@@ -236,7 +239,7 @@ def test_given_launches_on_two_torch_streams_expect_one_build_one_lookup_and_no_
     ]
     monkeypatch.setattr(kernels, "_modules", {})  # a second process: the cached image, no compile
     monkeypatch.setattr(kernels, "compile_nvrtc", lambda *a: pytest.fail("recompiled despite the cache"))
-    kernels.cupy_module("zfp", 0)
+    kernels.cupy_module("lossless", 0)
     assert log["load"][1] == log["load"][0]
 
 
