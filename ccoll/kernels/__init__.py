@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
 BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
 #: compute capabilities `make kernels-check` builds with NVRTC (sm_XY cubins with ptxas's resource report, what
-#: such a device loads); nvcc compiles for the last one only (ccoll/kernels/check.py NVCC_ARCHS)
+#: such a device loads); nvcc compiles PTX for the last one only (ccoll/kernels/check.py NVCC_TARGET)
 CHECK_ARCHS = ("sm_80", "sm_90")
 
 #: NVRTC options for every kernels/*.cu build, on a GPU and in CI alike (``nvrtc_options`` adds the target).

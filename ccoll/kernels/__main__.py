@@ -3,4 +3,5 @@ import sys
 
 from .check import main
 
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # not in the check's spawned workers, which import this module as __mp_main__
+    sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,9 @@
 """The CI side of kernels/*.cu: ``python -m ccoll.kernels check|build [names...]`` (make kernels-check /
-kernels-host). ``check`` compiles every source with nvcc for sm_80 and sm_90 (device code) and with NVRTC
-exactly as the GPU path does (``nvrtc_options``; sm_XY cubins, what an A100 / H100 / H200 loads, with ptxas's
-resource report), and verifies that each build exports every kernel its codec launches, flushes no
-subnormals and stays within ``RESOURCE_LIMITS``; it prints registers and local memory per kernel.
+kernels-host). ``check`` compiles every source with nvcc for compute_90 (PTX and the host pass, with CuPy's
+-ftz=true: ``FTZ_ALLOWED``) and with NVRTC exactly as the GPU path does (``nvrtc_options``; sm_80 and sm_90
+cubins, what an A100 / H100 / H200 loads, with ptxas's resource report), and verifies that each build exports
+every kernel its codec launches, flushes no subnormals, keeps ``PTX_FORBIDDEN`` out and stays within
+``RESOURCE_LIMITS``; it prints registers and local memory per kernel.
 ``build`` makes the host libraries of the emulated backend.
 The runtime (build, load, launch: ccoll/kernels/__init__.py) never imports this module."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import KernelError
 from . import (
@@ -47,25 +49,48 @@ class ResourceLimit:
 RESOURCE_LIMITS = {"quant": ResourceLimit(64, r"ccoll_\w+_rot_\w+")}
 
 
-#: the arch nvcc compiles for: one is enough, as NVRTC already builds every CHECK_ARCHS target's device code
-#: (what a GPU loads); nvcc adds its own front end and the host pass over the file. Both archs doubled the
-#: slowest test of the suite (~100 s of CPU per arch for quant.cu).
-NVCC_ARCHS = CHECK_ARCHS[-1:]
+#: what nvcc compiles for: PTX only. NVRTC already builds every CHECK_ARCHS cubin (what a GPU loads, through
+#: ptxas, with its resource report); nvcc adds its own front end, the host pass over the file (g++) and PTX
+#: under CuPy's -ftz=true. A sm_90 cubin as well cost quant.cu ~25 s more of ptxas (~98 s vs ~73 s).
+NVCC_TARGET = "compute_" + CHECK_ARCHS[-1].split("_")[1]
+
+#: per source: the flushing instructions its PTX may hold when compiled with CuPy's -ftz=true (the nvcc pass
+#: compiles with it; the GPU path's own NVRTC builds use -ftz=false and may hold none). quant: none, every fp32
+#: operation is explicit non-flushing PTX, so even such a build matches the host build byte for byte. zfp: the
+#: decode's fast-path multiplies scale * (float)q, taken only where scale and every nonzero product are normal
+#: (so flushing cannot change them: tests/unit/test_zfp_rows.py runs the host build with FTZ/DAZ on); its
+#: fixed-point and dtype conversions are integer code and its fp32 additions explicit add.rn.f32.
+FTZ_ALLOWED = {"zfp": frozenset({"mul.ftz.f32"})}
+
+#: per source: (kernels, PTX they must not contain, why). zfp's warp-cooperative tile encoder (issue 18 item
+#: 4) assembles its output in registers and shared memory: no atomics and no stack arrays in any dtype.
+PTX_FORBIDDEN = {"zfp": (r"ccoll_zfp_encode_tiles_\w+", r"\b(?:atom|red)\.[\w.]+|\.local\b",
+                         "the tile encoder has no atomics and no stack arrays")}
+
+_FLUSHING = re.compile(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*")
 
 
-def check_compile(name: str, archs=NVCC_ARCHS) -> None:
-    """Compile kernels/<name>.cu with nvcc for ``archs`` so that what only nvcc rejects fails in CI too."""
-    procs = [(arch, subprocess.Popen([_nvcc(), "-std=c++17", f"-arch={arch}", f"-I{KERNEL_DIR}", "-c", "-o",
-                                      os.devnull, str(source(name))], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True))
-             for arch in archs]  # several archs (if given) compile at once: the suite's slowest test
-    errors = []
-    for arch, proc in procs:
-        _, err = proc.communicate()
+def check_compile(name: str, arch: str = NVCC_TARGET) -> frozenset[str]:
+    """Compile kernels/<name>.cu with nvcc for ``arch`` (device code to PTX, and the host pass) so that what only nvcc
+    rejects fails in CI too, with CuPy's -ftz=true so that the PTX it keeps shows which instructions such a
+    build flushes (KernelError unless they are within ``FTZ_ALLOWED``); returns them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=f"ccoll-nvcc-{name}-") as keep:
+        proc = subprocess.run([_nvcc(), "-std=c++17", f"-arch={arch}", f"-code={arch}", "-ftz=true", "--keep", "--keep-dir", keep,
+                               f"-I{KERNEL_DIR}", "-c", "-o", os.devnull, str(source(name))],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
-            errors.append(f"{name}.cu does not compile for {arch}:\n{err}")
-    if errors:
-        raise KernelError("\n".join(errors))
+            raise KernelError(f"{name}.cu does not compile with nvcc for {arch}:\n{proc.stderr}")
+        ptx = "".join(p.read_text() for p in sorted(Path(keep).glob("*.ptx")))
+    if ".entry" not in ptx:
+        raise KernelError(f"{name}.cu: nvcc --keep left no PTX with entry points in {keep}")
+    flushing = frozenset(_FLUSHING.findall(ptx))
+    extra = flushing - FTZ_ALLOWED.get(name, frozenset())
+    if extra:
+        raise KernelError(f"{name}.cu compiled with -ftz=true (CuPy's flag) has flushing instructions beyond "
+                          f"{sorted(FTZ_ALLOWED.get(name, ()))}: {', '.join(sorted(extra)[:8])}")
+    return flushing
 
 
 def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
@@ -91,13 +116,28 @@ def verify_nvrtc_build(build: NvrtcBuild) -> None:
     # a module built from part of a source holds only its own kernels (else the split saves no compile time)
     problems += [f"entry point {e} belongs to module {module_of(src, e)}" for e in sorted(build.entries)
                  if module_of(src, e) != build.name]
-    ftz = sorted(set(re.findall(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*", build.ptx)))
+    ftz = sorted(set(_FLUSHING.findall(build.ptx)))
     if ftz:
         problems.append(f"flush-to-zero instructions in the PTX: {', '.join(ftz[:8])}")
+    problems += forbidden_ptx(build)
     problems += resource_problems(build)
     if problems:
         raise KernelError(f"{build.name}.cu built by NVRTC for {build.arch}: " + "; ".join(problems)
                           + f"\nentries: {', '.join(sorted(build.entries))}")
+
+
+def forbidden_ptx(build: NvrtcBuild) -> list[str]:
+    """``PTX_FORBIDDEN`` of build.name found in the bodies of the kernels it names (a missing kernel is a
+    problem too: the rule must not pass vacuously)."""
+    rule = PTX_FORBIDDEN.get(module_source(build.name))
+    if rule is None:
+        return []
+    kernels, forbidden, why = rule
+    bodies = {n: b for n, b in re.findall(r"\.entry (\w+)\((.*?)\n\}", build.ptx, re.S) if re.fullmatch(kernels, n)}
+    if not bodies:
+        return [f"no entry point matches {kernels!r} ({why})"]
+    return [f"{n}: {', '.join(sorted(set(found))[:4])} ({why})" for n, b in sorted(bodies.items())
+            if (found := re.findall(forbidden, b))]
 
 
 def resource_problems(build: NvrtcBuild) -> list[str]:
@@ -153,29 +193,75 @@ def launched_kernels(name: str, module: str | None = None) -> list[str]:
     return [re.escape(n) for n in names if module is None or module_of(name, n) == module]
 
 
-def _check_in_processes(names: list[str]) -> int:
-    """One ``check NAME`` process per source, as many at once as there are cores: the check is the
-    slowest test of the suite, and NVRTC compiles in one thread of a process at a time (2 cores: one
-    process, sources one after the other ~6 min; threads 5m05s; processes 4m44s; and each source's nvcc
-    archs at once beside its NVRTC builds 4m11s)."""
-    pending = list(names)
-    running: list[tuple[str, subprocess.Popen]] = []
-    reports: dict[str, tuple[int, str]] = {}
-    cmd = [sys.executable, "-m", "ccoll.kernels", "check"]
-    while pending or running:
-        while pending and len(running) < max(1, os.cpu_count() or 1):
-            name = pending.pop(0)
-            running.append((name, subprocess.Popen(cmd + [name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                   text=True)))
-        name, proc = running.pop(0)
-        out, _ = proc.communicate()
-        reports[name] = (proc.returncode, out)
-    status = 0
-    for name in names:  # in the order asked, whatever order they finished in
-        rc, out = reports[name]
-        print(out, end="")
-        status = status or rc
+def _job(job: tuple[str, ...]):
+    """One unit of ``check``, run in a worker process: ("nvcc", source) or (module, arch) for NVRTC; returns
+    (its result, seconds)."""
+    import time
+
+    start = time.perf_counter()
+    result = check_compile(job[1]) if job[0] == "nvcc" else compile_nvrtc(job[0], job[1], verbose=True)
+    return result, time.perf_counter() - start
+
+
+def check(names: list[str]) -> int:
+    """Compile and verify each source (``check_compile``, ``check_nvrtc``), print what was checked and each
+    quant-like source's resource report; 1 if any source failed (every failure printed), else 0.
+
+    Every nvcc pass and every (module, arch) NVRTC build is its own job in a pool of one process per core
+    (NVRTC compiles in one thread of a process at a time), nvcc passes first (quant.cu's is the longest job,
+    ~75 s). 2 cores: ~4m30s, ~450 s of CPU (make kernels-check prints each job's seconds); the suite's
+    slowest test."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = [("nvcc", n) for n in names] + [(m, a) for n in names for m in modules_of(n) for a in CHECK_ARCHS]
+    workers = max(1, min(os.cpu_count() or 1, len(jobs)))
+    # spawn: the parent may hold libnvrtc (ctypes) and threads; a fresh interpreter per worker is ~1 s
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {job: pool.submit(_job, job) for job in jobs}
+        concurrent.futures.wait(futures.values())
+    status, seconds = 0, {}
+    for name in names:
+        try:
+            flushing, seconds["nvcc", name] = futures["nvcc", name].result()
+            builds = []
+            for m in modules_of(name):
+                for a in CHECK_ARCHS:
+                    build, seconds[m, a] = futures[m, a].result()
+                    builds.append(build)
+            for build in builds:
+                verify_nvrtc_build(build)
+        except KernelError as e:
+            print(f"FAILED {name}.cu: {e}")
+            status = 1
+            continue
+        _report(name, flushing, builds)
+    print(f"compile seconds ({workers} processes): " + ", ".join(
+        f"{' '.join(job)} {t:.0f}" for job, t in sorted(seconds.items(), key=lambda kv: -kv[1])))
     return status
+
+
+def _report(name: str, flushing: frozenset[str], builds: list[NvrtcBuild]) -> None:
+    for module in modules_of(name):
+        report = resource_report([b for b in builds if b.name == module])
+        if report:
+            print(report)
+    print(f"{name}.cu compiles with nvcc for {NVCC_TARGET}; with -ftz=true (CuPy's flag) its flushing "
+          f"instructions are: {', '.join(sorted(flushing)) or 'none'}")
+    target = "--gpu-architecture"  # the options printed are the module's, for every arch
+    for module in modules_of(name):
+        mb = [b for b in builds if b.name == module]
+        print(f"{name}.cu {'' if module == name else f'(module {module}) '}compiles with NVRTC "
+              f"{'.'.join(map(str, nvrtc().version))} for {', '.join(b.arch for b in mb)}: {len(mb[0].entries)} "
+              f"entry points, every launched kernel present ({len(launched_kernels(name, module))} names/patterns), "
+              f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith(target))}")
+    limit = RESOURCE_LIMITS.get(name)
+    if limit is not None:
+        print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
+              f"local memory, for {', '.join(dict.fromkeys(b.arch for b in builds))}")
+    rule = PTX_FORBIDDEN.get(name)
+    if rule is not None:
+        print(f"{name}.cu PTX: no {rule[1]} in {rule[0]} ({rule[2]})")
 
 
 def main(argv: list[str]) -> int:
@@ -188,29 +274,4 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(f"host build: {build_host(name)}")
         return 0
-    if len(names) > 1:
-        return _check_in_processes(names)
-    import concurrent.futures
-
-    name = names[0]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # nvcc's processes run while NVRTC compiles here
-        nvcc = pool.submit(check_compile, name)
-        builds = check_nvrtc(name)
-        nvcc.result()
-    for module in modules_of(name):
-        report = resource_report([b for b in builds if b.name == module])
-        if report:
-            print(report)
-    print(f"{name}.cu compiles with nvcc for {', '.join(NVCC_ARCHS)}")
-    target = "--gpu-architecture"  # the options printed are the module's, for every arch
-    for module in modules_of(name):
-        mb = [b for b in builds if b.name == module]
-        print(f"{name}.cu {'' if module == name else f'(module {module}) '}compiles with NVRTC "
-              f"{'.'.join(map(str, nvrtc().version))} for {', '.join(b.arch for b in mb)}: {len(mb[0].entries)} "
-              f"entry points, every launched kernel present ({len(launched_kernels(name, module))} names/patterns), "
-              f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith(target))}")
-    limit = RESOURCE_LIMITS.get(name)
-    if limit is not None:
-        print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
-              f"local memory, for {', '.join(dict.fromkeys(b.arch for b in builds))}")
-    return 0
+    return check(names)

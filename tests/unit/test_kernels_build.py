@@ -1,10 +1,12 @@
 """Building kernels/*.cu for GPUs without a GPU.
 
-`python -m ccoll.kernels check` (also `make kernels-check`) compiles every kernels/*.cu for sm_80 and sm_90
-with nvcc, and with NVRTC (the nvidia-cuda-nvrtc wheel, loaded with ctypes) using exactly the options the
-cupy backend compiles with, so a syntax or type error in GPU code, a kernel the Python side launches but
-the module lacks, a flush-to-zero build, or a plain quant kernel above 64 registers or with local memory
-(ptxas's resource report of the NVRTC cubins) fails CI instead of a user's GPU job.
+`python -m ccoll.kernels check` (also `make kernels-check`) compiles every kernels/*.cu with nvcc (PTX for
+compute_90 under CuPy's -ftz=true, and the host pass), and for sm_80 and sm_90 with NVRTC (the
+nvidia-cuda-nvrtc wheel, loaded with ctypes) using exactly the options the cupy backend compiles with, so a
+syntax or type error in GPU code, a kernel the Python side launches but the module lacks, a flush-to-zero
+build (or, under -ftz=true, a flushing instruction a source does not allow), atomics or stack arrays in zfp's
+tile encoder, or a plain quant kernel above 64 registers or with local memory (ptxas's resource report of the
+NVRTC cubins) fails CI instead of a user's GPU job.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def lossless_build():
 _TINY = 'extern "C" __global__ void k(float* x) { x[0] = x[1] * x[2] + x[3]; x[4] = fmaxf(x[5], x[6]); x[7] = x[8] / x[9]; }'
 
 
-@pytest.mark.timeout(900)  # the suite's slowest test: ~5 min of NVRTC + nvcc on 2 cores
+@pytest.mark.timeout(900)  # the suite's slowest test: ~4m30s of NVRTC + nvcc on 2 cores
 def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_with_every_launched_kernel():
     names = kernels.kernel_names()
     assert {"quant", "zfp"} <= set(names)  # the check must not pass vacuously
@@ -56,9 +58,15 @@ def test_given_every_kernel_source_when_checking_expect_nvcc_and_nvrtc_builds_wi
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
     version = ".".join(map(str, nv.version))
     for name in names:
-        assert f"{name}.cu compiles with nvcc for sm_90" in proc.stdout
+        assert f"{name}.cu compiles with nvcc for compute_90" in proc.stdout
         assert f"{name}.cu compiles with NVRTC {version} for sm_80, sm_90" in proc.stdout
     assert "-ftz=false" in proc.stdout
+    # the nvcc pass compiles as CuPy would (-ftz=true): quant flushes nothing, zfp only its normal-operand
+    # multiplies (FTZ_ALLOWED; the exact set shows the flag took effect), and the tile encoder's PTX rule held
+    flushing = dict(re.findall(r"^(\w+)\.cu compiles with nvcc for compute_90; with -ftz=true \(CuPy's flag\) its "
+                               r"flushing instructions are: (.*)$", proc.stdout, flags=re.MULTILINE))
+    assert flushing["quant"] == "none" and flushing["zfp"] == "mul.ftz.f32", flushing
+    assert "zfp.cu PTX: no " in proc.stdout
     # the resource report: every launched quant kernel, registers / local bytes for sm_80 and sm_90
     assert "quant.cu resources per thread (sm_80 registers / local bytes | sm_90 registers / local bytes):" \
         in proc.stdout
@@ -111,6 +119,39 @@ def test_given_a_kernel_the_codec_would_launch_but_the_module_lacks_when_verifyi
     assert kernels_check.launched_kernels("lossless") == ["ccoll_lossless_pack_f32", "ccoll_lossless_pack_f64"]
     with pytest.raises(KernelError, match="ccoll_lossless_pack_f64"):
         kernels_check.verify_nvrtc_build(lossless_build)
+
+
+def test_given_a_source_that_flushes_under_cupys_flag_when_nvcc_checks_expect_kernel_error(monkeypatch, tmp_path):
+    """The nvcc pass's -ftz=true rule is sharp: a multiply, an add, a max and a division of fp32 values compiled
+    with CuPy's flag flush, and a source allowed none of them fails the check (~3 s of nvcc)."""
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("nvcc not found")
+    (tmp_path / "tiny.cu").write_text(_TINY)
+    monkeypatch.setattr(kernels_check, "source", lambda name: tmp_path / f"{name}.cu")
+    with pytest.raises(KernelError, match=r"tiny\.cu compiled with -ftz=true .*\.ftz") as failed:
+        kernels_check.check_compile("tiny")
+    flushing = frozenset(re.findall(r"\b[\w.]+\.ftz[\w.]*", str(failed.value).split(": ", 1)[1]))
+    assert len(flushing) >= 3, flushing  # the multiply(-add), the max and the division
+    monkeypatch.setitem(kernels_check.FTZ_ALLOWED, "tiny", flushing)
+    assert kernels_check.check_compile("tiny") == flushing
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("ld.global.u32 %r1, [%rd1];\n\tst.shared.u32 [%r2], %r1;", []),
+    ("atom.global.add.u32 %r1, [%rd1], 1;", ["ccoll_zfp_encode_tiles_f32: atom.global.add.u32"]),
+    (".local .align 4 .b8 __local_depot0[16];", ["ccoll_zfp_encode_tiles_f32: .local"]),
+])
+def test_given_zfp_tile_encoder_ptx_expect_no_atomics_and_no_stack_arrays(body, expect):
+    """zfp's PTX rule (``PTX_FORBIDDEN``), on hand-written PTX (no compile); other kernels may use both."""
+    ptx = (".visible .entry ccoll_zfp_encode_rows_f32(\n)\n{\n\tatom.global.or.b32 %r1, [%rd1], %r2;\n}\n"
+           f".visible .entry ccoll_zfp_encode_tiles_f32(\n)\n{{\n\t{body}\n}}\n")
+    build = kernels.NvrtcBuild("zfp", "compute_90", (), ptx, None, "")
+    problems = kernels_check.forbidden_ptx(build)
+    assert len(problems) == len(expect) and all(p.startswith(e) for p, e in zip(problems, expect)), problems
+    empty = kernels.NvrtcBuild("zfp", "compute_90", (), ptx.split(".visible .entry ccoll_zfp_encode_tiles")[0],
+                               None, "")
+    assert [p.split(" (")[0] for p in kernels_check.forbidden_ptx(empty)] == [
+        f"no entry point matches {kernels_check.PTX_FORBIDDEN['zfp'][0]!r}"]
 
 
 _PTXAS_LOG = """ptxas info    : 220 bytes gmem

@@ -193,38 +193,6 @@ def test_every_cuda_kernel_the_codec_launches_is_defined_with_a_host_twin():
         assert hasattr(host, name.replace("ccoll_zfp_", "ccoll_host_zfp_")), name
 
 
-@pytest.mark.slow
-def test_under_ftz_compilation_only_normal_operand_multiplies_flush(tmp_path):
-    """Compiled as CuPy compiles it (-ftz=true), the kernels' only flushing instructions are the decode's
-    fast-path multiplies scale * (float)q, taken only where scale and every nonzero product are normal
-    (so flushing cannot change them); fixed-point and dtype conversions are integer code and the fp32
-    additions are explicit non-flushing add.rn.f32. A new flushing add, conversion, min/max or division
-    would show up here; multiplies are checked by test_results_do_not_depend_on_flush_to_zero."""
-    import re
-    import subprocess
-
-    from ccoll import kernels
-    from ccoll.errors import KernelError
-
-    try:
-        nvcc = kernels._nvcc()
-    except KernelError as e:
-        pytest.skip(str(e))
-    ptx = tmp_path / "zfp.ptx"
-    subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-ftz=true", "-ptx", str(kernels.source("zfp")),
-                    "-o", str(ptx)], check=True, capture_output=True, timeout=600)
-    text = ptx.read_text()
-    flushing = set(re.findall(r"\b([a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", text))
-    assert flushing == {"mul.ftz.f32"}, flushing
-    assert "add.rn.f32" in text
-    # the tile encoder (issue 18 item 4): no atomics and no local memory (spills, stack arrays) in any dtype
-    entries = dict(re.findall(r"\.entry (\w+)\((.*?)\n\}", text, re.S))
-    tiles = {name: body for name, body in entries.items() if name.startswith("ccoll_zfp_encode_tiles_")}
-    assert len(tiles) == 4, sorted(entries)
-    for name, body in tiles.items():
-        assert not re.search(r"\b(atom|red)\.", body) and ".local" not in body, name
-
-
 @pytest.mark.parametrize("dims", [1, 2])
 def test_fused_feedback_residual_equals_reference_at_fractional_rates(dims):
     """the fused kernel derives the decode from the encoder's own bits (including the bit libzfp's decoder
