@@ -606,7 +606,7 @@ template <class St, int D> CCOLL_HD void load_whole(const typename St::Stor* p, 
   typedef typename St::Stor Stor;
   const int S = Dims<D>::S;
 #if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
-  if (sizeof(Stor) >= 4) {  // 16-byte loads (16-bit storage: the scalar loads below)
+  if constexpr (sizeof(Stor) >= 4) {  // 16-byte loads (16-bit storage: the scalar loads below)
     const int PER = 16 / (int)sizeof(Stor);
     Stor raw[S];
 #pragma unroll
@@ -614,10 +614,13 @@ template <class St, int D> CCOLL_HD void load_whole(const typename St::Stor* p, 
 #pragma unroll
     for (int i = 0; i < S; i++) v[i] = St::widen(raw[i]);
     return;
-  }
+  }  // constexpr: else nvcc warns that the loop below is unreachable for fp32 / fp64 (#128-D)
+  else
 #endif
+  {
 #pragma unroll
-  for (int i = 0; i < S; i++) v[i] = St::widen(p[i]);
+    for (int i = 0; i < S; i++) v[i] = St::widen(p[i]);
+  }
 }
 
 // Stores the block's first min(m, valid) values, narrowed to Stor.
