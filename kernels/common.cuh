@@ -1,9 +1,19 @@
 /* Shared by kernels/quant.cu and kernels/zfp.cu (and included by lossless.cu, which converts nothing):
 fp32 <-> bf16 / fp16 conversions on bit patterns, written once.
 
-Integer code only: no floating-point operation, so no flush-to-zero setting, contraction or compiler
-option can change a result (NVRTC, nvcc for the GPU and the host build give the same bits). No #include:
-NVRTC has no system headers.
+Integer code only (the host build), or an IEEE conversion instruction whose result for every non-NaN value
+is exact (fp16 -> fp32) or correctly rounded to nearest even with subnormals kept (fp32 -> fp16), around a
+select that gives NaN the integer code's rule (the GPU build and the simt build): no flush-to-zero setting,
+contraction or compiler option can change a result, so NVRTC, nvcc for the GPU, the simt build and the host
+build give the same bits. The device's conversions are explicit PTX without .ftz (CuPy's -ftz=true cannot
+add it); the simt build stands in with g++'s _Float16 conversions (IEEE too; NaN made the canonical NaN, the
+payload dropped, as the GPU's conversion may: only the select may decide a NaN's bits), so the selects run
+on the CPU in CI and tests/unit/test_simt.py compares them with the integer code on every half and on the
+floats at and around every half and every midpoint between two. Why not integer code on the GPU too: it is
+~10 (fp16 -> fp32) and ~20 (fp32 -> fp16) instructions with branches per value where the hardware takes one
+(sm_90: HADD2.F32 and F2FP.F16.F32.PACK_AB), and an fp16 encode streams 3 B per value, a budget of ~21
+instructions per value at full HBM rate (kernels/quant.cu's header). No #include: NVRTC has no system
+headers.
 
 Semantics (torch's CPU casts, which the "torch" backend runs, so every backend writes the same bytes):
 - fp32 -> bf16 / fp16: round to nearest, ties to even; fp16 subnormals kept; |x| >= 65520 -> +-Inf (fp16).
@@ -47,7 +57,7 @@ CCOLL_CONV_HD u16 f32_to_bf16(u32 u) {
   return (u16)(u >> 16);
 }
 
-CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
+CCOLL_CONV_HD u32 f16_to_f32_int(u16 h) {
   const u32 sign = ((u32)h & 0x8000u) << 16, e = ((u32)h >> 10) & 31u, m = (u32)h & 0x3ffu;
   if (e == 31) return sign | 0x7f800000u | (m << 13);
   if (e) return sign | ((e + 112u) << 23) | (m << 13);
@@ -56,7 +66,7 @@ CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
   return sign | ((u32)(L - 25 + 127) << 23) | ((m << (24 - L)) & 0x7fffffu);
 }
 
-CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
+CCOLL_CONV_HD u16 f32_to_f16_int(u32 u) {
   const u32 a = u & 0x7fffffffu;
   const u16 sign = (u16)((u >> 16) & 0x8000u);
   if (a > 0x7f800000u) return sign | F16_QNAN | (u16)((a >> 13) & 0x3ffu);  // quieted, top payload bits kept
@@ -73,6 +83,45 @@ CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
   const u32 q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1);
   return sign | (u16)(q + (rem > half || (rem == half && (q & 1u))));
 }
+
+#if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
+// the conversion instructions, NaN by the integer code's rule (see the header)
+CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
+  u32 u;
+#ifdef __CUDA_ARCH__
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  u = __float_as_uint(f);
+#else
+  _Float16 x;
+  __builtin_memcpy(&x, &h, 2);
+  const float f = (float)x;
+  __builtin_memcpy(&u, &f, 4);
+  if (f != f) u = 0x7fffffffu;  // as the GPU's conversion: a NaN's payload is not kept (the select below is)
+#endif
+  const u32 nan = ((u32)h & 0x8000u) << 16 | 0x7f800000u | ((u32)h & 0x3ffu) << 13;
+  return ((u32)h & 0x7fffu) > 0x7c00u ? nan : u;
+}
+
+CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
+  u16 h;
+#ifdef __CUDA_ARCH__
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(__uint_as_float(u)));
+#else
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  const _Float16 x = (_Float16)f;
+  __builtin_memcpy(&h, &x, 2);
+  if (f != f) h = 0x7fffu;  // as the GPU's conversion (see above)
+#endif
+  const u32 a = u & 0x7fffffffu;
+  const u16 nan = (u16)((u >> 16) & 0x8000u) | F16_QNAN | (u16)((a >> 13) & 0x3ffu);
+  return a > 0x7f800000u ? nan : h;
+}
+#else
+CCOLL_CONV_HD u32 f16_to_f32(u16 h) { return f16_to_f32_int(h); }
+CCOLL_CONV_HD u16 f32_to_f16(u32 u) { return f32_to_f16_int(u); }
+#endif
 
 }  // namespace ccoll_conv
 

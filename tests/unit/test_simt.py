@@ -405,6 +405,55 @@ def test_two_libraries_with_the_same_kernel_names_run_their_own_code(tmp_path):
         outs.append(out)
     assert outs[0].tolist() == [11] * 32 and outs[1].tolist() == [22] * 32
 
+_CONV_SRC = r"""#include "common.cuh"
+extern "C" __global__ void simt_f16_conversions(const unsigned short* h, unsigned int* wide, unsigned int* wide_int,
+                                                long long nh, const unsigned int* x, unsigned short* narrow,
+                                                unsigned short* narrow_int, long long nx) {
+  for (long long i = threadIdx.x; i < nh; i += blockDim.x) {
+    wide[i] = ccoll_conv::f16_to_f32(h[i]);
+    wide_int[i] = ccoll_conv::f16_to_f32_int(h[i]);
+  }
+  for (long long i = threadIdx.x; i < nx; i += blockDim.x) {
+    narrow[i] = ccoll_conv::f32_to_f16(x[i]);
+    narrow_int[i] = ccoll_conv::f32_to_f16_int(x[i]);
+  }
+}
+"""
+
+
+def test_fp16_conversion_instructions_give_the_integer_codes_bits_on_every_half_and_every_rounding_case(tmp_path):
+    """kernels/common.cuh's GPU fp16 <-> fp32 conversions (one IEEE instruction + a NaN select; the simt build
+    runs g++'s _Float16 conversions in the instruction's place, IEEE too) against its integer code (the host
+    build's) and torch's casts: every half; for fp32 -> fp16 every half's image, every midpoint between
+    two neighbouring halves (the ties, normal and subnormal) and their neighbour floats, the overflow
+    boundary, NaNs with payloads, fp32 subnormals and 2^20 random bit patterns."""
+    halves = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    images = halves.view(torch.float16).float()  # exact
+    finite = images[torch.isfinite(images) & (images >= 0)].unique()  # ascending, +0 .. 65504
+    mids = torch.cat([(finite[:-1] + finite[1:]) / 2, torch.tensor([65520.0])])  # exact in fp32; 65520 -> Inf
+    base = torch.cat([images, mids, -mids]).view(torch.int32)
+    g = torch.Generator().manual_seed(7)
+    rand = torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 20,), generator=g, dtype=torch.int64).to(torch.int32)
+    special = torch.tensor([0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0xFF8FE000 - (1 << 32), 0x00000001, 0x007FFFFF,
+                            0x80000001 - (1 << 32), 0x7F7FFFFF, 0x477FEFFF, 0x477FF000], dtype=torch.int64).to(torch.int32)
+    x = torch.cat([base - 1, base, base + 1, rand, special])
+    path = tmp_path / "f16_conversions.cu"
+    path.write_text(_CONV_SRC)
+    wide, wide_int = (_guarded_like(torch.empty(1 << 16, dtype=torch.int32)) for _ in range(2))
+    narrow, narrow_int = (_guarded_like(torch.empty(x.numel(), dtype=torch.int16)) for _ in range(2))
+    simt.launch(path, "simt_f16_conversions", 1, 32,
+                (halves, wide, wide_int, np.int64(1 << 16), x, narrow, narrow_int, np.int64(x.numel())))
+    assert torch.equal(wide, wide_int)
+    assert torch.equal(narrow, narrow_int)
+    # and both are torch's casts (NaN: torch's CPU cast keeps the payload as the header says)
+    assert torch.equal(wide.view(torch.float32), images) or _same_values(wide.view(torch.float32), images)
+    ref = x.view(torch.float32).to(torch.float16).view(torch.int16)
+    nan = torch.isnan(x.view(torch.float32))
+    assert torch.equal(narrow[~nan], ref[~nan])
+    ties = (mids.view(torch.int32) & 0x1FFF) == 0x1000  # normal-range ties: the rounding case that tests even
+    assert ties.sum() > 10000
+
+
 # --------------------------------------------------------------------------------------------------------------
 # negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
 
