@@ -85,8 +85,9 @@ CCOLL_CONV_HD u16 f32_to_f16_int(u32 u) {
 }
 
 #if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
-// the conversion instructions, NaN by the integer code's rule (see the header)
-CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
+// the conversion instructions alone: the integer code's bits for every non-NaN value, a NaN's bits the
+// hardware's (for callers that only test for NaN, e.g. a block's absmax)
+CCOLL_CONV_HD u32 f16_to_f32_ieee(u16 h) {
   u32 u;
 #ifdef __CUDA_ARCH__
   float f;
@@ -97,13 +98,12 @@ CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
   __builtin_memcpy(&x, &h, 2);
   const float f = (float)x;
   __builtin_memcpy(&u, &f, 4);
-  if (f != f) u = 0x7fffffffu;  // as the GPU's conversion: a NaN's payload is not kept (the select below is)
+  if (f != f) u = 0x7fffffffu;  // as the GPU's conversion may: a NaN's payload is not kept (the select is)
 #endif
-  const u32 nan = ((u32)h & 0x8000u) << 16 | 0x7f800000u | ((u32)h & 0x3ffu) << 13;
-  return ((u32)h & 0x7fffu) > 0x7c00u ? nan : u;
+  return u;
 }
 
-CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
+CCOLL_CONV_HD u16 f32_to_f16_ieee(u32 u) {
   u16 h;
 #ifdef __CUDA_ARCH__
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(__uint_as_float(u)));
@@ -112,15 +112,27 @@ CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
   __builtin_memcpy(&f, &u, 4);
   const _Float16 x = (_Float16)f;
   __builtin_memcpy(&h, &x, 2);
-  if (f != f) h = 0x7fffu;  // as the GPU's conversion (see above)
+  if (f != f) h = 0x7fffu;  // as the GPU's conversion may (see above)
 #endif
+  return h;
+}
+
+// the conversion instructions, NaN by the integer code's rule (see the header)
+CCOLL_CONV_HD u32 f16_to_f32(u16 h) {
+  const u32 nan = ((u32)h & 0x8000u) << 16 | 0x7f800000u | ((u32)h & 0x3ffu) << 13;
+  return ((u32)h & 0x7fffu) > 0x7c00u ? nan : f16_to_f32_ieee(h);
+}
+
+CCOLL_CONV_HD u16 f32_to_f16(u32 u) {
   const u32 a = u & 0x7fffffffu;
   const u16 nan = (u16)((u >> 16) & 0x8000u) | F16_QNAN | (u16)((a >> 13) & 0x3ffu);
-  return a > 0x7f800000u ? nan : h;
+  return a > 0x7f800000u ? nan : f32_to_f16_ieee(u);
 }
 #else
 CCOLL_CONV_HD u32 f16_to_f32(u16 h) { return f16_to_f32_int(h); }
 CCOLL_CONV_HD u16 f32_to_f16(u32 u) { return f32_to_f16_int(u); }
+CCOLL_CONV_HD u32 f16_to_f32_ieee(u16 h) { return f16_to_f32_int(h); }
+CCOLL_CONV_HD u16 f32_to_f16_ieee(u32 u) { return f32_to_f16_int(u); }
 #endif
 
 }  // namespace ccoll_conv

@@ -128,8 +128,11 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       and loop ~18; the bf16 -> f32 conversion is one IMAD per value), pass 0 45 per pair of chunks; ~885
       per block and lane = ~28 per value against a budget of ~21 (100%) / ~28 (75%) for its ~3 B per value:
       ~1.2e12 values/s = ~75% of copy bandwidth at full issue -- on the line, no margin. (With 8-byte loads
-      and a team of 16, 16 values per lane: 82 per word, ~36 per value, ~58%.) f16 converts in software
-      (ccoll_conv, several branches per value): lower, not counted.
+      and a team of 16, 16 values per lane: 82 per word, ~36 per value, ~58%.) f16: the hardware conversions
+      (kernels/common.cuh; whole blocks skip the NaN select: CqF16Ieee), one HADD2.F32 per value where bf16
+      has one IMAD, so about bf16's ~28 is expected; not counted on the SASS. Before (integer
+      conversions, ~10 / ~20 instructions with branches per value): sm_90 static SASS of int8 encode_rows_f16
+      9376 instructions / 1089 BRA, now 4944 / 275 (bf16: 4288 / 259).
     - int4 f32 block 64 with error feedback (hybrid.yaml's DP codec; a team of 4: 2 words = 16 values
       per lane): a word of 8 values 234 in pass 1 (load 24, quantize ~131, decode + residual store 79),
       36 in pass 0 (4 LDG.128: x and residuals); ~727 per block and lane = ~45 per value against a
@@ -152,8 +155,7 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     8..44 B at the 64-register cap on int4 and on some f16 / int8 kernels (ptxas 13, sm_80 / sm_90). The
     q store is 1/5 of encode's bytes and a warp's 4-B word stores already fill whole lines, so the gain
     would be fewer store instructions only. Other lifts for the edge cases: a cheaper correctly rounded
-    division (int formats), fp16 -> fp32 through the hardware conversion (bit-identical for finite values,
-    NaN payload aside).
+    division (int formats).
 
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
@@ -262,20 +264,33 @@ CQ_HD float cq_canonical_nan(float a) {
 // element types: conversion to / from fp32 in kernels/common.cuh (integer code, torch's CPU semantics,
 // one NaN pattern per format)
 
+// ``Whole``: the conversions of the whole-block encode path (CqEncodeRows::load_whole), which only tests its
+// values for NaN (a block with one takes the general path and converts again): any NaN bits will do there.
+
 struct CqF32 {
     typedef cq_u32 storage;
+    typedef CqF32 Whole;
     static CQ_HD float to_f(storage b) { return cq_u2f(b); }
     static CQ_HD storage from_f(float f) { return cq_f2u(f); }
 };
 
 struct CqBF16 {
     typedef cq_u16 storage;
+    typedef CqBF16 Whole;
     static CQ_HD float to_f(storage b) { return cq_u2f(ccoll_conv::bf16_to_f32(b)); }
     static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_bf16(cq_f2u(f)); }
 };
 
+struct CqF16Ieee {  // the conversion instructions without the NaN select: ~6 instructions per value less
+    typedef cq_u16 storage;
+    typedef CqF16Ieee Whole;
+    static CQ_HD float to_f(storage h) { return cq_u2f(ccoll_conv::f16_to_f32_ieee(h)); }
+    static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_f16_ieee(cq_f2u(f)); }
+};
+
 struct CqF16 {
     typedef cq_u16 storage;
+    typedef CqF16Ieee Whole;
     static CQ_HD float to_f(storage h) { return cq_u2f(ccoll_conv::f16_to_f32(h)); }
     static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_f16(cq_f2u(f)); }
 };
@@ -893,14 +908,15 @@ struct CqEncodeRows {
     // from them (c, or with feedback c rounded to the input type)
     template <bool FB>
     CQ_HD void load_whole(cq_i64 e, float* c, float* sent) const {
-        cq_load_word<Tr, GV>(x, e, GV, true, c);
+        typedef typename Tr::Whole W;  // exact for finite values; pass 1 runs on finite blocks only
+        cq_load_word<W, GV>(reinterpret_cast<const typename W::storage*>(x), e, GV, true, c);
         if constexpr (FB) {
             float r[GV];
             cq_load_word<CqF32, GV>(reinterpret_cast<const cq_u32*>(feedback), e, GV, true, r);
 #pragma unroll
             for (int k = 0; k < GV; ++k) {
                 c[k] = cq_add(c[k], r[k]);
-                sent[k] = Tr::to_f(Tr::from_f(c[k]));
+                sent[k] = W::to_f(W::from_f(c[k]));
             }
         } else {
 #pragma unroll
@@ -946,6 +962,7 @@ struct CqEncodeRows {
     // its V words, store them and the residuals
     template <bool FB>
     CQ_HD void encode_whole(cq_i64 e0, const CqBlock& bp, cq_u32* qwords, cq_i64 start, const CqTeam& t) const {
+        typedef typename Tr::Whole W;  // the block is finite: so are its decoded values
         const int nchunks = (int)(g.block / GV);
         cq_u32* q = qwords + start / G;
         for (int ch = t.lane; ch < nchunks; ch += t.size) {
@@ -967,7 +984,7 @@ struct CqEncodeRows {
 #pragma unroll
                     for (int k = 0; k < G; ++k) {
                         float& rk = r[v * G + k];
-                        rk = cq_sub(c[v * G + k], Tr::to_f(Tr::from_f(d[k])));
+                        rk = cq_sub(c[v * G + k], W::to_f(W::from_f(d[k])));
                         if (cq_abs_bits(rk) >= CQ_INF_BITS) rk = 0.0f;
                     }
                 }
