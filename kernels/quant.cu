@@ -145,8 +145,20 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     What would lift fp8 (and give bf16 a margin): a team holding several blocks' words side by side (an
     absmax per block in registers, the team maxes interleaved) so that the per-block overhead is spread
     over 32 values per lane while each team load stays a line; the division below. Not done. Stochastic
-    adds roughly 20 per value (the hash, read off the same SASS). Not counted: decode_rows / decode_sum
-    (predicted ~5..8 and ~7 per value). A cheaper correctly rounded division (the reciprocal once per
+    adds roughly 20 per value (the hash, read off the same SASS).
+    decode_rows int8, counted the same way (a thread per 16-byte q group = 16 values; one scale per group,
+    aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division):
+    - f32: loop head 5, row division 31, addresses 25, q load 21 (the scalar and vector loads are both
+      issued, one predicated off), scale index 3 + load 11, then per word 19..24 (3 I2F.S8 + 1 I2FP, 4 FMUL,
+      byte extracts, one STG.128) = 193 per group, ~12 per value (~10.5 with a power-of-two row of groups)
+      against a budget of ~34 (100%) for its 5 B per value: memory-bound, ~2.8x headroom.
+    - bf16: per word ~51 (the f32 -> bf16 rounding with its NaN test, ~7.5 per value, and an 8-byte store),
+      ~316 per group = ~20 per value against ~21 (100%) / ~27 (75%) for 3 B per value: memory-bound on
+      paper, no margin.
+    Not counted: decode_sum (per payload row ~1 B per value: a budget of ~7 per value and row; the bf16
+    rounding of each row's decode alone is ~7, so bf16 decode_sum is expected below 75% -- a hardware
+    bf16 conversion, cvt.rn.bf16.f32, would be the lift; fp16 now rounds by the instruction).
+    A cheaper correctly rounded division (the reciprocal once per
     block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
@@ -264,8 +276,10 @@ CQ_HD float cq_canonical_nan(float a) {
 // element types: conversion to / from fp32 in kernels/common.cuh (integer code, torch's CPU semantics,
 // one NaN pattern per format)
 
-// ``Whole``: the conversions of the whole-block encode path (CqEncodeRows::load_whole), which only tests its
-// values for NaN (a block with one takes the general path and converts again): any NaN bits will do there.
+// ``Whole``: conversions exact for every non-NaN value, for code where a NaN's bits do not matter: the
+// whole-block encode path (CqEncodeRows::load_whole only tests its values for NaN; a block with one takes the
+// general path and converts again) and decode_sum's per-row rounding (a NaN makes the sum NaN, stored
+// canonical).
 
 struct CqF32 {
     typedef cq_u32 storage;
@@ -1204,6 +1218,7 @@ struct CqDecodeSum {
     CQ_HD cq_i64 nunits() const { return cq_nblocks(numel, block); }
 
     CQ_HD void group(cq_i64 gi) const {
+        typedef typename Tr::Whole W;  // a NaN's bits do not matter: the sum is NaN and stored canonical
         const cq_i64 w0 = gi * GW;
         const cq_i64 have = numel - w0 * G;  // > 0: values of the group in the output
         float acc[GV];
@@ -1224,7 +1239,7 @@ struct CqDecodeSum {
                 float v[G];
                 cq_decode_word<F>(q[j], scale, v);
 #pragma unroll
-                for (int k = 0; k < G; ++k) acc[j * G + k] = cq_add(acc[j * G + k], Tr::to_f(Tr::from_f(v[k])));
+                for (int k = 0; k < G; ++k) acc[j * G + k] = cq_add(acc[j * G + k], W::to_f(W::from_f(v[k])));
             }
         }
 #pragma unroll
@@ -1240,6 +1255,7 @@ struct CqDecodeSum {
     // rotate=hadamard: block b by team t; each payload's block is rotated back and rounded to the input type
     // before it is added (the sum of the decodes, as decode_sum is defined), in row order
     CQ_HD void team_block(cq_i64 b, const CqTeam& t) const {
+        typedef typename Tr::Whole W;  // as in group
         const bool valid = b < nunits();
         const cq_i64 start = b * block;
         const cq_i64 len = valid ? cq_min(block, numel - start) : 0;
@@ -1256,7 +1272,7 @@ struct CqDecodeSum {
                 else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
             }
             rot.inverse<G>(v, nw, t, len == block);
-            for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], Tr::to_f(Tr::from_f(v[i])));
+            for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], W::to_f(W::from_f(v[i])));
         }
         for (int i = 0; i < nw * G; ++i) acc[i] = cq_canonical_nan(acc[i]);
         for (int j = 0; j < nw; ++j) {

@@ -71,13 +71,15 @@ _FLUSHING = re.compile(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*")
 
 
 def check_compile(name: str, arch: str = NVCC_TARGET) -> frozenset[str]:
-    """Compile kernels/<name>.cu with nvcc for ``arch`` (device code to PTX, and the host pass) so that what only nvcc
-    rejects fails in CI too, with CuPy's -ftz=true so that the PTX it keeps shows which instructions such a
-    build flushes (KernelError unless they are within ``FTZ_ALLOWED``); returns them."""
+    """Compile kernels/<name>.cu with nvcc for ``arch`` (device code to PTX, and the host pass; every warning an
+    error, e.g. #128-D, an unreachable loop) so that what only nvcc rejects fails in CI too, with CuPy's
+    -ftz=true so that the PTX it keeps shows which instructions such a build flushes (KernelError unless they
+    are within ``FTZ_ALLOWED``); returns them."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix=f"ccoll-nvcc-{name}-") as keep:
-        proc = subprocess.run([_nvcc(), "-std=c++17", f"-arch={arch}", f"-code={arch}", "-ftz=true", "--keep", "--keep-dir", keep,
+        proc = subprocess.run([_nvcc(), "-std=c++17", f"-arch={arch}", f"-code={arch}", "-ftz=true", "-Werror",
+                               "all-warnings", "--keep", "--keep-dir", keep,
                                f"-I{KERNEL_DIR}", "-c", "-o", os.devnull, str(source(name))],
                               capture_output=True, text=True)
         if proc.returncode != 0:
