@@ -95,16 +95,6 @@ def check_compile(name: str, arch: str = NVCC_TARGET) -> frozenset[str]:
     return flushing
 
 
-def check_nvrtc(name: str, archs=CHECK_ARCHS) -> list[NvrtcBuild]:
-    """Compile each NVRTC module of kernels/<name>.cu (``modules_of``) with NVRTC for each sm_XY, exactly as
-    the GPU path does on such a device (plus ptxas's resource report), and verify each build
-    (``verify_nvrtc_build``)."""
-    builds = [compile_nvrtc(module, arch, verbose=True) for module in modules_of(name) for arch in archs]
-    for build in builds:
-        verify_nvrtc_build(build)
-    return builds
-
-
 def verify_nvrtc_build(build: NvrtcBuild) -> None:
     """KernelError unless every kernel ccoll/codecs/<source>.py launches from this module is an entry point
     of the build, no instruction of its PTX flushes subnormals (``.ftz``) and, for a cubin with ptxas's
@@ -206,12 +196,14 @@ def _job(job: tuple[str, ...]):
 
 
 def check(names: list[str]) -> int:
-    """Compile and verify each source (``check_compile``, ``check_nvrtc``), print what was checked and each
-    quant-like source's resource report; 1 if any source failed (every failure printed), else 0.
+    """Compile each source with nvcc (``check_compile``) and each of its NVRTC modules for every CHECK_ARCHS
+    target exactly as the GPU path does (plus ptxas's resource report), verify each build
+    (``verify_nvrtc_build``), print what was checked and the resource reports; 1 if any source failed (every
+    failure printed), else 0.
 
     Every nvcc pass and every (module, arch) NVRTC build is its own job in a pool of one process per core
-    (NVRTC compiles in one thread of a process at a time), nvcc passes first (quant.cu's is the longest job,
-    ~75 s). 2 cores: ~4m30s, ~450 s of CPU (make kernels-check prints each job's seconds); the suite's
+    (NVRTC compiles in one thread of a process at a time), nvcc passes first (quant.cu's is among the longest
+    jobs, ~70 s). 2 cores: ~3m50s, ~400 s of CPU (make kernels-check prints each job's seconds); the suite's
     slowest test."""
     import concurrent.futures
     import multiprocessing
