@@ -59,7 +59,8 @@ NVCC_TARGET = "compute_" + CHECK_ARCHS[-1].split("_")[1]
 #: operation is explicit non-flushing PTX, so even such a build matches the host build byte for byte. zfp: the
 #: decode's fast-path multiplies scale * (float)q, taken only where scale and every nonzero product are normal
 #: (so flushing cannot change them: tests/unit/test_zfp_rows.py runs the host build with FTZ/DAZ on); its
-#: fixed-point and dtype conversions are integer code and its fp32 additions explicit add.rn.f32.
+#: fixed-point code is integer code, its fp16 conversions explicit cvt without .ftz (kernels/common.cuh) and its
+#: fp32 additions explicit add.rn.f32.
 FTZ_ALLOWED = {"zfp": frozenset({"mul.ftz.f32"})}
 
 #: per source: (kernels, PTX they must not contain, why). zfp's warp-cooperative tile encoder (issue 18 item
