@@ -155,9 +155,15 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     - bf16: per word ~51 (the f32 -> bf16 rounding with its NaN test, ~7.5 per value, and an 8-byte store),
       ~316 per group = ~20 per value against ~21 (100%) / ~27 (75%) for 3 B per value: memory-bound on
       paper, no margin.
-    Not counted: decode_sum (per payload row ~1 B per value: a budget of ~7 per value and row; the bf16
-    rounding of each row's decode alone is ~7, so bf16 decode_sum is expected below 75% -- a hardware
-    bf16 conversion, cvt.rn.bf16.f32, would be the lift; fp16 now rounds by the instruction).
+    Not counted: decode_sum. Per payload row it moves ~1 B per value: a budget of ~7 issue slots per value
+    and row, and every decoded value takes an I2F on the conversion pipe (16 per clock per SM, ~4.2e12/s,
+    below the ~4.8e12 value-rows/s HBM allows), so it is conversion-bound near ~85% before anything else;
+    bf16's integer rounding of each row's decode adds ~7 ALU slots. Tried and not kept: cvt.rn.bf16.f32 for
+    that rounding (sm_90 F2F.BF16.F32; static int8 decode_sum_bf16 2904 -> 2176 instructions) -- it is one
+    more conversion-pipe instruction per value and row, which would halve that bound. (fp16's conversions
+    are instructions now because its integer code was ~10..20 branchy instructions each way.) The lift for
+    every decode: int8 / int4 -> fp32 as an integer add on 2^23's bits and one FADD (exact for |q| < 2^22),
+    two full-rate instructions instead of the I2F.
     A cheaper correctly rounded division (the reciprocal once per
     block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
