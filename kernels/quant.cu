@@ -147,7 +147,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     over 32 values per lane while each team load stays a line; the division below. Not done. Stochastic
     adds roughly 20 per value (the hash, read off the same SASS).
     decode_rows int8, counted the same way (a thread per 16-byte q group = 16 values; one scale per group,
-    aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division):
+    aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division; counted
+    with the I2F conversions that decode_sum's paragraph below replaces by two ALU / FMA slots each):
     - f32: loop head 5, row division 31, addresses 25, q load 21 (the scalar and vector loads are both
       issued, one predicated off), scale index 3 + load 11, then per word 19..24 (3 I2F.S8 + 1 I2FP, 4 FMUL,
       byte extracts, one STG.128) = 193 per group, ~12 per value (~10.5 with a power-of-two row of groups)
@@ -155,15 +156,17 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     - bf16: per word ~51 (the f32 -> bf16 rounding with its NaN test, ~7.5 per value, and an 8-byte store),
       ~316 per group = ~20 per value against ~21 (100%) / ~27 (75%) for 3 B per value: memory-bound on
       paper, no margin.
-    Not counted: decode_sum. Per payload row it moves ~1 B per value: a budget of ~7 issue slots per value
-    and row, and every decoded value takes an I2F on the conversion pipe (16 per clock per SM, ~4.2e12/s,
-    below the ~4.8e12 value-rows/s HBM allows), so it is conversion-bound near ~85% before anything else;
-    bf16's integer rounding of each row's decode adds ~7 ALU slots. Tried and not kept: cvt.rn.bf16.f32 for
-    that rounding (sm_90 F2F.BF16.F32; static int8 decode_sum_bf16 2904 -> 2176 instructions) -- it is one
-    more conversion-pipe instruction per value and row, which would halve that bound. (fp16's conversions
-    are instructions now because its integer code was ~10..20 branchy instructions each way.) The lift for
-    every decode: int8 / int4 -> fp32 as an integer add on 2^23's bits and one FADD (exact for |q| < 2^22),
-    two full-rate instructions instead of the I2F.
+    decode_sum (not counted instruction by instruction): per payload row ~1 B per value, a budget of ~7
+    issue slots per value and row. Each decoded value took an I2F on the conversion pipe (16 per clock per
+    SM, ~4.2e12/s, below the ~4.8e12 value-rows/s HBM allows), so it was conversion-bound before anything
+    else. Now int8 / int4 -> fp32 is an integer add on 1.5 * 2^23's bits and one FADD (CqInt::value), two
+    full-rate instructions: sm_90 static I2F in int8 decode_sum_f32 166 -> 22 (those left: the 32-bit
+    divisions' set-up), decode_rows 45 -> 13. f32 decode_sum is then ~5..6 slots per value and row (extract,
+    add, sub, mul, accumulate): memory-bound on paper. bf16's integer rounding of each row's decode adds ~7:
+    ~50% expected. Tried and not kept: cvt.rn.bf16.f32 for that rounding (sm_90 F2F.BF16.F32; static int8
+    decode_sum_bf16 2904 -> 2176 instructions) -- one conversion-pipe instruction per value and row again.
+    (fp16's conversions are instructions because its integer code was ~10..20 branchy instructions each
+    way; they too use the conversion pipe, so fp16 decode_sum stays conversion-bound near ~85%.)
     A cheaper correctly rounded division (the reciprocal once per
     block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
@@ -398,9 +401,12 @@ struct CqInt {
         v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
         return (cq_u32)cq_f2i(cq_clamp(v, (float)QMAX)) & ((1u << BITS) - 1u);
     }
+    // (float)q without a conversion instruction: a GPU's I2F runs on its conversion pipe at a quarter of the
+    // FMA rate, which bounded decode_sum (one per value and payload row). The bits of 1.5 * 2^23 plus q are
+    // the float 1.5 * 2^23 + q (one unit per mantissa step, |q| < 2^22), less 1.5 * 2^23: q exactly.
     static CQ_HD float value(cq_u32 field, float scale) {
-        const int q = (int)(field ^ (1u << (BITS - 1))) - (1 << (BITS - 1));  // sign-extend BITS bits
-        return cq_mul((float)q, scale);
+        const cq_u32 biased = (field ^ (1u << (BITS - 1))) + (0x4B400000u - (1u << (BITS - 1)));  // + q
+        return cq_mul(cq_sub(cq_u2f(biased), 12582912.0f), scale);
     }
     static CQ_HD float load_scale(const cq_u8* payload, cq_i64 b) { return reinterpret_cast<const float*>(payload)[b]; }
     static CQ_HD void store_scale(cq_u8* payload, cq_i64 b, const CqBlock& p) {
