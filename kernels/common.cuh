@@ -1,5 +1,5 @@
 /* Shared by kernels/quant.cu and kernels/zfp.cu (and included by lossless.cu, which converts nothing):
-fp32 <-> bf16 / fp16 conversions on bit patterns, written once.
+fp32 <-> bf16 / fp16 conversions on bit patterns (and CUDA's byte permute), written once.
 
 Integer code only (the host build), or an IEEE conversion instruction whose result for every non-NaN value
 is exact (fp16 -> fp32) or correctly rounded to nearest even with subnormals kept (fp32 -> fp16), around a
@@ -55,6 +55,40 @@ CCOLL_CONV_HD u16 f32_to_bf16(u32 u) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return BF16_NAN;
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (may carry into the exponent: to Inf)
   return (u16)(u >> 16);
+}
+
+// CUDA's __byte_perm: byte i of the result is byte (sel >> 4i) & 7 of y:x (one PRMT instruction on the GPU)
+CCOLL_CONV_HD u32 byte_perm(u32 x, u32 y, u32 sel) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, sel);
+#else
+  const unsigned long long xy = ((unsigned long long)y << 32) | x;
+  u32 r = 0;
+  for (int i = 0; i < 4; i++) r |= (u32)((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// x rounded to bf16 (nearest, ties to even) and widened back -- bf16_to_f32(f32_to_bf16(x)) -- for x = +-0 or
+// a normal x with |x| < 2^111, by Veltkamp's split: c = 65537 x, then c - (c - x) keeps x's top 8 significant
+// bits, rounded to nearest even. Three fp32 operations on the FMA pipe where the integer code is ~7 with
+// its NaN test, on the integer pipe (half the issue rate): bf16 decode_sum rounds every decoded value of
+// every payload row. Outside the range it is wrong, so callers take it only where they know the range
+// (CqInt::decodes_normal): an fp32 subnormal keeps bits bf16 has not (the split is exact there), and
+// 65537 x overflows near 2^112. tests/unit/test_simt.py checks it against the integer code on every fp32
+// of three binades (the lowest normal one, [1, 2), the top one below 2^111) and both signs: every other
+// binade scales from [1, 2) exactly, as no operation underflows or overflows there.
+CCOLL_CONV_HD float f32_round_bf16_normal(float x) {
+#ifdef __CUDA_ARCH__
+  float c, d, r;
+  asm("mul.rn.f32 %0, %1, 0f47800100;" : "=f"(c) : "f"(x));  // 65537
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(c), "f"(x));
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(c), "f"(d));
+  return r;
+#else
+  const float c = x * 65537.0f;  // the host and simt builds run with -ffp-contract=off
+  return c - (c - x);
+#endif
 }
 
 CCOLL_CONV_HD u32 f16_to_f32_int(u16 h) {

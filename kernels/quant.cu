@@ -61,7 +61,12 @@ shared with the host build):
           vector load (a warp: 512 contiguous bytes, 4 full lines), then per word decode and store (one
           vector store of its G outputs when aligned); pure streaming.
   decode_sum: one thread per 16-byte q group of the output, looping over the p payload rows in order
-          0..p-1 (the group loads of 2 rows in flight, int4 1: its 32 accumulators fill the budget).
+          0..p-1, the group loads of 2 rows issued before either is decoded (CqDecodeSum::group; int4 1:
+          its 32 accumulators fill the budget, two rows spill 52 B at 64 registers).
+  decode_rows and decode_sum take a path without per-word tests for a whole group (one scale, every word
+  in the output) whose scale passes F::decodes_normal, and round with Tr::Normal there (bf16: Veltkamp's
+  split, kernels/common.cuh; fp16: the conversion instructions without the NaN select); any other group
+  (partial, straddling blocks, a tiny, huge or non-finite block's scale, fp8) the general per-word path.
   Payload pointers that are not 16-byte aligned (the codecs never pass one: ccoll/codecs/buffers.py
   copies them) fall back to word loads; outputs that are not aligned, to element stores.
   _rot kernels: one team per block for every op; the team holds the whole block in registers (CqRot).
@@ -92,8 +97,11 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       words across lanes with shuffles before decoding, so each store instruction is contiguous).
   Bytes in flight per SM (loads): decode_rows 40 warps x 32 x 16 B = 20 KB of q (the q share of its
     traffic is 1/5 (f32) to 1/3 (bf16), needing ~6..10 KB: met 2..3x; the 4-B word loads before gave
-    ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB (int4 16 KB; its traffic is mostly
-    reads: met); encode (pass 0 issues two 16-B loads before using either) 32 warps x 32 x 32 B = 32 KB
+    ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB: met (counted on the SASS: before
+    CqDecodeSum::group issued both rows' loads first, the compiler's unrolled row loop issued each row's
+    loads after the previous row's branches, 16 KB); int4 one row, 16 KB: about 55% of the ~29 KB, so int4
+    decode_sum is latency-bound by this estimate (the lift: 8-byte q groups per thread for int4, 16
+    accumulators, 4 rows in flight; not done); encode (pass 0 issues two 16-B loads before using either) 32 warps x 32 x 32 B = 32 KB
     for f32 and, with two-word loads, for bf16 whole blocks too (its reads are 2/3 of the traffic: met).
   Instructions per value, counted on the SASS (sm_90, NVRTC 13 with the codec's options + -lineinfo,
     `nvdisasm -c -gi`: every instruction carries its inline chain of source lines), by hand along the path
@@ -147,26 +155,38 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     over 32 values per lane while each team load stays a line; the division below. Not done. Stochastic
     adds roughly 20 per value (the hash, read off the same SASS).
     decode_rows int8, counted the same way (a thread per 16-byte q group = 16 values; one scale per group,
-    aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division; counted
-    with the I2F conversions that decode_sum's paragraph below replaces by two ALU / FMA slots each):
+    aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division). Before
+    the whole-group path and the byte permutes (counted with the I2F conversions):
     - f32: loop head 5, row division 31, addresses 25, q load 21 (the scalar and vector loads are both
       issued, one predicated off), scale index 3 + load 11, then per word 19..24 (3 I2F.S8 + 1 I2FP, 4 FMUL,
       byte extracts, one STG.128) = 193 per group, ~12 per value (~10.5 with a power-of-two row of groups)
       against a budget of ~34 (100%) for its 5 B per value: memory-bound, ~2.8x headroom.
     - bf16: per word ~51 (the f32 -> bf16 rounding with its NaN test, ~7.5 per value, and an 8-byte store),
-      ~316 per group = ~20 per value against ~21 (100%) / ~27 (75%) for 3 B per value: memory-bound on
-      paper, no margin.
-    decode_sum (not counted instruction by instruction): per payload row ~1 B per value, a budget of ~7
-    issue slots per value and row. Each decoded value took an I2F on the conversion pipe (16 per clock per
-    SM, ~4.2e12/s, below the ~4.8e12 value-rows/s HBM allows), so it was conversion-bound before anything
-    else. Now int8 / int4 -> fp32 is an integer add on 1.5 * 2^23's bits and one FADD (CqInt::value), two
-    full-rate instructions: sm_90 static I2F in int8 decode_sum_f32 166 -> 22 (those left: the 32-bit
-    divisions' set-up), decode_rows 45 -> 13. f32 decode_sum is then ~5..6 slots per value and row (extract,
-    add, sub, mul, accumulate): memory-bound on paper. bf16's integer rounding of each row's decode adds ~7:
-    ~50% expected. Tried and not kept: cvt.rn.bf16.f32 for that rounding (sm_90 F2F.BF16.F32; static int8
-    decode_sum_bf16 2904 -> 2176 instructions) -- one conversion-pipe instruction per value and row again.
-    (fp16's conversions are instructions because its integer code was ~10..20 branchy instructions each
-    way; they too use the conversion pipe, so fp16 decode_sum stays conversion-bound near ~85%.)
+      ~316 per group = ~20 per value against ~21 (100%) / ~27 (75%) for 3 B per value: no margin.
+    Now (nvcc 13 sm_90 SASS of the whole-group path, the same head of ~96): per value one PRMT (the q byte
+    into the bits of 1.5 * 2^23, after one XOR per word: CqInt::decode_word), one FADD, one FMUL; bf16
+    adds the split's three FMA-pipe instructions and half a PRMT to pack two bf16 (cq_pack2). bf16: 129
+    per group after the head, ~222 = ~14 per value against ~21 (100%): memory-bound, ~1.5x headroom; f32
+    ~9.5 per value.
+    decode_sum, counted on the SASS (NVRTC 13, sm_90, `python tools/sass_loop.py
+    ccoll_int8_decode_sum_bf16`: one turn of the row loop, two rows of a group = 32 value-rows, along the
+    fall-through of every conditional branch; "before" by the same walk on nvcc 13's SASS of 5622825,
+    taking the one-scale branches):
+      | input | before (row loop unrolled by the compiler) | now (CqDecodeSum::group, whole groups)   |
+      | f32   | 328 = ~10.3 per value-row                  | 200 = ~6.3                               |
+      | bf16  | 556 = ~17.4 (integer rounding + NaN test)  | 297 = ~9.3 (the split: 3 FMA-pipe)       |
+      | f16   | 376 = ~11.8                                | 248 = ~7.8 (2 conversions per value-row) |
+    The budget per value-row is ~33e12 / (4.8e12 / bytes): ~1 B of q per value-row plus the 4 B fp32
+    output over p rows, so ~7 issue slots for large p, ~10 at p = 8, ~20 at p = 2: f32 memory-bound, bf16
+    ~75% at large p and memory-bound from p ~ 8 down (before: ~40% and ~67% at large p). I2F: the int ->
+    fp32 conversion is no conversion-pipe instruction (a GPU's I2F runs at a quarter of the FMA rate,
+    ~4.2e12/s on an H200, below the ~4.8e12 value-rows/s HBM allows); the static I2F left (sm_90 int8
+    decode_sum_f32 22, decode_rows 13) are the 32-bit divisions' set-up. Tried and not kept:
+    cvt.rn.bf16.f32 for the bf16 rounding (F2F.BF16.F32, one conversion-pipe instruction per value and
+    row). fp16 keeps its conversion instructions (its integer code is ~10..20 branchy instructions each
+    way): per value-row half an F2FP.F16.F32.PACK_AB and one HADD2.F32. If both ran on the quarter-rate
+    conversion pipe, fp16 decode_sum would be conversion-bound near ~60%; the F2FP alone is not binding.
+    Which pipe HADD2.F32 takes is not documented: a device measurement decides.
     A cheaper correctly rounded division (the reciprocal once per
     block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
@@ -285,37 +305,59 @@ CQ_HD float cq_canonical_nan(float a) {
 // element types: conversion to / from fp32 in kernels/common.cuh (integer code, torch's CPU semantics,
 // one NaN pattern per format)
 
+// round(f): f rounded to the type and widened back, to_f(from_f(f)): what a receiver of that type sees.
 // ``Whole``: conversions exact for every non-NaN value, for code where a NaN's bits do not matter: the
 // whole-block encode path (CqEncodeRows::load_whole only tests its values for NaN; a block with one takes the
 // general path and converts again) and decode_sum's per-row rounding (a NaN makes the sum NaN, stored
 // canonical).
+// ``Normal``: conversions exact for +-0 and for normal values below 2^111 -- every value a block decodes to
+// where F::decodes_normal(scale) holds -- with a cheaper rounding where one exists: bf16 Veltkamp's split
+// (kernels/common.cuh, three FMA-pipe instructions instead of ~7 integer ones), fp16 the instructions
+// without the NaN select. The decodes test the scale once per word and take it or the general code.
 
 struct CqF32 {
     typedef cq_u32 storage;
     typedef CqF32 Whole;
+    typedef CqF32 Normal;
     static CQ_HD float to_f(storage b) { return cq_u2f(b); }
     static CQ_HD storage from_f(float f) { return cq_f2u(f); }
+    static CQ_HD float round(float f) { return f; }
+};
+
+struct CqBF16Normal {  // for +-0 and normal values below 2^111 only (see above)
+    typedef cq_u16 storage;
+    typedef CqBF16Normal Whole;
+    typedef CqBF16Normal Normal;
+    static CQ_HD float round(float f) { return ccoll_conv::f32_round_bf16_normal(f); }
+    static CQ_HD float to_f(storage b) { return cq_u2f(ccoll_conv::bf16_to_f32(b)); }
+    static CQ_HD storage from_f(float f) { return (storage)(cq_f2u(round(f)) >> 16); }
 };
 
 struct CqBF16 {
     typedef cq_u16 storage;
     typedef CqBF16 Whole;
+    typedef CqBF16Normal Normal;
     static CQ_HD float to_f(storage b) { return cq_u2f(ccoll_conv::bf16_to_f32(b)); }
     static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_bf16(cq_f2u(f)); }
+    static CQ_HD float round(float f) { return to_f(from_f(f)); }
 };
 
 struct CqF16Ieee {  // the conversion instructions without the NaN select: ~6 instructions per value less
     typedef cq_u16 storage;
     typedef CqF16Ieee Whole;
+    typedef CqF16Ieee Normal;
     static CQ_HD float to_f(storage h) { return cq_u2f(ccoll_conv::f16_to_f32_ieee(h)); }
     static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_f16_ieee(cq_f2u(f)); }
+    static CQ_HD float round(float f) { return to_f(from_f(f)); }
 };
 
 struct CqF16 {
     typedef cq_u16 storage;
     typedef CqF16Ieee Whole;
+    typedef CqF16Ieee Normal;
     static CQ_HD float to_f(storage h) { return cq_u2f(ccoll_conv::f16_to_f32(h)); }
     static CQ_HD storage from_f(float f) { return ccoll_conv::f32_to_f16(cq_f2u(f)); }
+    static CQ_HD float round(float f) { return to_f(from_f(f)); }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -401,12 +443,27 @@ struct CqInt {
         v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
         return (cq_u32)cq_f2i(cq_clamp(v, (float)QMAX)) & ((1u << BITS) - 1u);
     }
-    // (float)q without a conversion instruction: a GPU's I2F runs on its conversion pipe at a quarter of the
-    // FMA rate, which bounded decode_sum (one per value and payload row). The bits of 1.5 * 2^23 plus q are
-    // the float 1.5 * 2^23 + q (one unit per mantissa step, |q| < 2^22), less 1.5 * 2^23: q exactly.
-    static CQ_HD float value(cq_u32 field, float scale) {
-        const cq_u32 biased = (field ^ (1u << (BITS - 1))) + (0x4B400000u - (1u << (BITS - 1)));  // + q
-        return cq_mul(cq_sub(cq_u2f(biased), 12582912.0f), scale);
+    // the G values of q word w: (float)q * scale. (float)q without a conversion instruction: a GPU's I2F
+    // runs on its conversion pipe at a quarter of the FMA rate, which bounded decode_sum (one per value and
+    // payload row). One XOR per word makes every field q + 2^(BITS-1) in [0, 2^BITS); that field ORed into
+    // the bits of 1.5 * 2^23 is the float 1.5 * 2^23 + q + 2^(BITS-1) (one unit per mantissa step), and one
+    // FADD takes the constant off: q exactly. Per value one field extract (int8: one byte permute), one
+    // FADD and the FMUL.
+    static CQ_HD void decode_word(cq_u32 w, float scale, float* v) {
+        constexpr cq_u32 MASK = (1u << BITS) - 1u;
+        const cq_u32 biased = w ^ (0xFFFFFFFFu / MASK << (BITS - 1));  // every field + 2^(BITS-1)
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+            const cq_u32 bits = BITS == 8 ? ccoll_conv::byte_perm(biased, 0x4B400000u, 0x7650u | k)  // byte k
+                                          : 0x4B400000u | ((biased >> (BITS * k)) & MASK);
+            v[k] = cq_mul(cq_sub(cq_u2f(bits), 12582912.0f + (float)(1u << (BITS - 1))), scale);
+        }
+    }
+    // every value a block with this scale decodes to is +-0 or normal below 2^111 (|q| <= 2^(BITS-1), so
+    // |q| * scale lies in [scale, 2^(BITS-1+104))), so its decodes may round with Tr::Normal; false for a
+    // NaN (non-finite block), negative or huge scale, and for a subnormal one (a tiny block)
+    static CQ_HD bool decodes_normal(float scale) {
+        return cq_f2u(scale) - 0x00800000u < 0x73800000u - 0x00800000u;  // 2^-126 <= scale < 2^104
     }
     static CQ_HD float load_scale(const cq_u8* payload, cq_i64 b) { return reinterpret_cast<const float*>(payload)[b]; }
     static CQ_HD void store_scale(cq_u8* payload, cq_i64 b, const CqBlock& p) {
@@ -483,6 +540,13 @@ struct CqFp8 {
         }
         return cq_mul(v, scale);
     }
+    static CQ_HD void decode_word(cq_u32 w, float scale, float* v) {
+#pragma unroll
+        for (int k = 0; k < G; ++k) v[k] = value((w >> (8 * k)) & 0xffu, scale);
+    }
+    // fp8 decodes keep the general rounding: E5M2's Inf codes decode to Inf, outside Tr::Normal's range
+    // (and a normal fp8 decode is exact in bf16 and fp16's exponent range is not fp32's)
+    static CQ_HD bool decodes_normal(float) { return false; }
     static CQ_HD float load_scale(const cq_u8* payload, cq_i64 b) {
         const cq_u32 code = payload[b];
         if (code == 255u) return cq_u2f(CQ_NAN_BITS);
@@ -524,8 +588,7 @@ CQ_HD cq_u32 cq_encode_word(const float* v, int count, const CqBlock& b, bool st
 
 template <class F>
 CQ_HD void cq_decode_word(cq_u32 w, float scale, float* v) {
-#pragma unroll
-    for (int k = 0; k < F::G; ++k) v[k] = F::value((w >> (F::BITS * k)) & ((1u << F::BITS) - 1u), scale);
+    F::decode_word(w, scale, v);
 }
 
 // load G values (count valid, the rest 0) as fp32; vec: 16-byte-aligned whole word, one vector access
@@ -568,6 +631,14 @@ CQ_HD void cq_load_word(const typename Tr::storage* x, cq_i64 i0, int count, boo
     for (int k = 0; k < G; ++k) v[k] = k < count ? Tr::to_f(x[i0 + k]) : 0.0f;
 }
 
+// two values of a 16-bit type in one word, the first in the low half
+template <class Tr>
+CQ_HD cq_u32 cq_pack2(float a, float b) { return (cq_u32)Tr::from_f(a) | (cq_u32)Tr::from_f(b) << 16; }
+template <>  // the split leaves the low halves zero: their high halves by one byte permute
+CQ_HD cq_u32 cq_pack2<CqBF16Normal>(float a, float b) {
+    return ccoll_conv::byte_perm(cq_f2u(CqBF16Normal::round(a)), cq_f2u(CqBF16Normal::round(b)), 0x7632u);
+}
+
 template <class Tr, int G>
 CQ_HD void cq_store_word(typename Tr::storage* y, cq_i64 i0, int count, bool vec, const float* v) {
     typedef typename Tr::storage S;
@@ -576,13 +647,8 @@ CQ_HD void cq_store_word(typename Tr::storage* y, cq_i64 i0, int count, bool vec
     if (vec && count == G) {
         cq_u32 words[NBYTES / 4];
 #pragma unroll
-        for (int j = 0; j < NBYTES / 4; ++j) words[j] = 0;
-#pragma unroll
-        for (int k = 0; k < G; ++k) {
-            const cq_u32 bits = (cq_u32)Tr::from_f(v[k]);
-            if (sizeof(S) == 4) words[k] = bits;
-            else words[k >> 1] |= bits << (16 * (k & 1));
-        }
+        for (int j = 0; j < NBYTES / 4; ++j)
+            words[j] = sizeof(S) == 4 ? (cq_u32)Tr::from_f(v[j]) : cq_pack2<Tr>(v[2 * j], v[2 * j + 1]);
         if (NBYTES % 16 == 0) {
 #pragma unroll
             for (int j = 0; j < NBYTES / 16; ++j) {
@@ -853,7 +919,7 @@ struct CqEncodeRows {
 #pragma unroll
         for (int k = 0; k < G; ++k) {
             c[k] = cq_add(c[k], r[k]);
-            sent[k] = Tr::to_f(Tr::from_f(c[k]));
+            sent[k] = Tr::round(c[k]);
         }
     }
 
@@ -863,7 +929,7 @@ struct CqEncodeRows {
         float r[G];
 #pragma unroll
         for (int k = 0; k < G; ++k) {
-            r[k] = cq_sub(c[k], Tr::to_f(Tr::from_f(decoded[k])));
+            r[k] = cq_sub(c[k], Tr::round(decoded[k]));
             if (cq_abs_bits(r[k]) >= CQ_INF_BITS || e + k >= g.numel) r[k] = 0.0f;
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
@@ -877,7 +943,7 @@ struct CqEncodeRows {
     // what is encoded from c (x, or x + residual in fp32): c itself, or c rounded to the input type
     struct Sent {
         bool round;
-        CQ_HD float operator()(float c) const { return round ? Tr::to_f(Tr::from_f(c)) : c; }
+        CQ_HD float operator()(float c) const { return round ? Tr::round(c) : c; }
     };
 
     // q word w of the block at padded index e0 (count values c, see load): quantize, store, and the residuals
@@ -942,7 +1008,7 @@ struct CqEncodeRows {
 #pragma unroll
             for (int k = 0; k < GV; ++k) {
                 c[k] = cq_add(c[k], r[k]);
-                sent[k] = W::to_f(W::from_f(c[k]));
+                sent[k] = W::round(c[k]);
             }
         } else {
 #pragma unroll
@@ -1010,7 +1076,7 @@ struct CqEncodeRows {
 #pragma unroll
                     for (int k = 0; k < G; ++k) {
                         float& rk = r[v * G + k];
-                        rk = cq_sub(c[v * G + k], W::to_f(W::from_f(d[k])));
+                        rk = cq_sub(c[v * G + k], W::round(d[k]));
                         if (cq_abs_bits(rk) >= CQ_INF_BITS) rk = 0.0f;
                     }
                 }
@@ -1168,6 +1234,15 @@ struct CqDecodeRows {
         cq_u32 q[GW];
         cq_load_group(qwords, w0, vec_q, q);
         const float scale0 = F::load_scale(payload, block_of_word(w0));
+        if (one_scale && have >= GV && F::decodes_normal(scale0)) {  // the common case: no per-word tests
+#pragma unroll
+            for (int j = 0; j < GW; ++j) {
+                float v[G];
+                cq_decode_word<F>(q[j], scale0, v);
+                cq_store_word<typename Tr::Normal, G>(y, e0 + j * G, G, vec, v);
+            }
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < GW; ++j) {
             const int count = (int)cq_min(G, have - j * G);
@@ -1229,29 +1304,67 @@ struct CqDecodeSum {
     CQ_HD cq_i64 ngroups() const { return ((numel + G - 1) / G + GW - 1) / GW; }
     CQ_HD cq_i64 nunits() const { return cq_nblocks(numel, block); }
 
-    CQ_HD void group(cq_i64 gi) const {
+    // a word's G decoded values, each rounded to the input type by R, added to the sums
+    template <class R>
+    static CQ_HD void add_rounded(float* acc, const float* v) {
+#pragma unroll
+        for (int k = 0; k < G; ++k) acc[k] = cq_add(acc[k], R::round(v[k]));
+    }
+
+    // row r's q group at word w0 (`have` values of it in the output) with scale0, the scale of its first
+    // word, decoded, each value rounded to the input type and added to the sums
+    CQ_HD void add_row(cq_i64 r, cq_i64 w0, cq_i64 have, const cq_u32* q, float scale0, float* acc) const {
         typedef typename Tr::Whole W;  // a NaN's bits do not matter: the sum is NaN and stored canonical
+        if (one_scale && have >= GV && F::decodes_normal(scale0)) {  // the common case: no per-word tests
+#pragma unroll
+            for (int j = 0; j < GW; ++j) {
+                float v[G];
+                cq_decode_word<F>(q[j], scale0, v);
+                add_rounded<typename Tr::Normal>(acc + j * G, v);
+            }
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < GW; ++j) {
+            if (j * G >= have) break;
+            const float scale = one_scale || j == 0 ? scale0 : F::load_scale(payloads + r * row_nbytes, block_of_word(w0 + j));
+            float v[G];
+            cq_decode_word<F>(q[j], scale, v);
+            add_rounded<W>(acc + j * G, v);
+        }
+    }
+
+    CQ_HD void load_row(cq_i64 r, cq_i64 w0, cq_i64 b0, cq_u32* q, float& scale0) const {
+        const cq_u8* row = payloads + r * row_nbytes;
+        cq_load_group(reinterpret_cast<const cq_u32*>(row + scale_nbytes), w0, vec_q, q);
+        scale0 = F::load_scale(row, b0);
+    }
+
+    CQ_HD void group(cq_i64 gi) const {
         const cq_i64 w0 = gi * GW;
         const cq_i64 have = numel - w0 * G;  // > 0: values of the group in the output
         float acc[GV];
 #pragma unroll
         for (int k = 0; k < GV; ++k) acc[k] = 0.0f;
         const cq_i64 b0 = block_of_word(w0);
-        // unrolled: the group loads of ROWS_IN_FLIGHT rows are in flight together (the adds stay in row order)
-#pragma unroll ROWS_IN_FLIGHT
-        for (cq_i64 r = 0; r < p; ++r) {
-            const cq_u8* row = payloads + r * row_nbytes;
-            cq_u32 q[GW];
-            cq_load_group(reinterpret_cast<const cq_u32*>(row + scale_nbytes), w0, vec_q, q);
-            const float scale0 = F::load_scale(row, b0);
+        // the group loads of ROWS_IN_FLIGHT rows are issued before any of them is used (a loop unrolled by the
+        // compiler issues each row's loads after the previous row's branches); the adds stay in row order
+        constexpr int R = ROWS_IN_FLIGHT;
+        cq_i64 r = 0;
+        for (; r + R <= p; r += R) {
+            cq_u32 q[R][GW];
+            float scale0[R];
 #pragma unroll
-            for (int j = 0; j < GW; ++j) {
-                if (j * G >= have) break;
-                const float scale = one_scale || j == 0 ? scale0 : F::load_scale(row, block_of_word(w0 + j));
-                float v[G];
-                cq_decode_word<F>(q[j], scale, v);
+            for (int i = 0; i < R; ++i) load_row(r + i, w0, b0, q[i], scale0[i]);
 #pragma unroll
-                for (int k = 0; k < G; ++k) acc[j * G + k] = cq_add(acc[j * G + k], W::to_f(W::from_f(v[k])));
+            for (int i = 0; i < R; ++i) add_row(r + i, w0, have, q[i], scale0[i], acc);
+        }
+        if constexpr (R > 1) {
+            for (; r < p; ++r) {
+                cq_u32 q[GW];
+                float scale0;
+                load_row(r, w0, b0, q, scale0);
+                add_row(r, w0, have, q, scale0, acc);
             }
         }
 #pragma unroll
@@ -1284,7 +1397,7 @@ struct CqDecodeSum {
                 else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
             }
             rot.inverse<G>(v, nw, t, len == block);
-            for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], W::to_f(W::from_f(v[i])));
+            for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], W::round(v[i]));
         }
         for (int i = 0; i < nw * G; ++i) acc[i] = cq_canonical_nan(acc[i]);
         for (int j = 0; j < nw; ++j) {

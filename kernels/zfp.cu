@@ -712,16 +712,7 @@ template <class Scalar, int D> CCOLL_HD int kmin_for(int emax) {
 // still carry group tests (4 values make it 11 instructions a plane); it skips its leading all-zero planes
 // at once and writes its all-significant tail as a nibble stream (plane_nibbles below), so only ~2-3 planes
 // of a block are gathered.
-CCOLL_HD ccoll_u32 byte_perm(ccoll_u32 x, ccoll_u32 y, ccoll_u32 sel) {  // CUDA's __byte_perm
-#ifdef __CUDA_ARCH__
-  return __byte_perm(x, y, sel);
-#else
-  ccoll_u64 xy = ((ccoll_u64)y << 32) | x;
-  ccoll_u32 r = 0;
-  for (int i = 0; i < 4; i++) r |= (ccoll_u32)((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  return r;
-#endif
-}
+using ccoll_conv::byte_perm;  // kernels/common.cuh
 // ---- dims=1: planes as a nibble stream --------------------------------------------------------------
 // Once 3 of the 4 coefficients of a dims=1 block are significant, every further plane is its 4 bits
 // verbatim (with 3 significant, the one group test left is the 4th coefficient's bit, its 1 implied),

@@ -154,7 +154,8 @@ def build_host(name: str) -> Path:
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         cmd = [
             _nvcc(), "-O3", "-std=c++17", "-DCCOLL_HOST", f"-I{KERNEL_DIR}",
-            "-Xcompiler", "-fPIC,-O3,-fopenmp", "-shared", "-lgomp", "-o", str(tmp), str(source(name)),
+            # -ffp-contract=off: no a*b+c contraction on a host with FMA instructions (as the GPU's --fmad=false)
+            "-Xcompiler", "-fPIC,-O3,-fopenmp,-ffp-contract=off", "-shared", "-lgomp", "-o", str(tmp), str(source(name)),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -220,3 +220,40 @@ def test_block_regions_rules():
     assert [names[i] for i in range(len(blocks))] == [
         "test", "limit", "limit.store", "found", "sig", "piece.first", "piece.again", "piece.first"]
     assert se.region_costs(blocks, r, set(range(len(blocks))))["piece.again"] == 3
+
+
+# ---- tools/sass_loop.py: kernels/quant.cu's decode_sum counts -------------------------------------------------
+
+_LOOP_SASS = """
+//--------------------- .text.k --------------------------
+.text.k:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   ISETP.GT.U32.OR P0, PT, R8, 0x72ffffff, P0 ;
+        /*0030*/               @P0 BRA `(.L_x_2) ;
+        /*0040*/                   FADD R9, R9, R4 ;
+        /*0050*/                   BRA `(.L_x_3) ;
+.L_x_2:
+        /*0060*/                   LOP3.LUT R4, R4, 0x7fffffff, RZ, 0xc0, !PT ;
+        /*0070*/                   FADD R9, R9, R4 ;
+.L_x_3:
+        /*0080*/                   BSYNC B0 ;
+        /*0090*/              @!P1 BRA `(.L_x_1) ;
+        /*00a0*/                   EXIT ;
+//--------------------- .text.other --------------------------
+"""
+
+
+def test_sass_loop_walks_one_turn_along_the_fall_through_or_the_taken_branch():
+    """The decode_sum figures in kernels/quant.cu's header come from this walk: the fall-through path skips the
+    branch-target block, --take follows it instead, and the walk ends at the branch back to the loop head."""
+    import sass_loop
+
+    lines = sass_loop.kernel_lines(_LOOP_SASS, "k")
+    fast = sass_loop.loop_turn(lines)
+    assert [sass_loop.opcode(t) for t in fast] == ["LDG", "ISETP", "BRA", "FADD", "BRA", "BSYNC", "BRA"]
+    slow = sass_loop.loop_turn(lines, {".L_x_2"})
+    assert [sass_loop.opcode(t) for t in slow] == ["LDG", "ISETP", "BRA", "LOP3", "FADD", "BSYNC", "BRA"]
+    with pytest.raises(ValueError, match="no LDG.E.128"):
+        sass_loop.loop_turn(sass_loop.kernel_lines(_LOOP_SASS.replace("LDG.E.128", "LDG.E"), "k"))

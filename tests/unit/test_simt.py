@@ -454,6 +454,46 @@ def test_fp16_conversion_instructions_give_the_integer_codes_bits_on_every_half_
     assert ties.sum() > 10000
 
 
+_SPLIT_SRC = r"""#include "common.cuh"
+// per (binade, thread): how many of the binade's 2^23 floats the split rounds to other bits than the integer code
+extern "C" __global__ void simt_bf16_split(const unsigned int* starts, unsigned int* mismatches) {
+  const unsigned int start = starts[blockIdx.x];
+  unsigned int bad = 0;
+  for (unsigned int i = threadIdx.x; i < (1u << 23); i += blockDim.x) {
+    const unsigned int u = start + i;
+    float f, r;
+    __builtin_memcpy(&f, &u, 4);
+    r = ccoll_conv::f32_round_bf16_normal(f);
+    unsigned int got;
+    __builtin_memcpy(&got, &r, 4);
+    bad += got != ccoll_conv::bf16_to_f32(ccoll_conv::f32_to_bf16(u));
+  }
+  mismatches[blockIdx.x * blockDim.x + threadIdx.x] = bad;
+}
+"""
+
+
+def test_bf16_split_rounds_like_the_integer_code_on_every_float_of_its_range(tmp_path):
+    """kernels/common.cuh's f32_round_bf16_normal (Veltkamp's split: three fp32 operations; the bf16 decodes'
+    rounding where CqInt::decodes_normal holds) against the integer round-to-nearest-even code, on every float
+    of the binades [2^-126, 2^-125), [1, 2) and [2^110, 2^111), both signs. No operation of the split
+    underflows or overflows for a normal |x| < 2^111, so every binade between is an exact power-of-two scaling
+    of [1, 2): this is the whole range. Negative controls: the subnormals and [2^111, 2^112) (65537 x
+    overflows near 2^112), where the split is wrong, do differ, so the range the decodes test is needed."""
+    inside = [0x00800000, 0x3F800000, 0x76800000]
+    outside = [0x00000000, 0x77000000]
+    starts = inside + [u | 0x80000000 for u in inside] + outside
+    threads = 32
+    mismatches = _guarded_like(torch.zeros(len(starts) * threads, dtype=torch.int32))
+    path = tmp_path / "bf16_split.cu"
+    path.write_text(_SPLIT_SRC)
+    simt.launch(path, "simt_bf16_split", len(starts), threads,
+                (torch.tensor(starts, dtype=torch.int64).to(torch.int32), mismatches))
+    per_binade = mismatches.view(len(starts), threads).sum(1).tolist()
+    assert per_binade[:6] == [0] * 6
+    assert per_binade[6] > 1000 and per_binade[7] > 0, per_binade
+
+
 # --------------------------------------------------------------------------------------------------------------
 # negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
 

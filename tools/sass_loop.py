@@ -1,0 +1,96 @@
+"""Issue slots of one turn of a quant decode kernel's streaming loop, read off its sm_90 SASS: the figures of
+kernels/quant.cu's header for decode_sum (``python tools/sass_loop.py ccoll_int8_decode_sum_bf16``).
+
+Why: the header states how many instructions decode_sum spends per value and payload row. No GPU has measured
+it, so the figure must at least be re-derivable from the repo. The tool compiles kernels/quant.cu for sm_90
+by NVRTC with the codec's options (what a GPU loads), disassembles it (nvdisasm, see tools/sass_estimate.py)
+and follows one path through the loop whose body holds the kernel's first 16-byte load (LDG.E.128): the
+fall-through of every conditional branch (in today's decode_sum, the whole-group path that
+F::decodes_normal admits) unless ``--take LABEL`` names a branch target to follow instead, every unconditional
+branch taken, until the branch back to the loop's head. Every instruction is one warp issue slot, a
+predicated-off one included. A static count at full issue efficiency: not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sass_estimate  # noqa: E402  (find_nvdisasm, disassemble, nvdisasm's line format)
+
+_INS = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRA = re.compile(r"^(@!?U?P\w+\s+)?BRA(?:\.\w+)*\s+(?:!?U?P\d+,\s*)?`\((\.L_x_\d+)\)")
+
+
+def kernel_lines(sass: str, kernel: str) -> list[str]:
+    """The instruction and label lines of ``kernel``'s section of ``nvdisasm -c`` output."""
+    start = sass.find(f".text.{kernel}:")
+    if start < 0:
+        raise ValueError(f"no section .text.{kernel} in the disassembly")
+    end = sass.find("\n//---", start)
+    out = []
+    for text in sass[start:end if end > 0 else None].splitlines()[1:]:
+        if _LABEL.match(text) or _INS.match(text):
+            out.append(text.strip())
+    return out
+
+
+def loop_turn(lines: list[str], take: set[str] = frozenset()) -> list[str]:
+    """The instructions of one turn of the loop holding the first LDG.E.128, along the path described in the
+    module docstring. Raises ValueError when the walk does not come back to the loop's head."""
+    ins = [(_INS.match(t).group(1) if _INS.match(t) else None) for t in lines]
+    first = next((i for i, t in enumerate(ins) if t and "LDG.E.128" in t), None)
+    if first is None:
+        raise ValueError("no LDG.E.128 in the kernel")
+    head = next((i for i in range(first, -1, -1) if _LABEL.match(lines[i])), None)
+    if head is None:
+        raise ValueError("no label before the first LDG.E.128")
+    head_label = _LABEL.match(lines[head]).group(1)
+    where = {_LABEL.match(t).group(1): i for i, t in enumerate(lines) if _LABEL.match(t)}
+    path, i = [], head + 1
+    while i < len(lines) and len(path) <= len(lines):
+        t = ins[i]
+        if t is None:
+            i += 1
+            continue
+        path.append(t)
+        m = _BRA.match(t)
+        if m and m.group(2) == head_label:
+            return path
+        if m and (m.group(1) is None or m.group(2) in take):
+            i = where[m.group(2)] + 1
+            continue
+        i += 1
+    raise ValueError(f"the walk from {head_label} did not branch back to it")
+
+
+def opcode(instruction: str) -> str:
+    words = instruction.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kernels", nargs="+", help="e.g. ccoll_int8_decode_sum_bf16")
+    ap.add_argument("--take", action="append", default=[], help="follow the conditional branch to this label")
+    ap.add_argument("--nvdisasm", help="path to nvdisasm (default: see tools/sass_estimate.py)")
+    ap.add_argument("--values", type=int, default=32, help="value-rows per loop turn (decode_sum int8: 2 x 16)")
+    args = ap.parse_args(argv)
+    from ccoll import kernels
+
+    path = kernels.source(kernels.module_source("quant"))
+    _, cubin, _ = kernels.nvrtc().compile(path.read_text(), str(path), kernels.module_options("quant", "sm_90"))
+    sass = sass_estimate.disassemble(cubin, sass_estimate.find_nvdisasm(args.nvdisasm))
+    for kernel in args.kernels:
+        turn = loop_turn(kernel_lines(sass, kernel), set(args.take))
+        top = collections.Counter(opcode(t) for t in turn).most_common(8)
+        print(f"{kernel}: {len(turn)} issue slots per loop turn = {len(turn) / args.values:.2f} per value "
+              f"({args.values} per turn); " + ", ".join(f"{k} {n}" for k, n in top))
+
+
+if __name__ == "__main__":
+    main()
