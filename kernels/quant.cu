@@ -60,9 +60,10 @@ shared with the host build):
   decode_rows: one thread per 16-byte q group (4 q words: 16 values, int4 32) of any row: one 16-byte
           vector load (a warp: 512 contiguous bytes, 4 full lines), then per word decode and store (one
           vector store of its G outputs when aligned); pure streaming.
-  decode_sum: one thread per 16-byte q group of the output, looping over the p payload rows in order
-          0..p-1, the group loads of 2 rows issued before either is decoded (CqDecodeSum::group; int4 1:
-          its 32 accumulators fill the budget, two rows spill 52 B at 64 registers).
+  decode_sum: one thread per q group of 16 values of the output (int8 / fp8 16 bytes; int4 8 bytes: a
+          16-byte group's 32 accumulators left room for one row's loads at 64 registers, two rows spilled
+          52 B), looping over the p payload rows in order 0..p-1; the group loads of 2 rows (int4 4) are
+          issued before any of them is decoded (CqDecodeSum::group), 32 bytes of q per thread in flight.
   decode_rows and decode_sum take a path without per-word tests for a whole group (one scale, every word
   in the output) whose scale passes F::decodes_normal, and round with Tr::Normal there (bf16: Veltkamp's
   split, kernels/common.cuh; fp16: the conversion instructions without the NaN select); any other group
@@ -88,7 +89,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       f32 a lane's two 16-B halves of a word are two instructions over the same sectors (the second an L1
       hit); bf16/f16 int8 / fp8 whole blocks 16-B loads of two words (4 lines), other blocks 8-B loads of
       one (2 lines). q stores 32 x 4 B consecutive words = 1 whole line (bf16 int8: two 4-B stores per lane).
-    decode_rows / decode_sum: q loads 32 x 16 B = 512 contiguous bytes (4 lines, was 1 line of 4-B words).
+    decode_rows / decode_sum: q loads 32 x 16 B = 512 contiguous bytes (4 lines, was 1 line of 4-B words;
+      int4 decode_sum 32 x 8 B = 2 lines).
       Output stores: a thread's 16 outputs are contiguous, so one store instruction covers half of each of
       32 sectors (f32 int8 / fp8: lanes 64 B apart; bf16 8-B stores: a quarter); the group's next stores
       fill the rest before L2 writes back, so HBM sees whole sectors, but L1 -> L2 carries 2x (4x) the
@@ -97,12 +99,11 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       words across lanes with shuffles before decoding, so each store instruction is contiguous).
   Bytes in flight per SM (loads): decode_rows 40 warps x 32 x 16 B = 20 KB of q (the q share of its
     traffic is 1/5 (f32) to 1/3 (bf16), needing ~6..10 KB: met 2..3x; the 4-B word loads before gave
-    ~6 KB, the edge); decode_sum 32 warps x 32 x 2 rows x 16 B = 32 KB: met (counted on the SASS: before
-    CqDecodeSum::group issued both rows' loads first, the compiler's unrolled row loop issued each row's
-    loads after the previous row's branches, 16 KB); int4 one row, 16 KB: about 55% of the ~29 KB, so int4
-    decode_sum is latency-bound by this estimate (the lift: 8-byte q groups per thread for int4, 16
-    accumulators, 4 rows in flight; not done); encode (pass 0 issues two 16-B loads before using either) 32 warps x 32 x 32 B = 32 KB
-    for f32 and, with two-word loads, for bf16 whole blocks too (its reads are 2/3 of the traffic: met).
+    ~6 KB, the edge); decode_sum 32 warps x 32 x 32 B (2 rows x 16 B; int4 4 x 8 B) = 32 KB: met. Before
+    (5622825) it was 16 KB, about 55% of the ~29 KB: the compiler's unrolled row loop issued each row's
+    loads after the previous row's branches (read off the SASS), and int4 had one row of 16 B; encode
+    (pass 0 issues two 16-B loads before using either) 32 warps x 32 x 32 B = 32 KB for f32 and, with
+    two-word loads, for bf16 whole blocks too (its reads are 2/3 of the traffic: met).
   Instructions per value, counted on the SASS (sm_90, NVRTC 13 with the codec's options + -lineinfo,
     `nvdisasm -c -gi`: every instruction carries its inline chain of source lines), by hand along the path
     of the common case -- encode_rows int8, f32, block 256, nearest, no feedback, aligned, whole block,
@@ -176,6 +177,10 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       | f32   | 328 = ~10.3 per value-row                  | 200 = ~6.3                               |
       | bf16  | 556 = ~17.4 (integer rounding + NaN test)  | 297 = ~9.3 (the split: 3 FMA-pipe)       |
       | f16   | 376 = ~11.8                                | 248 = ~7.8 (2 conversions per value-row) |
+      int4 (one 16-byte row of 32 values per turn before, four 8-byte rows of 16 now, `--values 64`): bf16
+      ~503 per 32 = ~15.7 -> 582 per 64 = ~9.1; f32 390 per 64 = ~6.1. An int4 value's field is one
+      PRMT after two masks and a shift per word (the byte permute with 1.5 * 2^23 as its first operand:
+      the other order put the selector in a register, one more IMAD per value at the register cap).
     The budget per value-row is ~33e12 / (4.8e12 / bytes): ~1 B of q per value-row plus the 4 B fp32
     output over p rows, so ~7 issue slots for large p, ~10 at p = 8, ~20 at p = 2: f32 memory-bound, bf16
     ~75% at large p and memory-bound from p ~ 8 down (before: ~40% and ~67% at large p). I2F: the int ->
@@ -447,15 +452,18 @@ struct CqInt {
     // runs on its conversion pipe at a quarter of the FMA rate, which bounded decode_sum (one per value and
     // payload row). One XOR per word makes every field q + 2^(BITS-1) in [0, 2^BITS); that field ORed into
     // the bits of 1.5 * 2^23 is the float 1.5 * 2^23 + q + 2^(BITS-1) (one unit per mantissa step), and one
-    // FADD takes the constant off: q exactly. Per value one field extract (int8: one byte permute), one
-    // FADD and the FMUL.
+    // FADD takes the constant off: q exactly. Per value one byte permute (int4: after two masks and a
+    // shift per word), one FADD and the FMUL.
     static CQ_HD void decode_word(cq_u32 w, float scale, float* v) {
         constexpr cq_u32 MASK = (1u << BITS) - 1u;
         const cq_u32 biased = w ^ (0xFFFFFFFFu / MASK << (BITS - 1));  // every field + 2^(BITS-1)
 #pragma unroll
         for (int k = 0; k < G; ++k) {
-            const cq_u32 bits = BITS == 8 ? ccoll_conv::byte_perm(biased, 0x4B400000u, 0x7650u | k)  // byte k
-                                          : 0x4B400000u | ((biased >> (BITS * k)) & MASK);
+            // int8: byte k; int4: byte k / 2 of the low (k even) or high nibbles, spread to bytes once per word
+            const cq_u32 bits = BITS == 8 ? ccoll_conv::byte_perm(biased, 0x4B400000u, 0x7650u | k)
+                                          : ccoll_conv::byte_perm(0x4B400000u, k % 2 ? (biased >> 4) & 0x0F0F0F0Fu
+                                                                                          : biased & 0x0F0F0F0Fu,
+                                                                  0x3214u + k / 2);
             v[k] = cq_mul(cq_sub(cq_u2f(bits), 12582912.0f + (float)(1u << (BITS - 1))), scale);
         }
     }
@@ -745,21 +753,29 @@ CQ_HD bool cq_aligned16(const void* p) { return (reinterpret_cast<cq_u64>(p) & 1
 // 16 bytes), so a group load never leaves the section -- its tail words are the zero padding.
 #define CQ_GROUP_WORDS 4
 
-// the CQ_GROUP_WORDS q words at word w0 (a multiple of CQ_GROUP_WORDS) of a q section; vec: the section is
-// 16-byte aligned (one vector load), else word loads (the host build always)
+// the GW (4 or 2) q words at word w0 (a multiple of GW) of a q section; vec: the section is 16-byte aligned
+// (one 16- or 8-byte vector load), else word loads (the host build always)
+template <int GW = CQ_GROUP_WORDS>
 CQ_HD void cq_load_group(const cq_u32* qwords, cq_i64 w0, bool vec, cq_u32* q) {
+    static_assert(GW == 4 || GW == 2, "a group is 16 or 8 bytes");
 #if defined(__CUDA_ARCH__) || defined(CCOLL_SIMT)
     if (vec) {
-        const CqV16 r = *reinterpret_cast<const CqV16*>(qwords + w0);
+        if constexpr (GW == 4) {
+            const CqV16 r = *reinterpret_cast<const CqV16*>(qwords + w0);
 #pragma unroll
-        for (int j = 0; j < CQ_GROUP_WORDS; ++j) q[j] = r.w[j];
+            for (int j = 0; j < GW; ++j) q[j] = r.w[j];
+        } else {
+            const CqV8 r = *reinterpret_cast<const CqV8*>(qwords + w0);
+            q[0] = r.w[0];
+            q[1] = r.w[1];
+        }
         return;
     }
 #else
     (void)vec;
 #endif
 #pragma unroll
-    for (int j = 0; j < CQ_GROUP_WORDS; ++j) q[j] = qwords[w0 + j];
+    for (int j = 0; j < GW; ++j) q[j] = qwords[w0 + j];
 }
 
 // the lanes that encode one quant block: a serial "team" of one on the host, T lanes of a warp on the GPU
@@ -1279,14 +1295,16 @@ struct CqDecodeRows {
     }
 };
 
-// fp32 row-order sum of the decodes of p payloads of numel values each, per 16-byte q group
+// fp32 row-order sum of the decodes of p payloads of numel values each, per q group of 16 values: 16 bytes
+// (int8, fp8) or 8 bytes (int4: a 16-byte group's 32 accumulators left room for one row's loads in flight
+// at 64 registers, two spilled 52 B; mirrored by ccoll/codecs/quant_kernels.py SUM_GROUP_WORDS)
 template <class Tr, class F>
 struct CqDecodeSum {
     static constexpr int G = F::G;
-    static constexpr int GW = CQ_GROUP_WORDS;
+    static constexpr int GW = F::BITS == 4 ? 2 : CQ_GROUP_WORDS;
     static constexpr int GV = GW * G;
-    // rows whose group loads are in flight together (each 16 bytes): 2; int4's 32 accumulators leave room for 1
-    static constexpr int ROWS_IN_FLIGHT = GV <= 16 ? 2 : 1;
+    // rows whose group loads are in flight together: 32 bytes of q per thread (Little's law, see the header)
+    static constexpr int ROWS_IN_FLIGHT = 32 / (4 * GW);
     const cq_u8* payloads;
     cq_i64 p, row_nbytes, numel, block, scale_nbytes;
     CqDiv block_of_word;
@@ -1336,7 +1354,7 @@ struct CqDecodeSum {
 
     CQ_HD void load_row(cq_i64 r, cq_i64 w0, cq_i64 b0, cq_u32* q, float& scale0) const {
         const cq_u8* row = payloads + r * row_nbytes;
-        cq_load_group(reinterpret_cast<const cq_u32*>(row + scale_nbytes), w0, vec_q, q);
+        cq_load_group<GW>(reinterpret_cast<const cq_u32*>(row + scale_nbytes), w0, vec_q, q);
         scale0 = F::load_scale(row, b0);
     }
 

@@ -4,7 +4,8 @@ kernels/quant.cu's header for decode_sum (``python tools/sass_loop.py ccoll_int8
 Why: the header states how many instructions decode_sum spends per value and payload row. No GPU has measured
 it, so the figure must at least be re-derivable from the repo. The tool compiles kernels/quant.cu for sm_90
 by NVRTC with the codec's options (what a GPU loads), disassembles it (nvdisasm, see tools/sass_estimate.py)
-and follows one path through the loop whose body holds the kernel's first 16-byte load (LDG.E.128): the
+and follows one path through the loop whose body holds the kernel's first vector load (LDG.E.128 or, int4's
+decode_sum, LDG.E.64): the
 fall-through of every conditional branch (in today's decode_sum, the whole-group path that
 F::decodes_normal admits) unless ``--take LABEL`` names a branch target to follow instead, every unconditional
 branch taken, until the branch back to the loop's head. Every instruction is one warp issue slot, a
@@ -40,15 +41,15 @@ def kernel_lines(sass: str, kernel: str) -> list[str]:
 
 
 def loop_turn(lines: list[str], take: set[str] = frozenset()) -> list[str]:
-    """The instructions of one turn of the loop holding the first LDG.E.128, along the path described in the
+    """The instructions of one turn of the loop holding the first vector load, along the path described in the
     module docstring. Raises ValueError when the walk does not come back to the loop's head."""
     ins = [(_INS.match(t).group(1) if _INS.match(t) else None) for t in lines]
-    first = next((i for i, t in enumerate(ins) if t and "LDG.E.128" in t), None)
+    first = next((i for i, t in enumerate(ins) if t and re.search(r"LDG\.E\.(128|64) ", t)), None)
     if first is None:
-        raise ValueError("no LDG.E.128 in the kernel")
+        raise ValueError("no vector load (LDG.E.128 / LDG.E.64) in the kernel")
     head = next((i for i in range(first, -1, -1) if _LABEL.match(lines[i])), None)
     if head is None:
-        raise ValueError("no label before the first LDG.E.128")
+        raise ValueError("no label before the first vector load")
     head_label = _LABEL.match(lines[head]).group(1)
     where = {_LABEL.match(t).group(1): i for i, t in enumerate(lines) if _LABEL.match(t)}
     path, i = [], head + 1
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("kernels", nargs="+", help="e.g. ccoll_int8_decode_sum_bf16")
     ap.add_argument("--take", action="append", default=[], help="follow the conditional branch to this label")
     ap.add_argument("--nvdisasm", help="path to nvdisasm (default: see tools/sass_estimate.py)")
-    ap.add_argument("--values", type=int, default=32, help="value-rows per loop turn (decode_sum int8: 2 x 16)")
+    ap.add_argument("--values", type=int, default=32, help="value-rows per loop turn (decode_sum: 2 rows x 16, int4 4 x 16)")
     args = ap.parse_args(argv)
     from ccoll import kernels
 

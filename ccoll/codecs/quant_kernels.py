@@ -47,9 +47,15 @@ class QuantKernelBackend:
         team = max(-(-words // self.WORDS_PER_LANE), -(-self.LINE_NBYTES // (word_nbytes * per_load)))
         return min(32, 1 << (chunks - 1).bit_length(), 1 << (team - 1).bit_length())
 
-    def _groups(self, numel: int) -> int:
-        """16-byte q groups of a payload of ``numel`` values: the plain decodes' threads."""
-        return -(-(-(-numel * self.bits // 32)) // self.GROUP_WORDS)
+    def _groups(self, numel: int, group_words: int = GROUP_WORDS) -> int:
+        """q groups of ``group_words`` words of a payload of ``numel`` values: the plain decodes' threads."""
+        return -(-(-(-numel * self.bits // 32)) // group_words)
+
+    @property
+    def _sum_group_words(self) -> int:
+        """q words per decode_sum thread (kernels/quant.cu CqDecodeSum::GW): 16 values per thread, so int4's
+        8-byte groups leave registers for 4 rows of loads in flight."""
+        return 2 if self.bits == 4 else self.GROUP_WORDS
 
     def _rot(self) -> tuple:
         """The rotate=hadamard instantiation's trailing argument (its sign seed); () for the plain kernels."""
@@ -89,7 +95,7 @@ class QuantKernelBackend:
     def _decode_sum_kernel(self, backend: str, payloads: torch.Tensor, numel: int, dtype: torch.dtype,
                            out: torch.Tensor) -> None:
         payloads = aligned(payloads)
-        nthreads = -(-numel // self.block) * self._team() if self.rotate else self._groups(numel)
+        nthreads = -(-numel // self.block) * self._team() if self.rotate else self._groups(numel, self._sum_group_words)
         rot = (self._team(), self.params["rotate_seed"]) if self.rotate else ()
         kernel_call.call(
             backend, "quant", self.kernel_format, self._op("decode_sum"), dtype, payloads.device, nthreads,

@@ -127,7 +127,7 @@ def _quant_spec(fmt: str, block: int, rnd: str, rot: str, seed: int) -> str:
 
 def _quant_cases(fmt: str):
     """(spec, rows, row_numel, feedback, misalign elements) for one format: every rounding (fp8: nearest
-    only) x rotation x feedback combination, blocks 8..4096 spread over them, 1 and 3 rows, word-aligned
+    only) x rotation x feedback combination, blocks 8..4096 spread over them, 1, 3 and 5 rows, word-aligned
     rows (vector loads) and odd ones, aligned and misaligned inputs."""
     rounds = ("nearest",) if fmt.startswith("fp8") else ("nearest", "stochastic")
     combos = list(itertools.product(rounds, ("none", "hadamard"), (False, True)))
@@ -138,9 +138,9 @@ def _quant_cases(fmt: str):
             rot = "none"
         row_numel = 2 * block + (block // 2 if block <= 256 else 0) + (3 if k // 2 % 2 else 8)
         cases.append((_quant_spec(fmt, block, rnd, rot, 1000 + k), 1 + 2 * (k % 2 == 0), row_numel, fb, k % 3 == 1))
-    for rnd, rot, fb in combos:  # every combination once more at the MX/default block sizes
-        block = 32 if fmt.startswith("fp8") else 256
-        cases.append((_quant_spec(fmt, block, rnd, rot, 99), 3, 3 * block + 5, fb, rot == "none"))
+    for rnd, rot, fb in combos:  # every combination once more at the MX/default block sizes, 5 rows: decode_sum
+        block = 32 if fmt.startswith("fp8") else 256  # takes rows in batches of 2 (int4: 4) and then the rest
+        cases.append((_quant_spec(fmt, block, rnd, rot, 99), 5, 3 * block + 5, fb, rot == "none"))
     return cases
 
 
