@@ -4,14 +4,20 @@ Algorithm (written once, templated on the element format F -- CqInt<8>, CqInt<4>
 "Element formats" below; the int formats are described here, fp8 at CqFp8 -- and on the input type
 f32 / bf16 / f16; BITS = F::BITS):
   per block of B consecutive values: absmax = max |x| (computed in fp32), scale = absmax / qmax with
-  qmax = 2^(BITS-1) - 1 (127 or 7), q = clamp(round(x / scale), -qmax, qmax), decode y = q * scale.
+  qmax = 2^(BITS-1) - 1 (127 or 7), inv = 1 / scale (one correctly rounded division per block),
+  q = clamp(round(x * inv), -qmax, qmax), decode y = q * scale.
+  - x * inv, not x / scale: a correctly rounded division per value was ~10 of the ~28 instructions per
+    value of the encode (div.rn's fast path with its range check and branch), a multiply is one. The
+    quotient then errs by 2 roundings instead of 1 (<= 2^-23 relative, ~1.5e-5 of a step at qmax = 127),
+    inside the codec's documented bound (ccoll/codecs/quant.py _FP32_MARGIN).
   - round = nearest: rintf, i.e. round half to EVEN (IEEE default; the same as torch.round).
-  - round = stochastic: q = floor(x / scale + u), u in [0, 1) from a counter-based hash of
+  - round = stochastic: q = floor(x * inv + u), u in [0, 1) from a counter-based hash of
     (seed, global element index) -- see cq_uniform; identical to the torch backend's int64 emulation.
   - a scale with qmax * scale > FLT_MAX (absmax within ~1 ulp of FLT_MAX) is replaced by the next smaller
     float, so finite input never decodes to Inf.
-  - scale == 0 (all-zero block, or absmax so small that absmax/qmax underflows): the divisor becomes
-    +inf, so every q is exactly 0 and the block decodes to exact zeros.
+  - a tiny block (0 < absmax < qmax * 2^-126, where absmax / qmax is subnormal or 0) takes scale 2^-126,
+    the smallest normal float, so inv <= 2^126 is finite: q = rint(x * 2^126) exactly, error <= 2^-127.
+  - an all-zero block stores scale 0 and multiplies by inv = 0: q = 0, exact zeros.
   - a block holding NaN or +-Inf stores NaN as its scale and q = 0: it decodes to NaN for the whole block
     (ccoll's non-finite rule, ccoll/codecs/base.py).
   Every fp32 operation is a single IEEE round-to-nearest operation in a fixed order, so the GPU, the host
@@ -74,7 +80,7 @@ shared with the host build):
 
 Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
 kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
-with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS). sm_80 / sm_90: encode_rows 61..64
+with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS). sm_80 / sm_90: encode_rows 60..64
 registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% occupancy), decode_sum
 54..64 (also capped: 32 warps), decode_rows 44..47 (5 CTAs: 40 warps); 0 bytes local everywhere.
   H200: 132 SMs, ~1.98 GHz, 4.8 TB/s HBM = ~18 bytes per clock per SM; ~800 ns loaded latency, so by
@@ -147,13 +153,28 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       36 in pass 0 (4 LDG.128: x and residuals); ~727 per block and lane = ~45 per value against a
       budget of ~86 (100%) for its ~12.6 B per value (x 4, residual read + write 8, q 0.5): memory-bound
       with ~2x headroom.
+    The counts above are of the x / scale encode (a correctly rounded division per value; 85f2b92). Now
+    (x * inv, one division per block: "Algorithm" above), walked on the SASS along the nearest, no-key path
+    of pass 1 (the loop of encode_whole, the stochastic key's and div.rn's slow-path branches not taken):
+      | path (pass 1)                              | x / scale | x * inv | per value, whole block and lane  |
+      | int8 f32, a word of 4 values               | 82        | 45      | ~29.5 -> ~21 (budget 35 for 100%) |
+      | int8 bf16, a chunk of 8 values             | 158       | 84      | ~28 -> ~19 (budget 21 for 100%)   |
+      | int4 f32 + feedback, a word of 8 values    | 232       | 157     | ~45 -> ~38 (budget 86)            |
+    (per value: the per-block parts as counted above; params' div.rn, ~30 with its range test, became
+    CqInt::div_qmax (3 FMA-pipe instructions) and cq_recip_normal (~12), both correctly rounded, so the
+    per-block part is not larger). So bf16 int8 encode -- TP and PP activations under hybrid.yaml -- goes
+    from "on the line" for 75% to ~100% of copy bandwidth at full issue, and int8 f32 has ~1.6x headroom.
+    Static sm_90 SASS of the plain encode_rows kernels (NVRTC 13, nvdisasm as in tools/sass_loop.py):
+    int8 f32 3216 -> 2664 instructions, FCHK 33 -> 0, CALL (div.rn's slow path) 37 -> 4 (the 64-bit
+    division and the divergent-shuffle fallbacks left); int8 bf16 4296 -> 3592 (FCHK 49 -> 0); int4 f32
+    3648 -> 2912 (FCHK 49 -> 0).
     - fp8's MX block 32 is the weak one: 8 words per block and >= 128 B per team load give f32 a team of
       8 with 1 word = 4 values per lane (bf16: a team of 4, one two-word chunk = 8 values), so roughly 190
       per block (the parts above without pass 1) over 4 values + ~20 = ~70 per value for f32 (~50% of
       copy at full issue); not counted on the SASS.
-    What would lift fp8 (and give bf16 a margin): a team holding several blocks' words side by side (an
-    absmax per block in registers, the team maxes interleaved) so that the per-block overhead is spread
-    over 32 values per lane while each team load stays a line; the division below. Not done. Stochastic
+    What would lift fp8: a team holding several blocks' words side by side (an absmax per block in
+    registers, the team maxes interleaved) so that the per-block overhead is spread over 32 values per
+    lane while each team load stays a line. Not done. Stochastic
     adds roughly 20 per value (the hash, read off the same SASS).
     decode_rows int8, counted the same way (a thread per 16-byte q group = 16 values; one scale per group,
     aligned, a whole group, rows > 1 with groups per row not a power of two: a 32-bit division). Before
@@ -192,16 +213,13 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     way): per value-row half an F2FP.F16.F32.PACK_AB and one HADD2.F32. If both ran on the quarter-rate
     conversion pipe, fp16 decode_sum would be conversion-bound near ~60%; the F2FP alone is not binding.
     Which pipe HADD2.F32 takes is not documented: a device measurement decides.
-    A cheaper correctly rounded division (the reciprocal once per
-    block, with a range check falling back to div.rn) would take ~3..5 off the ~15 of the quantization.
     Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
     re-reading them per word (two passes, q words kept through selects, residuals in a third pass) spills
     8..44 B at the 64-register cap on int4 and on some f16 / int8 kernels (ptxas 13, sm_80 / sm_90). The
     q store is 1/5 of encode's bytes and a warp's 4-B word stores already fill whole lines, so the gain
-    would be fewer store instructions only. Other lifts for the edge cases: a cheaper correctly rounded
-    division (int formats).
+    would be fewer store instructions only.
 
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
@@ -272,6 +290,34 @@ CQ_FP32_BINARY(cq_div, "div.rn.f32", /)
 CQ_FP32_UNARY(cq_rint, "cvt.rni.f32.f32", rintf)  // to the nearest integer, ties to even
 CQ_FP32_UNARY(cq_floor, "cvt.rmi.f32.f32", floorf)
 
+// a * b + c rounded once (fused multiply-add: fma.rn.f32 without .ftz; the host's fmaf is IEEE's fma too)
+CQ_HD float cq_fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+#else
+    return __builtin_fmaf(a, b, c);
+#endif
+}
+
+// 1 / s correctly rounded (= cq_div(1.0f, s)) for 2^-126 <= s < 2^126, where 1 / s is normal: the int
+// scale's reciprocal, once per block. Why not div.rn: ~30 instructions with a range test and a slow-path
+// CALL, against ~12 branch-free FMA-pipe ones here (per block, beside ~20 per value). A first guess from the
+// exponent bits (~12% off), four Newton steps y += y (1 - s y) in fused multiply-adds (the error squares
+// each step, to within an ulp), and the one case the last step rounds the wrong way: an all-ones
+// significand, whose reciprocal lies just above a midpoint and comes out one ulp low. Every operation is
+// IEEE (no approximate instruction), so the GPU, simt and host builds agree bit for bit; tests/unit/
+// test_simt.py compares it with division on every float of [2^-126, 2^-125), [1, 2) and [2^125, 2^126).
+CQ_HD float cq_recip_normal(float s) {
+    const cq_u32 bits = cq_f2u(s);
+    const float neg_s = cq_u2f(bits ^ 0x80000000u);  // a sign flip, not neg.f32 (which -ftz=true would flush)
+    float y = cq_u2f(0x7EF311C7u - bits);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y = cq_fma(y, cq_fma(neg_s, y, 1.0f), y);
+    return (bits & 0x7fffffu) == 0x7fffffu ? cq_u2f(cq_f2u(y) + 1u) : y;
+}
+
 // an integer-valued float as int (a plain (int) cast is a .ftz conversion under -ftz)
 CQ_HD int cq_f2i(float a) {
 #ifdef __CUDA_ARCH__
@@ -305,6 +351,7 @@ CQ_HD float cq_canonical_nan(float a) {
     return (cq_f2u(a) & 0x7fffffffu) > 0x7f800000u ? cq_u2f(CQ_NAN_BITS) : a;
 }
 #define CQ_FLT_MAX_BITS 0x7f7fffffu
+#define CQ_FLT_MIN_NORMAL_BITS 0x00800000u
 
 // ------------------------------------------------------------------------------------------------
 // element types: conversion to / from fp32 in kernels/common.cuh (integer code, torch's CPU semantics,
@@ -407,8 +454,7 @@ CQ_HD cq_u32 cq_abs_bits(float x) { return cq_f2u(x) & 0x7fffffffu; }
 
 struct CqBlock {
     float scale;  // decode multiplier: y = value(q) * scale (NaN for a non-finite block)
-    float enc;    // int: what x is divided by (scale, or +Inf when scale is 0 or the block is non-finite);
-                  // fp8: what x is multiplied by (2^-e, an exact power of two)
+    float enc;    // what x is multiplied by: int fl(1 / scale) (0 for an all-zero block), fp8 2^-e (exact)
     cq_u32 code;  // the stored scale: fp32 bits (int) or the E8M0 byte (fp8)
     bool finite;
 };
@@ -424,19 +470,32 @@ struct CqInt {
     static constexpr int QMAX = (1 << (BITS - 1)) - 1;  // 127 or 7
     static constexpr int SCALE_BYTES = 4;
 
+    // a / qmax correctly rounded (= cq_div(a, qmax)) for every finite a >= 0 in 3 instructions instead of
+    // div.rn's ~30 with its slow-path CALL: y = a fl(1 / qmax), then one Markstein correction
+    // y + (a - qmax y) / qmax in fused multiply-adds. Checked against division on every finite float a >= 0
+    // for both qmax (a C loop over 2^31 floats, ~20 s each; not in the suite, where test_simt.py checks
+    // the subnormals and the binades [2^-126, 2^-125), [1, 2) and [2^127, 2^128)).
+    static CQ_HD float div_qmax(float a) {
+        constexpr float INV_QMAX = 1.0f / (float)QMAX;  // IEEE division at compile time: correctly rounded
+        const float y = cq_mul(a, INV_QMAX);
+        return cq_fma(cq_fma(-(float)QMAX, y, a), INV_QMAX, y);
+    }
     static CQ_HD CqBlock params(cq_u32 absmax_bits) {
         const float qmax = (float)QMAX;
         CqBlock b;
         b.finite = absmax_bits <= CQ_FLT_MAX_BITS;
         if (!b.finite) {
             b.scale = cq_u2f(CQ_NAN_BITS);
-            b.enc = cq_u2f(CQ_INF_BITS);
+            b.enc = 0.0f;
         } else {
-            b.scale = cq_div(cq_u2f(absmax_bits), qmax);
+            b.scale = div_qmax(cq_u2f(absmax_bits));
             // absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; take the next smaller scale
             // (the clamp then maps absmax to qmax)
             if (cq_f2u(cq_mul(b.scale, qmax)) > CQ_FLT_MAX_BITS) b.scale = cq_u2f(cq_f2u(b.scale) - 1u);
-            b.enc = cq_f2u(b.scale) != 0u ? b.scale : cq_u2f(CQ_INF_BITS);
+            // a tiny block (absmax < qmax 2^-126): the smallest normal scale, so 1 / scale is finite (<= 2^126)
+            if (absmax_bits != 0u && cq_f2u(b.scale) < CQ_FLT_MIN_NORMAL_BITS) b.scale = cq_u2f(CQ_FLT_MIN_NORMAL_BITS);
+            // one correctly rounded reciprocal per block; an all-zero block multiplies by 0
+            b.enc = absmax_bits != 0u ? cq_recip_normal(b.scale) : 0.0f;  // scale in [2^-126, 2^126)
         }
         b.code = cq_f2u(b.scale);
         return b;
@@ -444,7 +503,7 @@ struct CqInt {
     // the BITS-bit field of x
     static CQ_HD cq_u32 quantize(float x, const CqBlock& b, bool stochastic, float u) {
         if (!b.finite) return 0u;
-        float v = cq_div(x, b.enc);
+        float v = cq_mul(x, b.enc);
         v = stochastic ? cq_floor(cq_add(v, u)) : cq_rint(v);
         return (cq_u32)cq_f2i(cq_clamp(v, (float)QMAX)) & ((1u << BITS) - 1u);
     }
@@ -942,11 +1001,15 @@ struct CqEncodeRows {
     // residuals of the `count` values at padded index e: c - what the receivers decode (rounded to the
     // input type); non-finite -> 0, padding -> 0
     CQ_HD void store_residual(cq_i64 e, int count, const float* c, const float* decoded) const {
+        // the values from e on that are the tensor's (the rest is padding): one 64-bit test per word, not one
+        // per value (int4's 8 indices e + k held 16 registers and spilled at the 64-register cap)
+        const cq_i64 have = g.numel - e;
+        const int in_tensor = have <= 0 ? 0 : (int)cq_min((cq_i64)G, have);
         float r[G];
 #pragma unroll
         for (int k = 0; k < G; ++k) {
             r[k] = cq_sub(c[k], Tr::round(decoded[k]));
-            if (cq_abs_bits(r[k]) >= CQ_INF_BITS || e + k >= g.numel) r[k] = 0.0f;
+            if (cq_abs_bits(r[k]) >= CQ_INF_BITS || k >= in_tensor) r[k] = 0.0f;
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
     }

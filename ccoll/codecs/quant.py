@@ -16,10 +16,13 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
 - ``block`` must be a multiple of 8 in [8, 2^20]: every block then starts on a 32-bit word of the q
   section for both widths (vector loads/stores on the GPU, no two blocks share a byte). 2^20 bounds the
   work of one GPU team; larger blocks buy nothing (the scale costs 32/B bits per value).
-- Round to nearest: |decode - x| <= absmax / (2 qmax) per element, up to fp32 rounding of the scale and
-  of x/scale (a few ulp of absmax) and, for bf16/fp16 output, the final cast. Zero stays exactly zero.
-- Stochastic: q = floor(x/scale + u) with u in [0, 1) (24 random bits) from a counter-based hash of
-  (seed, global element index), so E[decode] = x (up to fp32 rounding of x/scale + u, ~2^-17 of a step)
+- q = round(x * inv) with scale = fl(absmax / qmax) and inv = fl(1 / scale): one division per block, a
+  multiply per value (on a GPU a correctly rounded division per value was a third of the encode's
+  instructions; kernels/quant.cu's header).
+- Round to nearest: |decode - x| <= absmax / (2 qmax) per element, up to fp32 rounding of the scale, of
+  inv and x * inv (a few ulp of absmax) and, for bf16/fp16 output, the final cast. Zero stays exactly zero.
+- Stochastic: q = floor(x * inv + u) with u in [0, 1) (24 random bits) from a counter-based hash of
+  (seed, global element index), so E[decode] = x (up to fp32 rounding of x * inv + u, ~2^-17 of a step)
   and CPU and GPU produce the same bytes for the same seed.
   Seed design note: the same seed on every call gives the same u at the same index, so repeated calls on
   similar data round the same way (errors stop averaging out over steps) and all ranks encoding equal-sized
@@ -42,7 +45,8 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
   the contract defines it, in the same single pass/launch), not once after summing in the rotated domain,
   which would round differently from decode-then-add and break bit-identity with the reference.
 - Non-finite: a block containing NaN/+-Inf stores NaN as its scale and decodes to NaN for the whole block.
-- Tiny blocks: if absmax/qmax underflows to 0 the block decodes to exact zeros (error <= absmax < 1e-43).
+- Tiny blocks: a block with 0 < absmax < qmax 2^-126 (~1.5e-36 for int8) takes the smallest normal scale
+  2^-126, so its inv is finite: q = round(x * 2^126) exactly, error <= 2^-127 (stochastic < 2^-126).
 - Huge blocks: if qmax * scale would overflow (absmax within ~1 ulp of FLT_MAX) the scale is the next
   smaller float, so finite input never decodes to Inf.
 """
@@ -146,13 +150,14 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
         value by at most half a step (scale = absmax / qmax), stochastic rounding by less than one step."""
         return 1.0 / self.qmax if self.stochastic else 0.5 / self.qmax
 
-    #: fp32 rounding on top of the ideal quantizer: the scale fl(absmax / qmax), x / scale and q * scale
-    #: each round by 2^-24 relative, i.e. <= 3 * 2^-24 * absmax = 3 * 2^-24 * 2 qmax steps of the bound
-    #: (int8: 4.5e-5 of it); (1 + 2^-14) covers it
+    #: fp32 rounding on top of the ideal quantizer: the scale fl(absmax / qmax) moves the step by 2^-24
+    #: relative; inv = fl(1 / scale) and x * inv each move q by 2^-24 * qmax, q * scale the decode by
+    #: 2^-24 * absmax: in units of the bound (half a step) <= (1 + 6 qmax) 2^-24 (int8: 4.55e-5 of it);
+    #: (1 + 2^-14) = 1 + 6.1e-5 covers it
     _FP32_MARGIN = 1.0 + 2.0**-14
-    #: absolute floor: a block whose scale is subnormal (absmax < qmax 2^-126) rounds its scale and clamps
-    #: (module docstring, "Tiny blocks"); its error stays below qmax * 2^-149 * 2 < 2^-130
-    _ERROR_FLOOR = 2.0**-130
+    #: absolute floor: a tiny block (absmax < qmax 2^-126) quantizes with the step 2^-126 (module docstring,
+    #: "Tiny blocks"): error <= 2^-127 to nearest, < 2^-126 stochastic
+    _ERROR_FLOOR = 2.0**-126
 
     def relative_error_bound(self, dtype: torch.dtype = torch.float32) -> float | None:
         """Unrotated: absmax / (2 qmax) per element (round to nearest), absmax / qmax (stochastic), with

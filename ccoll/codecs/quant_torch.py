@@ -100,38 +100,43 @@ class QuantTorchBackend:
             scales[:, sl] = rows.amax(dim=2)  # NaN propagates, Inf stays Inf
             lowest[:, sl] = rows.amin(dim=2)
         torch.maximum(scales, lowest.neg_(), out=scales).add_(0.0)  # + 0.0: a block of -0 has absmax +0
+        nonzero = scales != 0  # NaN included (masked below)
         scales.div_(qmax)
         # the common case, told by two reductions of the scales instead of a dozen elementwise tests: every
-        # scale normal (no zero, subnormal or non-finite block) and far below overflow
+        # scale normal (no zero, tiny or non-finite block) and far below overflow
         plain = _FLT_MIN_NORMAL <= float(scales.amin()) and float(scales.amax()) < _PLAIN_SCALE_LIMIT
         must_clamp, all_finite = False, True
-        if plain:
-            divisor = scales
-        else:
+        if not plain:
             finite = torch.isfinite(scales)
             # absmax within ~1 ulp of FLT_MAX: qmax * scale would decode to Inf; use the next smaller scale
             overflow = torch.isinf(scales * qmax) & finite
             must_clamp = bool(overflow.any())
             if must_clamp:
                 scales[overflow] = torch.nextafter(scales[overflow], torch.zeros(()))
-            divisor = torch.where(scales > 0, scales, math.inf)  # 0 and NaN -> inf: q becomes exactly 0
+            # a tiny block (absmax / qmax subnormal or 0): the smallest normal scale (kernels/quant.cu)
+            scales.masked_fill_(nonzero & (scales < _FLT_MIN_NORMAL), _FLT_MIN_NORMAL)
             all_finite = bool(finite.all())
             if not all_finite:
                 scales.masked_fill_(~finite, math.nan)
+        # x * fl(1 / scale): one correctly rounded division per block (an all-zero block multiplies by 0;
+        # a non-finite one's NaN products are masked below)
+        inv = torch.ones_like(scales).div_(scales)
+        if not plain:
+            inv.masked_fill_(~nonzero, 0.0)
         for (rows_x, sl), (rows_v, _) in zip(self._blocks(x), self._blocks(v)):
-            torch.div(rows_x, divisor[:, sl, None], out=rows_v)
-        if not all_finite:  # Inf/Inf and NaN/Inf are NaN: those blocks quantize to 0
+            torch.mul(rows_x, inv[:, sl, None], out=rows_v)
+        if not all_finite:  # Inf * 0, NaN * NaN are NaN: those blocks quantize to 0
             for rows_v, sl in self._blocks(v):
                 rows_v.masked_fill_(~finite[:, sl, None], 0.0)
         if self.stochastic:
             v.add_(_uniform(self.params["seed"], index0, v.numel()).view_as(v))
             v.floor_().clamp_(-qmax, qmax)
         else:
-            # |x| / fl(absmax/qmax) <= qmax (1 + 2^-23) when the scale is normal, so rounding cannot leave
-            # [-qmax, qmax]; only a subnormal scale (absmax < 2^-119) can overshoot. The clamp runs before
-            # the rounding here (rint(clamp(v)) = clamp(rint(v)): qmax is an integer and rint is monotone),
-            # which also keeps |v| < 2^22 for the rounding by adding _ROUND_MAGIC
-            if not plain and (must_clamp or bool(((scales > 0) & (scales < _FLT_MIN_NORMAL)).any())):
+            # |x| fl(1 / fl(absmax/qmax)) <= qmax (1 + 2^-22) (normal scale; a tiny block's 2^-126 only
+            # lowers it), so rounding cannot leave [-qmax, qmax] unless the scale was lowered near FLT_MAX.
+            # The clamp runs before the rounding here (rint(clamp(v)) = clamp(rint(v)): qmax is an integer
+            # and rint is monotone), which also keeps |v| < 2^22 for the rounding by adding _ROUND_MAGIC
+            if must_clamp:
                 v.clamp_(-qmax, qmax)
             q.copy_(v.add_(_ROUND_MAGIC).view(torch.int32))  # half to even, as rintf; v is scratch after this
             return plain
@@ -192,7 +197,7 @@ class QuantTorchBackend:
         qsec = out[:, scale_nbytes : scale_nbytes + q_used]
         cap = min(self._chunk_numel(), rows * row_numel)
         f32 = torch.float32
-        work = _scratch("enc.work", cap, f32)  # x / scale, q; then the decode (feedback)
+        work = _scratch("enc.work", cap, f32)  # x * inv, q; then the decode (feedback)
         comp = None  # x (+ residual) when x cannot be read in place
         if dtype != f32 or feedback is not None or numel < rows * row_numel:
             comp = _scratch("enc.comp", cap, f32)

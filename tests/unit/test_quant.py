@@ -133,10 +133,58 @@ def test_given_tiny_and_huge_magnitudes_expect_finite_identical_and_bounded(name
     assert bool(torch.isfinite(y).all())
     _assert_same_values(y, ce.decode(pt, x.numel(), torch.float32))
     absmax = x.view(-1, 8).abs().amax(1).repeat_interleave(8)
-    assert bool(((y - x).abs() <= absmax).all())  # never worse than dropping the block
+    # never worse than dropping the block, or (a tiny block's step is 2^-126) than one step
+    assert bool(((y - x).abs() <= absmax.clamp(min=2.0**-126)).all())
     normal = absmax >= 2.0**-100
     if rounding == "nearest":
         assert bool(((y - x).abs() <= _bound(x, ct, torch.float32))[normal].all())
+
+
+@pytest.mark.parametrize("backend", ["torch", "emulated"])
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_given_values_near_half_steps_expect_q_from_the_multiply_by_one_reciprocal_per_block(name, backend):
+    """The documented rule q = rint(x * fl(1 / scale)), not rint(x / scale): values a few ulp from
+    (k + 1/2) * scale, where the two differ for ~5% of them (the control below), computed here in numpy."""
+    import numpy as np
+
+    qmax, block, nblocks = QMAX[name], 8, 4096
+    rng = np.random.default_rng(3)
+    absmax = rng.uniform(0.5, 2.0, nblocks).astype(np.float32)
+    scale = (absmax / np.float32(qmax)).astype(np.float32)
+    inv = (np.float32(1) / scale).astype(np.float32)
+    k = rng.integers(-qmax, qmax, (nblocks, block - 1)).astype(np.float32)
+    near = ((k + np.float32(0.5)) * scale[:, None]).astype(np.float32)
+    near = (near.view(np.int32) + rng.integers(-2, 3, near.shape).astype(np.int32)).view(np.float32)
+    x = np.concatenate([absmax[:, None], np.clip(near, -absmax[:, None], absmax[:, None])], axis=1)
+    q_mul = np.clip(np.rint((x * inv[:, None]).astype(np.float32)), -qmax, qmax).astype(np.int64).reshape(-1)
+    q_div = np.clip(np.rint((x / scale[:, None]).astype(np.float32)), -qmax, qmax).astype(np.int64).reshape(-1)
+    assert (q_mul != q_div).mean() > 0.02  # the control: the data tells the two rules apart
+    codec = ccoll.get_codec(f"{name}:block={block}", backend=backend)
+    payload = codec.encode(torch.from_numpy(x.reshape(-1)))
+    assert torch.equal(payload[: 4 * nblocks].view(torch.float32), torch.from_numpy(scale))
+    y = codec.decode(payload, x.size, torch.float32).double()
+    q = torch.round(y / torch.from_numpy(scale).double().repeat_interleave(block)).long()
+    assert torch.equal(q, torch.from_numpy(q_mul))
+
+
+@pytest.mark.parametrize("backend", ["torch", "emulated"])
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_given_a_tiny_block_expect_the_smallest_normal_scale_and_steps_of_it(name, rounding, backend):
+    """0 < absmax < qmax 2^-126: scale 2^-126 (so 1 / scale is finite), q = rint(x 2^126) exactly; an all-zero
+    block keeps scale 0."""
+    codec = ccoll.get_codec(f"{name}:block=8,round={rounding}", backend=backend)
+    step = 2.0**-126
+    tiny = torch.tensor([3.0, -2.0, 0.5, 1.5, 2.5, -0.25, 1e-7, 0.0]) * step  # q: 3 -2 0 2 2 -0 0 0
+    x = torch.cat([tiny, torch.zeros(8)])
+    payload = codec.encode(x)
+    assert payload[:8].view(torch.float32).tolist() == [step, 0.0]
+    y = codec.decode(payload, 16, torch.float32)
+    if rounding == "nearest":
+        assert (y[:8] / step).tolist() == [3.0, -2.0, 0.0, 2.0, 2.0, 0.0, 0.0, 0.0]
+    else:
+        assert bool(((y[:8] - tiny).abs() < step).all())
+    assert y[8:].tolist() == [0.0] * 8
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])

@@ -494,6 +494,64 @@ def test_bf16_split_rounds_like_the_integer_code_on_every_float_of_its_range(tmp
     assert per_binade[6] > 1000 and per_binade[7] > 0, per_binade
 
 
+_DIVISION_KERNELS = r"""
+// per (binade, thread): how many of the binade's 2^23 floats f give other bits than IEEE division: what = 0
+// cq_recip_normal(f) against 1 / f; 1, 2: CqInt<8> / CqInt<4>::div_qmax(f) against f / qmax; 3: f * fl(1 / 127)
+// (div_qmax without its correction step) against f / 127
+extern "C" __global__ void simt_division(const unsigned int* starts, int what, unsigned int* mismatches) {
+  const unsigned int start = starts[blockIdx.x];
+  unsigned int bad = 0;
+  for (unsigned int i = threadIdx.x; i < (1u << 23); i += blockDim.x) {
+    const float f = cq_u2f(start + i);
+    float got, want;
+    if (what == 0) { got = cq_recip_normal(f); want = cq_div(1.0f, f); }
+    else if (what == 1) { got = CqInt8::div_qmax(f); want = cq_div(f, 127.0f); }
+    else if (what == 2) { got = CqInt4::div_qmax(f); want = cq_div(f, 7.0f); }
+    else { got = cq_mul(f, 1.0f / 127.0f); want = cq_div(f, 127.0f); }
+    bad += cq_f2u(got) != cq_f2u(want);
+  }
+  mismatches[blockIdx.x * blockDim.x + threadIdx.x] = bad;
+}
+"""
+
+
+def _division_mismatches(tmp_path, what: int, starts: list[int]) -> list[int]:
+    """Mismatches per binade of ``simt_division`` (kernels/quant.cu's helpers, no kernels of its own: the
+    source is quant.cu's text, so the simt build is keyed by it)."""
+    quant = Path(ccoll.kernels.KERNEL_DIR / "quant.cu").read_text()
+    path = tmp_path / "division.cu"
+    path.write_text("#define CCOLL_QUANT_KERNELS 0\n" + quant + _DIVISION_KERNELS)
+    threads = 32
+    mismatches = _guarded_like(torch.zeros(len(starts) * threads, dtype=torch.int32))
+    simt.launch(path, "simt_division", len(starts), threads,
+                (torch.tensor(starts, dtype=torch.int64).to(torch.int32), np.int32(what), mismatches))
+    return mismatches.view(len(starts), threads).sum(1).tolist()
+
+
+def test_int_scale_reciprocal_is_correctly_rounded_on_every_float_of_its_range(tmp_path):
+    """cq_recip_normal (the int codecs' one reciprocal per block, 1 / scale, that the encode multiplies every
+    value by) equals IEEE division on every float of [2^-126, 2^-125), [1, 2) and [2^125, 2^126): no
+    operation of it underflows or overflows for s in [2^-126, 2^126) and its first guess subtracts the
+    exponent, so every binade between is an exact power-of-two scaling of [1, 2). Negative control:
+    [2^126, 2^127), outside the range (1 / s subnormal), differs -- the range the codec keeps scales in
+    (tiny blocks take 2^-126; ccoll/codecs/quant.py) is needed."""
+    per_binade = _division_mismatches(tmp_path, 0, [0x00800000, 0x3F800000, 0x7E000000, 0x7E800000])
+    assert per_binade[:3] == [0, 0, 0]
+    assert per_binade[3] > 1000, per_binade
+
+
+@pytest.mark.parametrize("what, qmax", [(1, 127), (2, 7)])
+def test_int_scale_absmax_over_qmax_is_correctly_rounded(tmp_path, what, qmax):
+    """CqInt::div_qmax (scale = absmax / qmax without div.rn) equals IEEE division on every subnormal and every
+    float of [2^-126, 2^-125), [1, 2) and [2^127, 2^128) (exhaustively over all finite floats when written:
+    see its comment). Negative control: the product without the correction step, a * fl(1 / 127), differs on
+    [1, 2) -- so the step is what makes it exact."""
+    starts = [0x00000000, 0x00800000, 0x3F800000, 0x7F000000]
+    assert _division_mismatches(tmp_path, what, starts) == [0, 0, 0, 0], qmax
+    if what == 1:
+        assert _division_mismatches(tmp_path, 3, [0x3F800000])[0] > 1000
+
+
 # --------------------------------------------------------------------------------------------------------------
 # negative controls: small kernels doing what the GPU leaves undefined; simt must stop with a clear error
 
