@@ -56,8 +56,9 @@ shared with the host build):
           l, l + T, ... (G consecutive inputs each, one 16- or 8-byte vector load when aligned; a whole
           block's lane takes 16-byte chunks of two 8-byte words instead: CqEncodeRows::V). Plain kernels: T
           from ccoll/codecs/quant_kernels.py _encode_team -- up to 8 words per lane, so the per-block work
-          (indices, team max, scale) is spread over up to 32 values (int4: 64), but at least 128 bytes of
-          input per team load instruction (int8 block 256: T = 8 for f32 and for bf16). Rotate
+          (indices, team max, scale) is spread over up to 32 values (int4: 64), but at least 64 bytes of
+          input per team load instruction, i.e. T >= 4 lanes of 16-byte loads (int8 block 256: T = 8 for
+          f32 and bf16, from its 64 words; fp8 block 32: T = 4, two words per lane). Rotate
           kernels: T = min(32, next_pow2(B / G)). Two passes: absmax (team max by __shfl_xor_sync), then
           quantize and store, reading the words again (L1/L2-resident). A whole block (B values long,
           before numel, vector-aligned input and residuals, finite) takes a path without per-word count
@@ -91,7 +92,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     decode_sum p + 4 B. A copy of the same dtype moves 8 B (f32) / 4 B (bf16) per value, so ">= 75% of copy
     bandwidth" means >= 3.6 TB/s of these bytes.
   Transactions per warp instruction (sector = 32 B, line = 128 B):
-    encode: input loads 32 lanes x 16 B contiguous (f32 int8 / fp8: 4 lines, every sector whole); int4
+    encode: input loads 32 lanes x 16 B (teams of 8: 4 whole lines; teams of 4, e.g. f32 fp8 block 32:
+      64 B of each of 8 lines, the team's next load the other halves; every sector whole); int4
       f32 a lane's two 16-B halves of a word are two instructions over the same sectors (the second an L1
       hit); bf16/f16 int8 / fp8 whole blocks 16-B loads of two words (4 lines), other blocks 8-B loads of
       one (2 lines). q stores 32 x 4 B consecutive words = 1 whole line (bf16 int8: two 4-B stores per lane).
@@ -168,11 +170,15 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     int8 f32 3216 -> 2664 instructions, FCHK 33 -> 0, CALL (div.rn's slow path) 37 -> 4 (the 64-bit
     division and the divergent-shuffle fallbacks left); int8 bf16 4296 -> 3592 (FCHK 49 -> 0); int4 f32
     3648 -> 2912 (FCHK 49 -> 0).
-    - fp8's MX block 32 is the weak one: 8 words per block and >= 128 B per team load give f32 a team of
-      8 with 1 word = 4 values per lane (bf16: a team of 4, one two-word chunk = 8 values), so roughly 190
-      per block (the parts above without pass 1) over 4 values + ~20 = ~70 per value for f32 (~50% of
-      copy at full issue); not counted on the SASS.
-    What would lift fp8: a team holding several blocks' words side by side (an absmax per block in
+    - fp8's MX block 32 is the weak one: 8 words per block. With a whole line per team load (before)
+      f32 had a team of 8 with 1 word = 4 values per lane: ~162 per block and lane (int8's per-block parts
+      above with fp8's params, ~15, for the division), pass 0 one load 16, pass 1 one word 77 (a fp8 word
+      of pass 1 on the SASS, nearest, no feedback) = ~255 over 4 values, ~64 per value (~55% of copy at
+      full issue). With half a line per team load (ccoll/codecs/quant_kernels.py TEAM_LOAD_NBYTES): a
+      team of 4 with 2 words per lane, ~156 (one shuffle step fewer) + a pass-0 pair 27 + two words 154 =
+      ~337 over 8 values, ~42 per value (~83%) -- the >= 75% target on paper, at ~0.45 L1 wavefronts per
+      clock (quant_kernels.py). bf16 already had a team of 4 (one two-word chunk = 8 values per lane).
+    What would lift fp8 further: a team holding several blocks' words side by side (an absmax per block in
     registers, the team maxes interleaved) so that the per-block overhead is spread over 32 values per
     lane while each team load stays a line. Not done. Stochastic
     adds roughly 20 per value (the hash, read off the same SASS).

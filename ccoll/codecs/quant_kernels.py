@@ -28,23 +28,29 @@ class QuantKernelBackend:
     #: q words per lane per block the plain encode aims at: its per-block work (the unit's indices, the team
     #: max, the scale) is then spread over 8 words (32 values for int8 / fp8, 64 for int4) instead of 1 or 2
     WORDS_PER_LANE = 8
-    #: bytes a team should read per load instruction: a whole 128-byte line (the L1's unit). Why not fewer
-    #: lanes per block (more words each, less per-block overhead): the encode reads its input twice (absmax,
-    #: then quantize), ~29 B per clock per SM of L1 loads at H200's HBM rate; at one 128-byte line per L1
-    #: wavefront that is ~0.25 wavefronts per clock, with 32-byte pieces per line (a team of 2 for f32 fp8
-    #: block 32) ~0.9, against ~1 per clock (an estimate from the published L1 design, not measured)
-    LINE_NBYTES = 128
+    #: bytes one lane's load instruction reads: the kernel's 16-byte vector loads (a chunk of V words; an
+    #: int4 f32 word of 32 bytes is two of them)
+    LANE_LOAD_NBYTES = 16
+    #: bytes a team should read per load instruction: half a 128-byte line. Why not a whole line (8 lanes):
+    #: fp8's MX block 32 has 8 words, so f32 then had one word = 4 values per lane to spread the per-block
+    #: work over (indices, team max, scale: ~170 instructions; kernels/quant.cu's header), ~66 per value or
+    #: ~53% of copy bandwidth at full issue; 4 lanes of 2 words: ~43, ~80%. Why not fewer: the encode reads
+    #: its input twice (absmax, then quantize), ~29 B per clock per SM of L1 loads at H200's HBM rate; at 64
+    #: bytes per line and load instruction (an L1 wavefront per line) that is ~0.45 wavefronts per clock, at
+    #: 32 (a team of 2) ~0.9, against ~1 per clock (an estimate from the published L1 design, not measured).
+    #: int4's f32 teams of 4 read 64 bytes of a line per instruction too (lanes 32 bytes apart).
+    TEAM_LOAD_NBYTES = 64
 
     def _encode_team(self, dtype: torch.dtype) -> int:
         """Lanes per quant block in the plain encode kernel (kernels/quant.cu ``block``): a power of two <= 32
-        giving each lane up to ``WORDS_PER_LANE`` q words, but at least a line of input per team load
-        instruction (f32 int8: 8 lanes of 16-byte words) when the block has that many words. A lane's unit is
-        a 16-byte load: 2 words where a word is 8 bytes (int8 / fp8 of bf16 / f16; the kernel's V)."""
+        giving each lane up to ``WORDS_PER_LANE`` q words, but at least ``TEAM_LOAD_NBYTES`` of input per
+        team load instruction (4 lanes) when the block has that many 16-byte loads. A lane's unit is a 16-byte
+        load: 2 words where a word is 8 bytes (int8 / fp8 of bf16 / f16; the kernel's V)."""
         words = self.block * self.bits // 32
         word_nbytes = (32 // self.bits) * dtype.itemsize
         per_load = 2 if word_nbytes == 8 else 1
         chunks = words // per_load
-        team = max(-(-words // self.WORDS_PER_LANE), -(-self.LINE_NBYTES // (word_nbytes * per_load)))
+        team = max(-(-words // self.WORDS_PER_LANE), self.TEAM_LOAD_NBYTES // self.LANE_LOAD_NBYTES)
         return min(32, 1 << (chunks - 1).bit_length(), 1 << (team - 1).bit_length())
 
     def _groups(self, numel: int, group_words: int = GROUP_WORDS) -> int:
