@@ -157,7 +157,8 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
       with ~2x headroom.
     The counts above are of the x / scale encode (a correctly rounded division per value; 85f2b92). Now
     (x * inv, one division per block: "Algorithm" above), walked on the SASS along the nearest, no-key path
-    of pass 1 (the loop of encode_whole, the stochastic key's and div.rn's slow-path branches not taken):
+    of pass 1 (the loop of encode_whole, the stochastic key's and div.rn's slow-path branches not taken; the
+    x * inv column: `python tools/sass_loop.py --encode ccoll_int8_encode_rows_f32 ...`):
       | path (pass 1)                              | x / scale | x * inv | per value, whole block and lane  |
       | int8 f32, a word of 4 values               | 82        | 45      | ~29.5 -> ~21 (budget 35 for 100%) |
       | int8 bf16, a chunk of 8 values             | 158       | 84      | ~28 -> ~19 (budget 21 for 100%)   |
@@ -173,7 +174,7 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     - fp8's MX block 32 is the weak one: 8 words per block. With a whole line per team load (before)
       f32 had a team of 8 with 1 word = 4 values per lane: ~162 per block and lane (int8's per-block parts
       above with fp8's params, ~15, for the division), pass 0 one load 16, pass 1 one word 77 (a fp8 word
-      of pass 1 on the SASS, nearest, no feedback) = ~255 over 4 values, ~64 per value (~55% of copy at
+      of pass 1 on the SASS, nearest, no feedback: sass_loop.py --encode) = ~255 over 4 values, ~64 per value (~55% of copy at
       full issue). With half a line per team load (ccoll/codecs/quant_kernels.py TEAM_LOAD_NBYTES): a
       team of 4 with 2 words per lane, ~156 (one shuffle step fewer) + a pass-0 pair 27 + two words 154 =
       ~337 over 8 values, ~42 per value (~83%) -- the >= 75% target on paper, at ~0.45 L1 wavefronts per

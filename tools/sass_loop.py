@@ -10,6 +10,13 @@ fall-through of every conditional branch (in today's decode_sum, the whole-group
 F::decodes_normal admits) unless ``--take LABEL`` names a branch target to follow instead, every unconditional
 branch taken, until the branch back to the loop's head. Every instruction is one warp issue slot, a
 predicated-off one included. A static count at full issue efficiency: not a measurement.
+
+``--encode`` does the same for an encode_rows kernel's pass-1 loops (the header's encode figures, e.g.
+``python tools/sass_loop.py --encode ccoll_int8_encode_rows_f32``): every innermost loop that loads and
+stores, walked along round-to-nearest -- at a conditional branch, the side that does not start the stochastic
+key's hash (cq_mix32's multipliers), else the fall-through. A loop with a 16-byte store is a feedback loop
+(its residuals); which loop is encode_whole's and which the general path's is read off the counts (the
+whole block's loop has no per-word count test, so it is the shorter of its kind).
 """
 from __future__ import annotations
 
@@ -69,6 +76,62 @@ def loop_turn(lines: list[str], take: set[str] = frozenset()) -> list[str]:
     raise ValueError(f"the walk from {head_label} did not branch back to it")
 
 
+#: cq_mix32's multipliers as nvdisasm prints them (kernels/quant.cu): an instruction with one starts the
+#: stochastic key's hash
+_HASH = re.compile(r"\b(?:0x7feb352d|-0x7b935975|0x846ca68b)\b")
+
+
+def _walk(lines: list[str], head: int, choose) -> list[str]:
+    """The instructions from label line ``head`` to the branch back to it: unconditional branches taken, a
+    conditional one at line i to target line t followed where ``choose(i, t)`` says (the next line or t)."""
+    ins = [(_INS.match(t).group(1) if _INS.match(t) else None) for t in lines]
+    label = _LABEL.match(lines[head]).group(1)
+    where = {_LABEL.match(t).group(1): i for i, t in enumerate(lines) if _LABEL.match(t)}
+    path, i = [], head + 1
+    while i < len(lines) and len(path) <= len(lines):
+        t = ins[i]
+        if t is None:
+            i += 1
+            continue
+        path.append(t)
+        m = _BRA.match(t)
+        if m and m.group(2) == label:
+            return path
+        if m:
+            target = where[m.group(2)]
+            i = target + 1 if m.group(1) is None else choose(i, target)
+            continue
+        i += 1
+    raise ValueError(f"the walk from {label} did not branch back to it")
+
+
+def encode_turns(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """(head label, one turn) of every innermost loop of ``lines`` that loads and stores (LDG, STG), walked
+    along round-to-nearest: a conditional branch goes to the side whose first 12 instructions do not hash
+    (see ``_HASH``), the fall-through when neither or both do."""
+    ins = [(_INS.match(t).group(1) if _INS.match(t) else None) for t in lines]
+    where = {_LABEL.match(t).group(1): i for i, t in enumerate(lines) if _LABEL.match(t)}
+    loops = []
+    for i, t in enumerate(ins):
+        m = _BRA.match(t) if t else None
+        if m and where[m.group(2)] < i:
+            loops.append((where[m.group(2)], i))
+    innermost = [(h, e) for h, e in loops if not any(h < h2 and e2 <= e for h2, e2 in loops if (h2, e2) != (h, e))]
+
+    def hashes(i: int) -> bool:
+        return any(_HASH.search(t) for t in [t for t in ins[i:] if t][:12])
+
+    def choose(i: int, target: int) -> int:
+        return target + 1 if hashes(i + 1) and not hashes(target + 1) else i + 1
+
+    out = []
+    for head, end in innermost:
+        body = [t for t in ins[head:end + 1] if t]
+        if any(opcode(t) == "LDG" for t in body) and any(opcode(t) == "STG" for t in body):
+            out.append((_LABEL.match(lines[head]).group(1), _walk(lines, head, choose)))
+    return out
+
+
 def opcode(instruction: str) -> str:
     words = instruction.split()
     return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
@@ -80,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--take", action="append", default=[], help="follow the conditional branch to this label")
     ap.add_argument("--nvdisasm", help="path to nvdisasm (default: see tools/sass_estimate.py)")
     ap.add_argument("--values", type=int, default=32, help="value-rows per loop turn (decode_sum: 2 rows x 16, int4 4 x 16)")
+    ap.add_argument("--encode", action="store_true", help="encode_rows: every pass-1 loop along round-to-nearest")
     args = ap.parse_args(argv)
     from ccoll import kernels
 
@@ -87,6 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     _, cubin, _ = kernels.nvrtc().compile(path.read_text(), str(path), kernels.module_options("quant", "sm_90"))
     sass = sass_estimate.disassemble(cubin, sass_estimate.find_nvdisasm(args.nvdisasm))
     for kernel in args.kernels:
+        if args.encode:
+            for label, turn in encode_turns(kernel_lines(sass, kernel)):
+                ops = collections.Counter(opcode(t) for t in turn)
+                wide = sum(t.split()[0].startswith("STG.E.128") for t in turn)
+                print(f"{kernel} loop {label}: {len(turn)} issue slots per turn (LDG {ops['LDG']}, STG "
+                      f"{ops['STG']}{', residual stores: feedback' if wide else ''})")
+            continue
         turn = loop_turn(kernel_lines(sass, kernel), set(args.take))
         top = collections.Counter(opcode(t) for t in turn).most_common(8)
         print(f"{kernel}: {len(turn)} issue slots per loop turn = {len(turn) / args.values:.2f} per value "

@@ -257,3 +257,46 @@ def test_sass_loop_walks_one_turn_along_the_fall_through_or_the_taken_branch():
     assert [sass_loop.opcode(t) for t in slow] == ["LDG", "ISETP", "BRA", "LOP3", "FADD", "BSYNC", "BRA"]
     with pytest.raises(ValueError, match="no vector load"):
         sass_loop.loop_turn(sass_loop.kernel_lines(_LOOP_SASS.replace("LDG.E.128", "LDG.E"), "k"))
+
+
+_ENCODE_SASS = """
+//--------------------- .text.e --------------------------
+.text.e:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_10:
+        /*0010*/                   LDG.E R3, desc[UR4][R8.64] ;
+        /*0020*/               @!P2 BRA `(.L_x_10) ;
+.L_x_11:
+        /*0030*/                   IADD3 R2, R2, 0x1, RZ ;
+.L_x_12:
+        /*0040*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0050*/               @!P1 BRA `(.L_x_13) ;
+        /*0060*/                   IMAD R6, R6, 0x7feb352d, RZ ;
+        /*0070*/                   FADD R4, R4, R6 ;
+        /*0080*/                   BRA `(.L_x_14) ;
+.L_x_13:
+        /*0090*/                   FMUL R4, R4, R7 ;
+        /*00a0*/                   FRND R4, R4 ;
+.L_x_14:
+        /*00b0*/                   STG.E [R2.64], R4 ;
+        /*00c0*/               @!P0 BRA `(.L_x_12) ;
+        /*00d0*/               @!P3 BRA `(.L_x_11) ;
+        /*00e0*/                   EXIT ;
+//--------------------- .text.other --------------------------
+"""
+
+
+def test_sass_loop_encode_walks_innermost_load_store_loops_along_round_to_nearest():
+    """The encode figures in kernels/quant.cu's header come from ``sass_loop.py --encode``: only innermost loops
+    that load and store count (not the load-only loop, not the outer loop), and at a conditional branch the
+    walk leaves the side that starts the stochastic key's hash (cq_mix32's multiplier)."""
+    import sass_loop
+
+    turns = sass_loop.encode_turns(sass_loop.kernel_lines(_ENCODE_SASS, "e"))
+    assert [label for label, _ in turns] == [".L_x_12"]
+    assert [sass_loop.opcode(t) for t in turns[0][1]] == ["LDG", "BRA", "FMUL", "FRND", "STG", "BRA"]
+    # with the hash on the branch's target instead, the walk falls through
+    swapped = _ENCODE_SASS.replace("IMAD R6, R6, 0x7feb352d, RZ", "IMAD R6, R6, 0x3, RZ").replace(
+        "FRND R4, R4", "IMAD R4, R4, -0x7b935975, RZ")
+    turns = sass_loop.encode_turns(sass_loop.kernel_lines(swapped, "e"))
+    assert [sass_loop.opcode(t) for t in turns[0][1]] == ["LDG", "BRA", "IMAD", "FADD", "BRA", "STG", "BRA"]
