@@ -96,6 +96,29 @@ def test_given_fp8_when_round_tripping_expect_documented_bound_scale_rule_and_gr
         assert y.tolist()[:4] == [fmax, 1.0, 1 + 2 * one_ulp, 1 + one_ulp]
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_given_every_code_and_scale_byte_when_decoding_expect_torchs_float8_value_times_the_scale(fmt):
+    """Every one of the 256 element codes -- subnormals, +-0, and the NaN / Inf codes the encoder never writes
+    -- under scale bytes from 0 (2^-127, a subnormal scale) to 254 (products past FLT_MAX: Inf) and 255 (NaN)
+    decodes to torch's float8 -> fp32 value times 2^e rounded once, on the torch, host and simt backends:
+    the kernels' code -> fp32 (kernels/quant.cu CqFp8::value) is exact."""
+    dtype8 = FP8[fmt][0]
+    scale_bytes = [0, 1, 2, 100, 127, 133, 200, 254, 255]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    values = codes.view(dtype8).float()
+    backends = ("torch", "emulated", "simt")
+    for sb in scale_bytes:
+        scale = math.nan if sb == 255 else 2.0 ** (sb - 127)
+        want = values * torch.tensor(scale, dtype=torch.float32)
+        # 8 blocks of 32 codes: 8 scale bytes padded to 16, then the codes
+        payload = torch.cat([torch.full((8,), sb, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8), codes])
+        for backend in backends:
+            got = ccoll.get_codec(f"fp8:format={fmt},block=32", backend=backend).decode(payload, 256, torch.float32)
+            assert torch.equal(torch.isnan(got), torch.isnan(want)), (backend, sb)
+            ok = ~torch.isnan(want)
+            assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32)), (backend, sb)
+
+
 @pytest.mark.parametrize("spec", ["fp8:block=32", "fp8:format=e5m2,block=16,rotate=hadamard",
                                   "int4:block=32,rotate=hadamard"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
