@@ -57,23 +57,7 @@ def loop_turn(lines: list[str], take: set[str] = frozenset()) -> list[str]:
     head = next((i for i in range(first, -1, -1) if _LABEL.match(lines[i])), None)
     if head is None:
         raise ValueError("no label before the first vector load")
-    head_label = _LABEL.match(lines[head]).group(1)
-    where = {_LABEL.match(t).group(1): i for i, t in enumerate(lines) if _LABEL.match(t)}
-    path, i = [], head + 1
-    while i < len(lines) and len(path) <= len(lines):
-        t = ins[i]
-        if t is None:
-            i += 1
-            continue
-        path.append(t)
-        m = _BRA.match(t)
-        if m and m.group(2) == head_label:
-            return path
-        if m and (m.group(1) is None or m.group(2) in take):
-            i = where[m.group(2)] + 1
-            continue
-        i += 1
-    raise ValueError(f"the walk from {head_label} did not branch back to it")
+    return _walk(lines, head, lambda i, target: target + 1 if _LABEL.match(lines[target]).group(1) in take else i + 1)
 
 
 #: cq_mix32's multipliers as nvdisasm prints them (kernels/quant.cu): an instruction with one starts the
