@@ -989,11 +989,17 @@ struct CqEncodeRows {
 
     CQ_HD cq_i64 nunits() const { return g.rows * g.blocks_per_row; }
 
+    // how many of the `count` values at padded index e are the tensor's (the rest is padding): one 64-bit
+    // test per word, not one per value (int4's 8 indices e + k held 16 registers and spilled at the
+    // 64-register cap in store_residual)
+    CQ_HD int in_tensor(cq_i64 e, int count) const {
+        const cq_i64 have = g.numel - e;
+        return have <= 0 ? 0 : (int)cq_min(count, have);
+    }
+
     // the `count` values at padded index e: c = x (+ residual) in fp32 and sent = c rounded to the input type
     CQ_HD void load(cq_i64 e, int count, float* c, float* sent) const {
-        const cq_i64 have = g.numel - e;
-        const int count_x = have <= 0 ? 0 : (int)cq_min(count, have);
-        cq_load_word<Tr, G>(x, e, count_x, vec_x, c);
+        cq_load_word<Tr, G>(x, e, in_tensor(e, count), vec_x, c);
         if (feedback == nullptr) {
 #pragma unroll
             for (int k = 0; k < G; ++k) sent[k] = c[k];
@@ -1011,15 +1017,12 @@ struct CqEncodeRows {
     // residuals of the `count` values at padded index e: c - what the receivers decode (rounded to the
     // input type); non-finite -> 0, padding -> 0
     CQ_HD void store_residual(cq_i64 e, int count, const float* c, const float* decoded) const {
-        // the values from e on that are the tensor's (the rest is padding): one 64-bit test per word, not one
-        // per value (int4's 8 indices e + k held 16 registers and spilled at the 64-register cap)
-        const cq_i64 have = g.numel - e;
-        const int in_tensor = have <= 0 ? 0 : (int)cq_min((cq_i64)G, have);
+        const int valid = in_tensor(e, count);  // the values past it are not stored or are padding
         float r[G];
 #pragma unroll
         for (int k = 0; k < G; ++k) {
             r[k] = cq_sub(c[k], Tr::round(decoded[k]));
-            if (cq_abs_bits(r[k]) >= CQ_INF_BITS || k >= in_tensor) r[k] = 0.0f;
+            if (cq_abs_bits(r[k]) >= CQ_INF_BITS || k >= valid) r[k] = 0.0f;
         }
         cq_store_word<CqF32, G>(reinterpret_cast<cq_u32*>(feedback), e, count, vec_fb, r);
     }
