@@ -36,8 +36,9 @@ r = c - decode (the decode rounded to the input type), non-finite residuals -> 0
 
 Optional rotate=hadamard (all formats): each whole block is replaced by H D x before quantizing and
 rotated back after decoding (CqRot below); decode_sum rotates each payload's block back before adding it.
-It is a compile-time choice: every op has a plain kernel and a `_rot` kernel (CqEncodeRows<.., ROT>, the
-decodes' team_block), so the plain kernels contain no rotation code, no per-lane block arrays and no stack.
+It is a compile-time choice: every op has a plain kernel and `_rot_w<W>` kernels (CqEncodeRows<.., ROT>, the
+decodes' block_rotated; W = q words per lane, CqRotated), so the plain kernels contain no rotation code, no
+per-lane block arrays and no stack, and the rotating ones hold a lane's words in registers, no stack either.
 On a GPU the two sets are separate NVRTC modules ("quant" and "quant_rot", CCOLL_QUANT_KERNELS below): the
 _rot module is compiled (or loaded from the bundle) on the first rotate=hadamard launch only.
 
@@ -77,7 +78,8 @@ shared with the host build):
   (partial, straddling blocks, a tiny, huge or non-finite block's scale, fp8) the general per-word path.
   Payload pointers that are not 16-byte aligned (the codecs never pass one: ccoll/codecs/buffers.py
   copies them) fall back to word loads; outputs that are not aligned, to element stores.
-  _rot kernels: one team per block for every op; the team holds the whole block in registers (CqRot).
+  _rot_w<W> kernels: one team per block for every op; the team holds the whole block in registers (CqRot),
+  W q words per lane (1 for blocks of <= 32 words, else a team of 32 with words / 32 each: CqRotated).
 
 Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
 kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
@@ -226,7 +228,18 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     divisions' set-up), BRA 284 -> 119; decode_rows_f32 1472 -> 1128 (I2F 45 -> 13); e5m2 decode_sum_f32
     3992 -> 2928 (BRA 404 -> 212). Not walked per value-row: tools/sass_loop.py's fall-through rule does
     not come back to the loop head through the NaN-code tests.
-    Rotate kernels (123..167 registers, 128..256 B stack, from the check): not streaming kernels.
+    Rotate kernels (_rot_w<W>, sm_90 from the check): no local memory; registers grow with the words a
+    lane holds: W = 1 45..70, W = 2 56..104, W = 4 80..152, W = 8 120..168 (encode with its feedback and
+    stochastic paths the most). One kernel per W because with W a run-time count the lane's arrays were a
+    128..256-byte stack frame (95..167 registers), every butterfly stage a round trip through local
+    memory; a single kernel switching over W would hold W = 8's registers for every block size, and a cap
+    of 128 registers spilled up to 1.7 KB. An estimate, not measured: if a lane's W words of loads are in
+    flight together (the loops are unrolled; not read off the SASS), an SM has ~8..32 KB of input in
+    flight (W = 8: 1 CTA of 8 warps at 155..168 registers, 32 values a lane, 32 KB f32 / 16 KB bf16; W = 1:
+    4 CTAs, 4 values a lane, 16 KB f32 / 8 KB bf16) against the ~29 KB that streaming at HBM rate needs,
+    and a block of B values costs each value log2(B) butterfly adds (log2(team) of them after a shuffle)
+    on top of the plain path's ~20..30 instructions: not streaming kernels, but no longer bound by
+    local-memory traffic.
   Not done: 16-byte q groups per lane in encode_rows. Tried (a lane per group of 4 words, one 16-B q
     store): holding a group's 16 (int4 32) values across the team max needs > 64 registers, and even
     re-reading them per word (two passes, q words kept through selects, residuals in a third pass) spills
@@ -965,6 +978,20 @@ struct CqRot {
     }
 };
 
+// The rotate=hadamard path of a quant op with NW words per lane (block / (G * team)) fixed at compile time:
+// the GPU kernels exist per NW (1: blocks of <= 32 q words, one word per lane; 2, 4, 8: a team of 32;
+// ccoll/codecs/quant_kernels.py _rot_words picks one), so every loop over a lane's words unrolls and every
+// index into its arrays is a constant: the block stays in registers. With a runtime count (one kernel for
+// every NW) the arrays were a 128..256-byte stack frame, each butterfly stage a round trip through local
+// memory; and one kernel switching over NW would take NW = 8's registers for every block size. The host's
+// team of one holds a whole block (up to 256 words) and runs NW = 0, the runtime form (Op::team_block).
+template <class Op, int NW>
+struct CqRotated {
+    Op op;
+    CQ_HD cq_i64 nunits() const { return op.nunits(); }
+    CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const { op.template block_rotated<NW>(unit, t); }
+};
+
 // ROT: rotate=hadamard (a separate instantiation, so the plain kernels carry no rotation code)
 template <class Tr, class F, bool ROT>
 struct CqEncodeRows {
@@ -1028,8 +1055,10 @@ struct CqEncodeRows {
     }
 
     CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
-        if constexpr (ROT) block_rotated(unit, t);
-        else block(unit, t);
+        if constexpr (ROT)
+            block_rotated<0>(unit, t);  // the host's team of one; GPU kernels: CqRotated
+        else
+            block(unit, t);
     }
 
     // what is encoded from c (x, or x + residual in fp32): c itself, or c rounded to the input type
@@ -1233,14 +1262,17 @@ struct CqEncodeRows {
 
     // the same with rotate=hadamard: the team holds the block in registers (see CqRot); every lane of the
     // warp runs the same shuffles whatever its unit (past the end, partial block)
+    // (NW: the lane's words, a constant in the GPU kernels, 0 = block / (G * team) at run time: CqRotated)
+    template <int NW>
     CQ_HD void block_rotated(cq_i64 unit, const CqTeam& t) const {
         const CqUnit u(g, row_of_block, unit, nunits());
         const cq_i64 row = u.row, b = u.b, start = u.start, len = u.len;
         const cq_i64 e0 = row * g.row_numel + start;
         const bool on = len == g.block;
-        const int nw = (int)(g.block / (G * t.size));
-        float c[CQ_ROT_MAXV], v[CQ_ROT_MAXV];
+        const int nw = NW ? NW : (int)(g.block / (G * t.size));
+        float c[NW ? NW * G : CQ_ROT_MAXV], v[NW ? NW * G : CQ_ROT_MAXV];
         cq_u32 absmax = 0;
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const int count = (int)cq_min(G, len - w * G);
@@ -1252,6 +1284,7 @@ struct CqEncodeRows {
             }
         }
         rot.forward<G>(v, nw, t, on);
+#pragma unroll
         for (int i = 0; i < nw * G; ++i) {
             const cq_u32 a = cq_abs_bits(v[i]);
             absmax = a > absmax ? a : absmax;
@@ -1264,6 +1297,7 @@ struct CqEncodeRows {
             F::store_scale(payload, b, bp);
             if (b == g.blocks_per_row - 1) g.zero_padding(payload, qwords, b, start, len);
         }
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const int count = (int)cq_min(G, len - w * G);
@@ -1274,6 +1308,7 @@ struct CqEncodeRows {
         }
         if (feedback == nullptr) return;  // uniform over the launch
         rot.inverse<G>(v, nw, t, on);
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const int count = (int)cq_min(G, len - w * G);
@@ -1349,19 +1384,25 @@ struct CqDecodeRows {
     // rotate=hadamard: block `unit` of any row by team t (the whole block is decoded and rotated back, then
     // stored up to numel)
     CQ_HD void team_block(cq_i64 unit, const CqTeam& t) const {
+        block_rotated<0>(unit, t);  // the host's team of one; GPU kernels: CqRotated
+    }
+    template <int NW>  // the lane's words, a constant in the GPU kernels (CqRotated), 0 at run time
+    CQ_HD void block_rotated(cq_i64 unit, const CqTeam& t) const {
         const CqUnit u(g, row_of_block, unit, nunits());
         const cq_i64 row = u.row, start = u.start, len = u.len;
-        const int nw = (int)(g.block / (G * t.size));
+        const int nw = NW ? NW : (int)(g.block / (G * t.size));
         const cq_u8* payload = payloads + row * g.row_nbytes();
         const cq_u32* qwords = reinterpret_cast<const cq_u32*>(payload + g.scale_nbytes());
         const float scale = u.valid ? F::load_scale(payload, u.b) : 0.0f;
-        float v[CQ_ROT_MAXV];
+        float v[NW ? NW * G : CQ_ROT_MAXV];
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
             else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
         }
         rot.inverse<G>(v, nw, t, len == g.block);
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const cq_i64 e = row * g.row_numel + start + w * G;
@@ -1474,26 +1515,35 @@ struct CqDecodeSum {
     // rotate=hadamard: block b by team t; each payload's block is rotated back and rounded to the input type
     // before it is added (the sum of the decodes, as decode_sum is defined), in row order
     CQ_HD void team_block(cq_i64 b, const CqTeam& t) const {
+        block_rotated<0>(b, t);  // the host's team of one; GPU kernels: CqRotated
+    }
+    template <int NW>  // the lane's words, a constant in the GPU kernels (CqRotated), 0 at run time
+    CQ_HD void block_rotated(cq_i64 b, const CqTeam& t) const {
         typedef typename Tr::Whole W;  // as in group
         const bool valid = b < nunits();
         const cq_i64 start = b * block;
         const cq_i64 len = valid ? cq_min(block, numel - start) : 0;
-        const int nw = (int)(block / (G * t.size));
-        float acc[CQ_ROT_MAXV], v[CQ_ROT_MAXV];
+        const int nw = NW ? NW : (int)(block / (G * t.size));
+        float acc[NW ? NW * G : CQ_ROT_MAXV], v[NW ? NW * G : CQ_ROT_MAXV];
+#pragma unroll
         for (int i = 0; i < nw * G; ++i) acc[i] = 0.0f;
         for (cq_i64 r = 0; r < p; ++r) {
             const cq_u8* row = payloads + r * row_nbytes;
             const cq_u32* qwords = reinterpret_cast<const cq_u32*>(row + scale_nbytes);
             const float scale = valid ? F::load_scale(row, b) : 0.0f;
+#pragma unroll
             for (int j = 0; j < nw; ++j) {
                 const cq_i64 w = t.lane + (cq_i64)j * t.size;
                 if (w * G < len) cq_decode_word<F>(qwords[start / G + w], scale, v + j * G);
                 else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
             }
             rot.inverse<G>(v, nw, t, len == block);
+#pragma unroll
             for (int i = 0; i < nw * G; ++i) acc[i] = cq_add(acc[i], W::round(v[i]));
         }
+#pragma unroll
         for (int i = 0; i < nw * G; ++i) acc[i] = cq_canonical_nan(acc[i]);
+#pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;
             const int count = (int)cq_min(G, len - w * G);
@@ -1535,10 +1585,11 @@ __device__ void cq_groups_kernel(const Op& op) {
         op.group(i);
 }
 
-// extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}[_rot]_{f32,bf16,f16}
-// (ccoll/kernels/call.py FAMILIES / SIGNATURES list them). Plain kernels contain no rotation code: the decodes
-// run one thread per 16-byte q group. The _rot kernels are rotate=hadamard with signs from rot_seed, one team of `team`
-// lanes per block for every op.
+// extern "C" entry points: ccoll_{int8,int4,fp8e4m3,fp8e5m2}_{encode_rows,decode_rows,decode_sum}[_rot_w<W>]_{f32,bf16,f16}
+// (ccoll/kernels/call.py FAMILIES / SIGNATURES / ROT_WORDS list them). Plain kernels contain no rotation code: the
+// decodes run one thread per 16-byte q group. The _rot_w<W> kernels are rotate=hadamard with signs from rot_seed,
+// one team of `team` lanes per block for every op, W q words per lane; their host twins are one _rot function
+// each (a team of one).
 // ptxas keeps a plain kernel within 64 registers at the launch's 256 threads per CTA (ccoll/kernels/call.py
 // FAMILIES["quant"].threads): 4 CTAs, 32 warps per SM
 #define CQ_THREADS 256
@@ -1559,23 +1610,41 @@ __device__ void cq_groups_kernel(const Op& op) {
         cq_groups_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, 0u));              \
     }
 
-#define CQ_GLOBALS_ROT(FMT, F, NAME, TR)                                                                      \
-    extern "C" __global__ void ccoll_##FMT##_encode_rows_rot_##NAME(                                      \
+// rotate=hadamard, per words per lane W (CqRotated); no register cap: ptxas gives a lane's block all it needs
+// (a cap of 128 spilled up to 1.7 KB)
+#define CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, W)                                                             \
+    extern "C" __global__ void ccoll_##FMT##_encode_rows_rot_w##W##_##NAME(                               \
         const TR::storage* x, cq_i64 numel, cq_i64 rows, cq_i64 row_numel, cq_i64 block, int team,        \
         int stochastic, cq_u32 seed, float* feedback, cq_u8* out, cq_u32 rot_seed) {                      \
-        cq_teams_kernel(CqEncodeRows<TR, F, true>(x, numel, rows, row_numel, block, stochastic, seed,     \
-                                                  feedback, out, rot_seed), team);                        \
+        cq_teams_kernel(CqRotated<CqEncodeRows<TR, F, true>, W>{CqEncodeRows<TR, F, true>(                \
+                            x, numel, rows, row_numel, block, stochastic, seed, feedback, out, rot_seed)}, \
+                        team);                                                                            \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_##FMT##_decode_rows_rot_##NAME(                                      \
+    extern "C" __global__ void ccoll_##FMT##_decode_rows_rot_w##W##_##NAME(                               \
         const cq_u8* payloads, cq_i64 rows, cq_i64 row_numel, cq_i64 numel, cq_i64 block, TR::storage* y, \
         int team, cq_u32 rot_seed) {                                                                      \
-        cq_teams_kernel(CqDecodeRows<TR, F>(payloads, rows, row_numel, numel, block, y, rot_seed), team); \
+        cq_teams_kernel(CqRotated<CqDecodeRows<TR, F>, W>{CqDecodeRows<TR, F>(payloads, rows, row_numel,   \
+                                                                             numel, block, y, rot_seed)}, \
+                        team);                                                                            \
     }                                                                                                     \
-    extern "C" __global__ void ccoll_##FMT##_decode_sum_rot_##NAME(                                       \
+    extern "C" __global__ void ccoll_##FMT##_decode_sum_rot_w##W##_##NAME(                                \
         const cq_u8* payloads, cq_i64 p, cq_i64 row_nbytes, cq_i64 numel, cq_i64 block, float* out,       \
         int team, cq_u32 rot_seed) {                                                                      \
-        cq_teams_kernel(CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, block, out, rot_seed), team);  \
+        cq_teams_kernel(CqRotated<CqDecodeSum<TR, F>, W>{CqDecodeSum<TR, F>(payloads, p, row_nbytes, numel, \
+                                                                           block, out, rot_seed)},        \
+                        team);                                                                            \
     }
+// W per format (ccoll/kernels/call.py ROT_WORDS): blocks of <= 1024 values, a lane of a team of 32 holds at
+// most 32 of them (CQ_ROT_MAXV), so 8 words for the 8-bit formats and 4 for int4
+#define CQ_GLOBALS_ROT(FMT, F, NAME, TR)  \
+    CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 1) \
+    CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 2) \
+    CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 4) \
+    CQ_GLOBALS_ROT8_##FMT(FMT, F, NAME, TR)
+#define CQ_GLOBALS_ROT8_int8(FMT, F, NAME, TR) CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 8)
+#define CQ_GLOBALS_ROT8_fp8e4m3(FMT, F, NAME, TR) CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 8)
+#define CQ_GLOBALS_ROT8_fp8e5m2(FMT, F, NAME, TR) CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 8)
+#define CQ_GLOBALS_ROT8_int4(FMT, F, NAME, TR)
 
 #define CQ_FORMAT(MACRO, FMT, F) \
     MACRO(FMT, F, f32, CqF32)    \
@@ -1590,7 +1659,7 @@ __device__ void cq_groups_kernel(const Op& op) {
 // CCOLL_QUANT_KERNELS selects which entry points an NVRTC build of this file defines (ccoll/kernels
 // MODULE_PARTS): 1 the plain kernels only ("quant"), 2 the rotate=hadamard ones only ("quant_rot"), unset both
 // (nvcc's compile check, the host build, simt). Split so that a run without rotate never pays NVRTC for the
-// _rot instantiations, the slowest to compile (their teams hold whole blocks in registers).
+// _rot_w<W> instantiations (their teams hold whole blocks in registers).
 #if !defined(CCOLL_QUANT_KERNELS) || CCOLL_QUANT_KERNELS == 1
 CQ_ALL_FORMATS(CQ_GLOBALS)
 #endif

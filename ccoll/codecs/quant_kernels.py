@@ -67,9 +67,14 @@ class QuantKernelBackend:
         """The rotate=hadamard instantiation's trailing argument (its sign seed); () for the plain kernels."""
         return (self.params["rotate_seed"],) if self.rotate else ()
 
+    def _rot_words(self) -> int:
+        """q words per lane of a rotate=hadamard team (kernels/quant.cu CqRotated): 1 for blocks of <= 32 words,
+        else words / 32 (2, 4, 8; int4 up to 4: ccoll/kernels/call.py ROT_WORDS)."""
+        return self.block * self.bits // 32 // self._team()
+
     def _op(self, op: str) -> str:
-        """The kernel of ``op``: the plain instantiation, or ``<op>_rot`` for rotate=hadamard."""
-        return f"{op}_rot" if self.rotate else op
+        """The kernel of ``op``: the plain instantiation, or ``<op>_rot_w<W>`` for rotate=hadamard."""
+        return f"{op}_rot_w{self._rot_words()}" if self.rotate else op
 
     def _encode_rows_kernel(self, backend: str, src, out, row_numel, feedback, salt) -> None:
         enc, dst = self._salted(salt), aligned_like(out)

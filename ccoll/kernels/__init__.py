@@ -63,10 +63,10 @@ _lock = threading.Lock()
 
 #: NVRTC modules (what a GPU loads and ``make gpu-bundle`` carries) made from part of a source: source ->
 #: ((module, kernel-name regex, extra NVRTC options), ...); a source not listed is one module of its own name.
-#: kernels/quant.cu's rotate=hadamard kernels (``_rot_``) are a module of their own, compiled on their first
-#: launch only: they take most of the file's NVRTC time (sm_90: the whole file 61 s, the plain kernels alone
-#: 11 s, the _rot ones 27 s, on a 2-core CI machine), which a run without rotate need not pay. The host build,
-#: nvcc's compile check and simt still compile the whole file (no CCOLL_QUANT_KERNELS).
+#: kernels/quant.cu's rotate=hadamard kernels (``_rot_w<W>_``, one per words per lane) are a module of their
+#: own, compiled on their first launch only: they take most of the file's NVRTC time (sm_90 on a 2-core CI
+#: machine: the plain kernels 13 s, the _rot_w<W> ones 61 s), which a run without rotate need not pay. The
+#: host build, nvcc's compile check and simt still compile the whole file (no CCOLL_QUANT_KERNELS).
 MODULE_PARTS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
     "quant": (("quant", r"(?!.*_rot_)\w+", ("-DCCOLL_QUANT_KERNELS=1",)),
               ("quant_rot", r"\w+_rot_\w+", ("-DCCOLL_QUANT_KERNELS=2",))),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -42,10 +43,18 @@ class Family:
     max_grid: int
 
 
+#: the rotate=hadamard quant kernels' q words per lane W, per format (kernels/quant.cu CqRotated,
+#: CQ_GLOBALS_ROT): one kernel ``<op>_rot_w<W>`` per count, so a lane's block stays in registers. A lane holds
+#: at most 32 values of a block of <= 1024: 8 words of the 8-bit formats, 4 of int4.
+ROT_WORDS = {"int8": (1, 2, 4, 8), "int4": (1, 2, 4), "fp8e4m3": (1, 2, 4, 8), "fp8e5m2": (1, 2, 4, 8)}
+_QUANT_OPS = ("encode_rows", "decode_rows", "decode_sum")
+_ROT_OP = re.compile(r"\w+_rot_w(\d+)")
+
 FAMILIES = {
-    # the _rot ops are the rotate=hadamard instantiations (kernels/quant.cu): the plain kernels carry no rotation
+    # the _rot_w<W> ops are the rotate=hadamard instantiations (kernels/quant.cu): the plain kernels carry no
+    # rotation
     "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"),
-                    ("encode_rows", "decode_rows", "decode_sum", "encode_rows_rot", "decode_rows_rot", "decode_sum_rot"),
+                    _QUANT_OPS + tuple(f"{op}_rot_w{w}" for op in _QUANT_OPS for w in ROT_WORDS["int8"]),
                     (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
     "zfp": Family(("zfp",), ("encode_rows", "encode_tiles", "decode_rows", "decode_sum"),
                   (torch.float32, torch.bfloat16, torch.float16, torch.float64), 128, 2**31 - 1),
@@ -61,12 +70,12 @@ SIGNATURES = {
     ("quant", "decode_rows"): ("p", "q", "q", "q", "q", "p"),
     # in, rows, row_nbytes, numel, block, out (fp32; one thread per 16-byte q group)
     ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p"),
-    # rotate=hadamard: the same, then the sign seed; the decodes run one team per block
-    ("quant", "encode_rows_rot"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u"),
+    # rotate=hadamard (per ROT_WORDS): the same, then the sign seed; the decodes run one team per block
+    **{("quant", f"encode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u") for w in ROT_WORDS["int8"]},
     # in, rows, row_numel, numel, block, out, ~team, rot_seed
-    ("quant", "decode_rows_rot"): ("p", "q", "q", "q", "q", "p", "~i", "u"),
+    **{("quant", f"decode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in ROT_WORDS["int8"]},
     # in, rows, row_nbytes, numel, block, out (fp32), ~team, rot_seed
-    ("quant", "decode_sum_rot"): ("p", "q", "q", "q", "q", "p", "~i", "u"),
+    **{("quant", f"decode_sum_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in ROT_WORDS["int8"]},
     # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
     ("zfp", "encode_rows"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
     # the same arguments; one warp per 32 blocks, whole 32-bit output words (no zeroed output needed)
@@ -83,6 +92,8 @@ SIGNATURES = {
     ("lossless", "decode"): ("p", "q", "q", "q", "q", "q", "p"),
 }
 
+_ROT_WORDS_NAME = re.compile(r"_rot_w\d+_")
+
 _CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_longlong, "Q": ctypes.c_uint64, "i": ctypes.c_int,
            "u": ctypes.c_uint32}
 
@@ -93,7 +104,15 @@ def cuda_kernels(family: str) -> tuple[str, ...]:
     fam = FAMILIES.get(family)
     if fam is None:
         return ()
-    return tuple(f"ccoll_{fmt}_{op}_{SUFFIX[d]}" for fmt in fam.formats for op in fam.ops for d in fam.dtypes)
+    return tuple(f"ccoll_{fmt}_{op}_{SUFFIX[d]}" for fmt in fam.formats for op in fam.ops if _exists(fmt, op)
+                 for d in fam.dtypes)
+
+
+def _exists(fmt: str, op: str) -> bool:
+    """Whether format ``fmt`` has kernels for ``op`` (of its family's ops): all but the rotate=hadamard counts
+    of words per lane that its blocks never need (``ROT_WORDS``)."""
+    m = _ROT_OP.fullmatch(op)
+    return m is None or int(m.group(1)) in ROT_WORDS[fmt]
 
 
 @dataclass(frozen=True)
@@ -108,12 +127,14 @@ class Kernel:
 
     @property
     def host_name(self) -> str:
-        return "ccoll_host_" + self.name[len("ccoll_"):]
+        """The host build's twin: the same name, but one ``_rot_`` twin for every ``_rot_w<W>_`` kernel (the
+        host's team of one holds a whole block: words per lane are a GPU launch's choice)."""
+        return "ccoll_host_" + _ROT_WORDS_NAME.sub("_rot_", self.name[len("ccoll_"):])
 
 
 def kernel(family: str, fmt: str, op: str, dtype: torch.dtype) -> Kernel:
     fam = FAMILIES[family]
-    if fmt not in fam.formats or op not in fam.ops or dtype not in fam.dtypes:
+    if fmt not in fam.formats or op not in fam.ops or not _exists(fmt, op) or dtype not in fam.dtypes:
         raise KernelError(f"kernels/{family}.cu has no kernel for format {fmt!r}, op {op!r}, dtype {dtype}")
     return Kernel(family, f"ccoll_{fmt}_{op}_{SUFFIX[dtype]}", SIGNATURES[(family, op)], fam.threads,
                   fam.max_grid)

@@ -24,29 +24,34 @@ from . import (
 
 @dataclass(frozen=True)
 class ResourceLimit:
-    """What every kernel of a source (but those matching ``exempt``) may use per thread: at most
-    ``max_registers`` registers (64: four 256-thread CTAs resident per SM, 50% occupancy, enough warps in
-    flight to stream at memory bandwidth) and no local memory (a stack frame or spills: per-thread arrays
-    that ptxas could not keep in registers, an L1/L2 round trip per access)."""
+    """What each kernel of a source whose name matches ``kernels`` may use per thread: no local memory (a stack
+    frame or spills: per-thread arrays that ptxas could not keep in registers, an L1/L2 round trip per access)
+    and at most ``max_registers`` registers (64: four 256-thread CTAs resident per SM, 50% occupancy, enough
+    warps in flight to stream at memory bandwidth; None: ptxas's own limit)."""
 
-    max_registers: int
-    exempt: str  # regular expression over kernel names
+    kernels: str  # regular expression over kernel names
+    max_registers: int | None
 
     def problems(self, name: str, r: Resources) -> list[str]:
-        if re.fullmatch(self.exempt, name):
+        if not re.fullmatch(self.kernels, name):
             return []
         out = []
-        if r.registers > self.max_registers:
+        if self.max_registers is not None and r.registers > self.max_registers:
             out.append(f"{name}: {r.registers} registers > {self.max_registers}")
         if r.local_bytes:
             out.append(f"{name}: local memory ({r.stack} bytes stack frame, {r.spill_stores} bytes spill stores, "
                        f"{r.spill_loads} bytes spill loads)")
         return out
 
+    def __str__(self) -> str:
+        regs = "" if self.max_registers is None else f"within {self.max_registers} registers and "
+        return f"{self.kernels}: {regs}no local memory"
 
-#: per source: the resource rule of its kernels. quant: the plain kernels are streaming kernels; the
-#: rotate=hadamard ones (``_rot_``) hold a whole block per team in registers and are exempt.
-RESOURCE_LIMITS = {"quant": ResourceLimit(64, r"ccoll_\w+_rot_\w+")}
+
+#: per source: the resource rules of its kernels. quant: the plain kernels are streaming kernels; the
+#: rotate=hadamard ones (``_rot_w<W>_``) hold a lane's share of a block (up to 32 values) in registers,
+#: as many as that takes (up to ~240 for int4 encode with feedback), but never in local memory.
+RESOURCE_LIMITS = {"quant": (ResourceLimit(r"(?!\w*_rot_)\w+", 64), ResourceLimit(r"\w+_rot_\w+", None))}
 
 
 #: what nvcc compiles for: PTX only. NVRTC already builds every CHECK_ARCHS cubin (what a GPU loads, through
@@ -136,13 +141,14 @@ def forbidden_ptx(build: NvrtcBuild) -> list[str]:
 def resource_problems(build: NvrtcBuild) -> list[str]:
     """``RESOURCE_LIMITS`` of build.name broken by the build's kernels; for a verbose cubin build, a kernel
     missing from ptxas's report is a problem too (the rule must not pass vacuously)."""
-    limit = RESOURCE_LIMITS.get(module_source(build.name))
-    if limit is None or build.cubin is None or PTXAS_VERBOSE not in build.options:
+    limits = RESOURCE_LIMITS.get(module_source(build.name))
+    if limits is None or build.cubin is None or PTXAS_VERBOSE not in build.options:
         return []
     resources = build.resources
     problems = [f"{e}: not in ptxas's resource report" for e in sorted(build.entries) if e not in resources]
     for name in sorted(resources):
-        problems += limit.problems(name, resources[name])
+        for limit in limits:
+            problems += limit.problems(name, resources[name])
     return problems
 
 
@@ -250,10 +256,10 @@ def _report(name: str, flushing: frozenset[str], builds: list[NvrtcBuild]) -> No
               f"{'.'.join(map(str, nvrtc().version))} for {', '.join(b.arch for b in mb)}: {len(mb[0].entries)} "
               f"entry points, every launched kernel present ({len(launched_kernels(name, module))} names/patterns), "
               f"no .ftz; options: {' '.join(o for o in module_options(module, mb[0].arch) if not o.startswith(target))}")
-    limit = RESOURCE_LIMITS.get(name)
-    if limit is not None:
-        print(f"{name}.cu resources: every kernel but {limit.exempt} within {limit.max_registers} registers and no "
-              f"local memory, for {', '.join(dict.fromkeys(b.arch for b in builds))}")
+    limits = RESOURCE_LIMITS.get(name)
+    if limits is not None:
+        print(f"{name}.cu resources, for {', '.join(dict.fromkeys(b.arch for b in builds))}: "
+              f"{'; '.join(map(str, limits))}")
     rule = PTX_FORBIDDEN.get(name)
     if rule is not None:
         print(f"{name}.cu PTX: no {rule[1]} in {rule[0]} ({rule[2]})")

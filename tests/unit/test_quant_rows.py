@@ -225,11 +225,20 @@ def test_property_rows_backends_identical(name, block, rounding, dtype, rows, ro
 
 def test_cuda_kernels_list_names_every_entry_point():
     source = kernels.source("quant").read_text()
-    assert len(quant.CUDA_KERNELS) == 72  # 4 formats x 3 ops x 3 dtypes, plain and rotate=hadamard
+    # 4 formats x 3 ops x 3 dtypes plain, and rotate=hadamard per words per lane: 1, 2, 4, 8 (int4: 1, 2, 4)
+    assert len(quant.CUDA_KERNELS) == 36 + (3 * 4 + 3) * 3 * 3
     for name in quant.CUDA_KERNELS:
-        fmt, op = re.fullmatch(r"ccoll_(int8|int4|fp8e4m3|fp8e5m2)_(\w+)_(?:f32|bf16|f16)", name).groups()
-        assert f"ccoll_##FMT##_{op}_##NAME" in source and f"CQ_FORMAT(MACRO, {fmt}," in source, name
-        assert f"ccoll_host_##FMT##_{op}_##NAME" in source, name
+        fmt, op, words = re.fullmatch(
+            r"ccoll_(int8|int4|fp8e4m3|fp8e5m2)_(\w+?)(?:_rot_w(\d))?_(?:f32|bf16|f16)", name).groups()
+        assert f"CQ_FORMAT(MACRO, {fmt}," in source, name
+        if words is None:
+            assert f"ccoll_##FMT##_{op}_##NAME" in source and f"ccoll_host_##FMT##_{op}_##NAME" in source, name
+        else:  # one host twin for every count (a team of one)
+            assert f"ccoll_##FMT##_{op}_rot_w##W##_##NAME" in source, name
+            assert f"ccoll_host_##FMT##_{op}_rot_##NAME" in source, name
+            w8 = f"#define CQ_GLOBALS_ROT8_{fmt}(FMT, F, NAME, TR) CQ_GLOBALS_ROT_W(FMT, F, NAME, TR, 8)"
+            assert words != "8" or w8 in source, name
+    assert "ccoll_int4_encode_rows_rot_w8_f32" not in quant.CUDA_KERNELS  # 64 values a lane: never launched
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -271,7 +280,7 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
         assert module == "quant" and kernel in quant.CUDA_KERNELS
         assert all(isinstance(a, np.generic) for a in args)
         fmt, op, rot, dtype_name = re.fullmatch(
-            r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)(_rot)?_(f32|bf16|f16)", kernel).groups()
+            r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)(_rot_w[1248])?_(f32|bf16|f16)", kernel).groups()
         values = [int(a) for a in args]
         assert len(values) == len(kernel_call.SIGNATURES[("quant", op + (rot or ""))])
         if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
@@ -299,7 +308,8 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
 
     monkeypatch.setattr(kernels, "launch", fake_launch)
     for spec in ["int8:block=32", "int4:block=16,round=stochastic,seed=4", "fp8:format=e5m2,block=16",
-                 "int4:block=16,rotate=hadamard,rotate_seed=3", "fp8:block=32,rotate=hadamard"]:
+                 "int4:block=16,rotate=hadamard,rotate_seed=3", "fp8:block=32,rotate=hadamard",
+                 "int8:block=256,rotate=hadamard,rotate_seed=5"]:  # rotate: 1 word per lane, and 2
         ct = ccoll.get_codec(spec, backend="torch")
         cc = ccoll.get_codec(spec, backend="torch")  # the cupy methods, called directly on CPU tensors
         for dtype in (torch.float32, torch.bfloat16):
@@ -318,7 +328,8 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
             cc._decode_sum_cupy(out, row_numel, dtype, s)
             ct._decode_sum_torch(out, row_numel, dtype, st_)
             _assert_same_values(s, st_)
-    assert set(launched) == {f"{op}{rot}" for op in ("encode_rows", "decode_rows", "decode_sum") for rot in ("", "_rot")}
+    assert set(launched) == {f"{op}{rot}" for op in ("encode_rows", "decode_rows", "decode_sum")
+                             for rot in ("", "_rot_w1", "_rot_w2")}
 
 
 

@@ -18,6 +18,7 @@ import ccoll.errors
 from ccoll import simt
 from ccoll.errors import KernelError
 from ccoll.kernels import call as kernel_call
+from ccoll.kernels.call import ROT_WORDS
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simt backend needs g++")
 
@@ -141,6 +142,8 @@ def _quant_cases(fmt: str):
     for rnd, rot, fb in combos:  # every combination once more at the MX/default block sizes, 5 rows: decode_sum
         block = 32 if fmt.startswith("fp8") else 256  # takes rows in batches of 2 (int4: 4) and then the rest
         cases.append((_quant_spec(fmt, block, rnd, rot, 99), 5, 3 * block + 5, fb, rot == "none"))
+    # rotate=hadamard at the largest block, with feedback: the most words per lane (8, int4 4)
+    cases.append((_quant_spec(fmt, 1024, rounds[-1], "hadamard", 77), 1, 2 * 1024 + 3, True, False))
     return cases
 
 
@@ -150,8 +153,9 @@ def test_quant_kernels_match_emulated_and_torch(fmt, dname):
     record: list = []
     for i, (spec, rows, row_numel, fb, misalign) in enumerate(_quant_cases(fmt)):
         _check_codec(spec, DTYPES[dname], rows, row_numel, fb, int(misalign), salt=i * 7919, seed=i, record=record)
-    ops = ("encode_rows", "decode_rows", "decode_sum")  # plain and rotate=hadamard instantiations
-    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}{rot}_{dname}" for op in ops for rot in ("", "_rot")}
+    ops = ("encode_rows", "decode_rows", "decode_sum")  # plain and every rotate=hadamard instantiation
+    rot = ("",) + tuple(f"_rot_w{w}" for w in ROT_WORDS[fmt])
+    assert {k for _, k, _, _ in record} == {f"ccoll_{fmt}_{op}{r}_{dname}" for op in ops for r in rot}
     CALLS[f"quant {fmt} {dname}"] = len(record)
 
 
