@@ -236,8 +236,9 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
     of 128 registers spilled up to 1.7 KB. An estimate, not measured: a lane's W words of loads are in
     flight together (sm_90 SASS of int8 encode_rows_rot_w8_f32, decode_rows_rot_w8_f32 and int4
     encode_rows_rot_w4_bf16: every LDG comes before the first SHFL, no LDL / STL), so an SM has
-    ~8..32 KB of input in flight (W = 8: 1 CTA of 8 warps at 155..168 registers, 32 values a lane, 32 KB
-    f32 / 16 KB bf16; W = 1: 4 CTAs, 4 values a lane, 16 KB f32 / 8 KB bf16) against the ~29 KB that
+    ~9..48 KB of input in flight (128-thread CTAs, ccoll/kernels/call.py ROT_THREADS; W = 8: 12 warps at
+    155..168 registers, 32 values a lane, 48 KB f32 / 24 KB bf16 -- with 256-thread CTAs one CTA, 8 warps;
+    int8 W = 1: 36 warps at 56 registers, 4 values a lane, 18 KB f32 / 9 KB bf16) against the ~29 KB that
     streaming at HBM rate needs,
     and a block of B values costs each value log2(B) butterfly adds (log2(team) of them after a shuffle)
     on top of the plain path's ~20..30 instructions: not streaming kernels, but no longer bound by

@@ -49,6 +49,11 @@ class Family:
 ROT_WORDS = {"int8": (1, 2, 4, 8), "int4": (1, 2, 4), "fp8e4m3": (1, 2, 4, 8), "fp8e5m2": (1, 2, 4, 8)}
 _QUANT_OPS = ("encode_rows", "decode_rows", "decode_sum")
 _ROT_OP = re.compile(r"\w+_rot_w(\d+)")
+#: threads per CUDA block of those kernels, in place of the family's 256: registers are allocated per warp
+#: (sm_80 / sm_90: 64 Ki per SM), so at W = 4 and 8's 120..168 registers one 256-thread CTA (8 warps) fits
+#: an SM and a second does not; 128-thread CTAs fit 3 (12 warps: 1.5x the loads in flight). W = 1, 2
+#: (45..104 registers) fit as many warps either way, or a few more.
+ROT_THREADS = 128
 
 FAMILIES = {
     # the _rot_w<W> ops are the rotate=hadamard instantiations (kernels/quant.cu): the plain kernels carry no
@@ -136,8 +141,8 @@ def kernel(family: str, fmt: str, op: str, dtype: torch.dtype) -> Kernel:
     fam = FAMILIES[family]
     if fmt not in fam.formats or op not in fam.ops or not _exists(fmt, op) or dtype not in fam.dtypes:
         raise KernelError(f"kernels/{family}.cu has no kernel for format {fmt!r}, op {op!r}, dtype {dtype}")
-    return Kernel(family, f"ccoll_{fmt}_{op}_{SUFFIX[dtype]}", SIGNATURES[(family, op)], fam.threads,
-                  fam.max_grid)
+    threads = ROT_THREADS if _ROT_OP.fullmatch(op) else fam.threads
+    return Kernel(family, f"ccoll_{fmt}_{op}_{SUFFIX[dtype]}", SIGNATURES[(family, op)], threads, fam.max_grid)
 
 
 def _address(a) -> int:

@@ -283,6 +283,7 @@ def test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes(mon
             r"ccoll_(\w+?)_(encode_rows|decode_rows|decode_sum)(_rot_w[1248])?_(f32|bf16|f16)", kernel).groups()
         values = [int(a) for a in args]
         assert len(values) == len(kernel_call.SIGNATURES[("quant", op + (rot or ""))])
+        assert block == (kernel_call.ROT_THREADS if rot else 256)  # rotate: smaller CTAs (registers)
         if op == "encode_rows":  # a team of lanes per block: the grid must cover rows * blocks_per_row teams
             rows, row_numel, block_numel, team = values[2], values[3], values[4], values.pop(5)
             assert grid * block >= rows * -(-row_numel // block_numel) * team
