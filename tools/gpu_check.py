@@ -55,7 +55,8 @@ def _registry_specs() -> list[str]:
 
 
 #: the registry's examples, plus the kernel-geometry cases this check adds: block sizes that make GPU teams
-#: of 1 to 32 lanes holding 1 to 8 words each, partial blocks, rates near the minimum, non-default seeds
+#: of 1 to 32 lanes holding 1 to 8 words each (rotate=hadamard: every _rot_w<W> kernel of every format, W =
+#: 1, 2, 4, 8, int4 up to 4), partial blocks, rates near the minimum, non-default seeds
 GEOMETRY_SPECS = [
     *(f"zfp:rate={r}" for r in (2.875, 4, 8, 12.5, 16, 32)),
     *(f"zfp:rate={r},dims=2" for r in (0.71875, 1, 4, 8, 16, 32)),
@@ -65,9 +66,9 @@ GEOMETRY_SPECS = [
     "int4:block=256,round=stochastic,seed=4",
     *(f"fp8:format=e4m3,block={b}" for b in (8, 24, 32, 4096)),
     *(f"fp8:format=e5m2,block={b}" for b in (32, 4096)),
-    *(f"int8:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 1024)),
-    *(f"int4:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 32, 1024)),
-    *(f"fp8:block={b},rotate=hadamard,rotate_seed=3" for b in (32, 1024)),
+    *(f"int8:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 256, 512, 1024)),
+    *(f"int4:block={b},rotate=hadamard,rotate_seed=3" for b in (8, 32, 512, 1024)),
+    *(f"fp8:block={b},rotate=hadamard,rotate_seed=3" for b in (32, 256, 512, 1024)),
     "int4:block=64,round=stochastic,seed=4,rotate=hadamard",
     "lossless:block=32",
 ]
