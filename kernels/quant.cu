@@ -82,8 +82,8 @@ shared with the host build):
   W q words per lane (1 for blocks of <= 32 words, else a team of 32 with words / 32 each: CqRotated).
 
 Roofline (plain kernels; an estimate from the code and ptxas -v, not a measurement: no GPU yet). `make
-kernels-check` prints registers / local memory per kernel and fails a plain kernel above 64 registers or
-with any local memory (ccoll/kernels/check.py RESOURCE_LIMITS). sm_80 / sm_90: encode_rows 60..64
+kernels-check` prints registers / local memory per kernel and fails any quant kernel with local memory and
+a plain one above 64 registers (ccoll/kernels/check.py RESOURCE_LIMITS). sm_80 / sm_90: encode_rows 60..64
 registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% occupancy), decode_sum
 54..64 (also capped: 32 warps), decode_rows 44..47 (5 CTAs: 40 warps); 0 bytes local everywhere.
   H200: 132 SMs, ~1.98 GHz, 4.8 TB/s HBM = ~18 bytes per clock per SM; ~800 ns loaded latency, so by
