@@ -47,8 +47,10 @@ class Family:
 #: CQ_GLOBALS_ROT): one kernel ``<op>_rot_w<W>`` per count, so a lane's block stays in registers. A lane holds
 #: at most 32 values of a block of <= 1024: 8 words of the 8-bit formats, 4 of int4.
 ROT_WORDS = {"int8": (1, 2, 4, 8), "int4": (1, 2, 4), "fp8e4m3": (1, 2, 4, 8), "fp8e5m2": (1, 2, 4, 8)}
+_ROT_WORDS_ANY = tuple(sorted({w for words in ROT_WORDS.values() for w in words}))
 _QUANT_OPS = ("encode_rows", "decode_rows", "decode_sum")
-_ROT_OP = re.compile(r"\w+_rot_w(\d+)")
+_ROT_OP = re.compile(r"\w+_rot_w(\d+)")  # a rotate op; in a kernel name, the host twin drops the "w<W>_"
+_ROT_WORDS_NAME = re.compile(r"_rot_w\d+_")
 #: threads per CUDA block of those kernels, in place of the family's 256: registers are allocated per warp
 #: (sm_80 / sm_90: 64 Ki per SM), so at W = 4 and 8's 120..168 registers one 256-thread CTA (8 warps) fits
 #: an SM and a second does not; 128-thread CTAs fit 3 (12 warps: 1.5x the loads in flight). W = 1, 2
@@ -59,7 +61,7 @@ FAMILIES = {
     # the _rot_w<W> ops are the rotate=hadamard instantiations (kernels/quant.cu): the plain kernels carry no
     # rotation
     "quant": Family(("int8", "int4", "fp8e4m3", "fp8e5m2"),
-                    _QUANT_OPS + tuple(f"{op}_rot_w{w}" for op in _QUANT_OPS for w in ROT_WORDS["int8"]),
+                    _QUANT_OPS + tuple(f"{op}_rot_w{w}" for op in _QUANT_OPS for w in _ROT_WORDS_ANY),
                     (torch.float32, torch.bfloat16, torch.float16), 256, 1 << 20),
     "zfp": Family(("zfp",), ("encode_rows", "encode_tiles", "decode_rows", "decode_sum"),
                   (torch.float32, torch.bfloat16, torch.float16, torch.float64), 128, 2**31 - 1),
@@ -76,11 +78,12 @@ SIGNATURES = {
     # in, rows, row_nbytes, numel, block, out (fp32; one thread per 16-byte q group)
     ("quant", "decode_sum"): ("p", "q", "q", "q", "q", "p"),
     # rotate=hadamard (per ROT_WORDS): the same, then the sign seed; the decodes run one team per block
-    **{("quant", f"encode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u") for w in ROT_WORDS["int8"]},
+    **{("quant", f"encode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "~i", "i", "u", "p", "p", "u")
+       for w in _ROT_WORDS_ANY},
     # in, rows, row_numel, numel, block, out, ~team, rot_seed
-    **{("quant", f"decode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in ROT_WORDS["int8"]},
+    **{("quant", f"decode_rows_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in _ROT_WORDS_ANY},
     # in, rows, row_nbytes, numel, block, out (fp32), ~team, rot_seed
-    **{("quant", f"decode_sum_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in ROT_WORDS["int8"]},
+    **{("quant", f"decode_sum_rot_w{w}"): ("p", "q", "q", "q", "q", "p", "~i", "u") for w in _ROT_WORDS_ANY},
     # src, numel, row_numel, rows, dims, maxbits, row_words, feedback, out
     ("zfp", "encode_rows"): ("p", "Q", "Q", "i", "i", "i", "Q", "p", "p"),
     # the same arguments; one warp per 32 blocks, whole 32-bit output words (no zeroed output needed)
@@ -96,8 +99,6 @@ SIGNATURES = {
     # in, rows, row_nbytes, row_numel, numel, block, out
     ("lossless", "decode"): ("p", "q", "q", "q", "q", "q", "p"),
 }
-
-_ROT_WORDS_NAME = re.compile(r"_rot_w\d+_")
 
 _CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_longlong, "Q": ctypes.c_uint64, "i": ctypes.c_int,
            "u": ctypes.c_uint32}

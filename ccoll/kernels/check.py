@@ -50,7 +50,7 @@ class ResourceLimit:
 
 #: per source: the resource rules of its kernels. quant: the plain kernels are streaming kernels; the
 #: rotate=hadamard ones (``_rot_w<W>_``) hold a lane's share of a block (up to 32 values) in registers,
-#: as many as that takes (up to ~240 for int4 encode with feedback), but never in local memory.
+#: as many as that takes (up to 168: encode, 8 words a lane), but never in local memory.
 RESOURCE_LIMITS = {"quant": (ResourceLimit(r"(?!\w*_rot_)\w+", 64), ResourceLimit(r"\w+_rot_\w+", None))}
 
 
