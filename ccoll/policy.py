@@ -222,9 +222,10 @@ class Policy:
     # --- construction -----------------------------------------------------------------------------
     @classmethod
     def from_yaml(cls, path: "str | os.PathLike[str]") -> "Policy":
+        """The policy in a YAML file, or a shipped one by bare name (``hybrid``): see :func:`find_policy`."""
         import yaml
 
-        path = os.fspath(path)
+        path = find_policy(path)
         try:
             with open(path) as f:
                 data = yaml.safe_load(f)
@@ -565,8 +566,32 @@ def _parse_attach(source: str, data: Any) -> dict[str, bool]:
     return {k: raw.get(k, True) for k in ATTACH_KEYS}
 
 
+def find_policy(spec: "str | os.PathLike[str]") -> str:
+    """The absolute path of the policy file ``spec`` names: an existing file as it is; else a shipped policy by
+    bare name (``hybrid`` or ``hybrid.yaml``: ``configs/hybrid.yaml`` as installed with the package, found
+    through ``ccoll.resources``), also when written as the checkout spells it (``configs/hybrid.yaml``) from a
+    directory that has no such file. Why: ``CCOLL_POLICY=hybrid`` must work for a pip-installed ccoll, whose
+    configs live inside site-packages where nobody should have to look them up. PolicyError naming the
+    shipped policies otherwise."""
+    from . import resources
+
+    path = os.fspath(spec)
+    if os.path.isfile(path):
+        return os.path.abspath(path)
+    head, tail = os.path.split(path)
+    if head in ("", "configs"):
+        stem = tail[:-5] if tail.endswith(".yaml") else tail[:-4] if tail.endswith(".yml") else tail
+        shipped = resources.shipped_policies().get(stem)
+        if stem and shipped is not None:
+            return str(shipped)
+    names = ", ".join(resources.shipped_policies()) or "none found"
+    raise PolicyError(f"policy {path}: cannot read (no such file), and it is not a shipped policy name; shipped "
+                      f"policies ({resources.config_dir()}): {names}")
+
+
 def load(policy: "Policy | str | os.PathLike[str] | Mapping") -> Policy:
-    """Accept a Policy, a YAML path or a dict (for APIs that take any of them)."""
+    """Accept a Policy, a YAML path or shipped policy name (:func:`find_policy`), or a dict (for APIs that take
+    any of them)."""
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, Mapping):

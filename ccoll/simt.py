@@ -37,10 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import kernels
+from . import kernels, resources
 from .errors import KernelError
 
-SIMT_DIR = kernels.ROOT / "kernels" / "simt"
+#: the CPU shim (simt.h, simt_runtime.cpp): ccoll's own, so always the shipped one, even under $CCOLL_KERNEL_DIR
+SIMT_DIR = resources.shipped_kernel_dir() / "simt"
 #: g++ flags of every simt build. -O1: the test matrix compiles and runs fastest overall; -ffp-contract=off:
 #: no a*b+c contraction (as the GPU build's --fmad=false); alignment traps instead of UBSan's runtime;
 #: -fno-gnu-unique: template statics (simt::Entry<&kernel>::desc) and inline functions' statics

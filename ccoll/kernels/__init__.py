@@ -31,11 +31,16 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import resources
 from ..errors import KernelError
 
+#: the directory holding the ``ccoll`` package: the checkout in a source tree (tests and tools find tools/
+#: there). Never used to find the sources or the cache: that is ccoll/resources.py.
 ROOT = Path(__file__).resolve().parent.parent.parent
-KERNEL_DIR = Path(os.environ.get("CCOLL_KERNEL_DIR", ROOT / "kernels"))
-BUILD_DIR = Path(os.environ.get("CCOLL_BUILD_DIR", ROOT / "build"))
+#: the kernel sources ($CCOLL_KERNEL_DIR, else the shipped ones) and the build cache ($CCOLL_BUILD_DIR, the
+#: checkout's build/, or the user cache): ``ccoll.resources.kernel_dir`` / ``build_dir``
+KERNEL_DIR = resources.kernel_dir()
+BUILD_DIR = resources.build_dir()
 #: compute capabilities `make kernels-check` builds with NVRTC (sm_XY cubins with ptxas's resource report, what
 #: such a device loads); nvcc compiles PTX for the last one only (ccoll/kernels/check.py NVCC_TARGET)
 CHECK_ARCHS = ("sm_80", "sm_90")

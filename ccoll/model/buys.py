@@ -25,7 +25,9 @@ MFU = 0.30
 
 def what_it_buys(summary: dict, clusters=DEFAULT_CLUSTERS, layout=None) -> list[dict]:
     from .clusters import load_cluster
-    from .published import NEOX20B, _root
+    from ..errors import PolicyError
+    from ..policy import find_policy
+    from .published import NEOX20B
     from .timing import predict
 
     lay = layout or NEOX20B
@@ -42,8 +44,11 @@ def what_it_buys(summary: dict, clusters=DEFAULT_CLUSTERS, layout=None) -> list[
                 continue
             frac = {d: (b["wire"] / b["raw"] if b.get("raw") else 1.0) for d, b in p["bytes"].items()}
             path = paths.get(name)
-            if path and not os.path.isabs(path) and not os.path.exists(path):
-                path = os.path.join(_root(), path)
+            if path and not os.path.exists(path):
+                try:  # a run's relative configs/<name>.yaml read from elsewhere: the shipped policy of that name
+                    path = find_policy(path)
+                except PolicyError:
+                    path = None
             codec = predict(lay, node, path, mfu=MFU)["codec_s"] if path and os.path.exists(path) else 0.0
             wire = {d: base["link_s"][d] * frac.get(d, 1.0) for d in base["link_s"]}
             step = base["compute_s"] + sum(wire.values()) + codec

@@ -34,10 +34,11 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CcollError
+from ..resources import config_path
 
-#: where the shipped descriptions live (``--cluster lassen`` = this directory's lassen.yaml)
-CLUSTER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
-                           "clusters")
+#: where the shipped descriptions live (``--cluster lassen`` = this directory's lassen.yaml): configs/clusters/
+#: as installed with the package (ccoll.resources)
+CLUSTER_DIR = str(config_path("clusters"))
 
 
 class ClusterError(CcollError):

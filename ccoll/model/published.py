@@ -93,8 +93,20 @@ NEOX20B = Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_
                  dp_bucket_bytes=1_260_000_000 * 2)
 
 
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def _policy_file(policy: str) -> str:
+    """A policy of ``SCHEMES`` (``configs/<name>.yaml``) or a caller's file, as a path that opens from any working
+    directory: the shipped configs as installed with the package (ccoll.policy.find_policy)."""
+    from ..policy import find_policy
+
+    return find_policy(policy)
+
+
+def _codec_table() -> dict:
+    """``CODEC_TABLE`` as shipped with the package (ccoll.resources), whatever the working directory."""
+    from ..resources import config_path
+    from .timing import load_codec_table
+
+    return load_codec_table(str(config_path(os.path.relpath(CODEC_TABLE, "configs"))))
 
 
 def published(cluster: str = "lassen", codec_table: dict | None = None, micro_batches=MICRO_BATCHES) -> list[dict]:
@@ -102,14 +114,13 @@ def published(cluster: str = "lassen", codec_table: dict | None = None, micro_ba
     within ``TARGET``."""
     node = load_cluster(cluster)
     if codec_table is None:
-        from .timing import load_codec_table
-        codec_table = load_codec_table(os.path.join(_root(), CODEC_TABLE))
+        codec_table = _codec_table()
     rows = []
     for m in micro_batches:
         lay = dataclasses.replace(NEOX20B, micro_batches=m)
         base = predict(lay, node, None, mfu=MFU, codec_table=codec_table)
         for scheme, pol in SCHEMES:
-            t = predict(lay, node, os.path.join(_root(), pol), mfu=MFU, codec_table=codec_table)
+            t = predict(lay, node, _policy_file(pol), mfu=MFU, codec_table=codec_table)
             pred = base["total_s"] / t["total_s"]
             rows.append({"scheme": scheme, "policy": pol, "micro_batches": m, "published": PUBLISHED[scheme],
                          "predicted": pred, "ratio": pred / PUBLISHED[scheme],
@@ -130,10 +141,8 @@ def bounds(cluster: str = "lassen", codec_table: dict | None = None) -> dict:
     2:1 taper between racks and aggregation switches, Zimmer et al., "An Evaluation of the CORAL Interconnects",
     SC19, doi 10.1145/3295500.3356166; whether Lassen's has one, and where the paper's 48 nodes sat, was not
     found). Keys ``(corner, scheme)`` -> speedup."""
-    from .timing import load_codec_table
-
     node = load_cluster(cluster)
-    table = codec_table or load_codec_table(os.path.join(_root(), CODEC_TABLE))
+    table = codec_table or _codec_table()
     corners = {"peak": (NEOX20B, 1.0, node),
                "tiny_batch": (dataclasses.replace(NEOX20B, micro_batch=1, micro_batches=1), MFU, node),
                "taper": (NEOX20B, MFU, node.scaled(TAPER, intra=False))}
@@ -141,7 +150,7 @@ def bounds(cluster: str = "lassen", codec_table: dict | None = None) -> dict:
     for name, (lay, mfu, n) in corners.items():
         base = predict(lay, n, None, mfu=mfu, codec_table=table)["total_s"]
         for scheme, pol in SCHEMES[:2]:
-            out[(name, scheme)] = base / predict(lay, n, os.path.join(_root(), pol), mfu=mfu,
+            out[(name, scheme)] = base / predict(lay, n, _policy_file(pol), mfu=mfu,
                                                  codec_table=table)["total_s"]
     return out
 
@@ -154,16 +163,14 @@ def link_fraction_needed(scheme: str = "naive", policy: str = "configs/znaive.ya
     follow. None if no fraction in (0.001, 1] does."""
     import dataclasses as dc
 
-    from .timing import load_codec_table
-
     node = load_cluster(cluster)
-    table = codec_table or load_codec_table(os.path.join(_root(), CODEC_TABLE))
+    table = codec_table or _codec_table()
     lay = dc.replace(NEOX20B, micro_batches=micro_batches)
 
     def speedup(f):
         n = node.scaled(f)
         return (predict(lay, n, None, mfu=MFU, codec_table=table)["total_s"]
-                / predict(lay, n, os.path.join(_root(), policy), mfu=MFU, codec_table=table)["total_s"])
+                / predict(lay, n, _policy_file(policy), mfu=MFU, codec_table=table)["total_s"])
 
     target = PUBLISHED[scheme]
     lo, hi = 1e-3, 1.0
