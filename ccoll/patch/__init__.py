@@ -44,9 +44,10 @@ After ``uninstall()`` (or if someone captured a wrapper before), wrappers are pl
 Policy fingerprints are compared across ranks at install (or when the process group appears): see
 :mod:`ccoll.patch.fingerprint`.
 
-Steps (for ``warmup_steps``): by default every ``torch.optim.Optimizer.step()`` in the process counts
-one (a global post-step hook); ``install(..., step_counter="manual")`` counts only ``ccoll.patch.step()``
-calls. The step count also delimits call keys: the n-th compressed call of a (dim, op, group) within
+Steps (for ``warmup_steps``): by default ``torch.optim.Optimizer.step()`` calls count training steps (a
+global post-step hook): one per pass over the parameters, so DeepSpeed ZeRO's one inner step per parameter
+group, or two optimizers over disjoint parameters, count one step (``state._TrainingSteps``); ``install(..., step_counter="manual")`` counts
+only ``ccoll.patch.step()`` calls. The step count also delimits call keys: the n-th compressed call of a (dim, op, group) within
 a step is the same logical tensor as the n-th one of the previous step (DeepSpeed reduces its gradient
 buckets in the same order every step); error-feedback residuals are keyed by it and stochastic-rounding
 salts derive from (step, call key, rank), so ``state_dict()`` / ``load_state_dict()`` resume a run

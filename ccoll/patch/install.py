@@ -122,7 +122,7 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
         if step_counter == "optimizer":
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            SLOT.step_hook = register_optimizer_step_post_hook(lambda *_: advance())
+            SLOT.step_hook = register_optimizer_step_post_hook(lambda optimizer, *_: advance(optimizer))
         _auto.install(pol)  # zero code: attach to DDP / FSDP2 models built from now on
         _report.on_install(st)
     logger.info("ccoll patch installed: %s\n%s", pol, pol.describe())

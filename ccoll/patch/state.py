@@ -32,6 +32,7 @@ class State:
         self.resolver = resolver
         self.step_counter = step_counter
         self.steps = 0
+        self.training_steps = _TrainingSteps()  # which optimizer steps begin a training step
         self.checked = False  # fingerprint compared across ranks
         self.lock = threading.Lock()
         self.ordinals: dict[tuple, int] = {}  # (dim, op, group ranks) -> compressed calls since last step
@@ -157,10 +158,36 @@ def _installed(what: str, hint: str = "") -> State:
 
 
 # --- public API: steps and resumable state -----------------------------------------------------------------
-def advance() -> None:
-    """The optimizer post-step hook (``step_counter="optimizer"``)."""
+class _TrainingSteps:
+    """Which optimizer steps begin a training step (``step_counter="optimizer"``).
+
+    Why not one count per ``Optimizer.step()``: frameworks step one torch optimizer several times per
+    training step. DeepSpeed ZeRO-1/2/3 steps its inner optimizer once per parameter group, with
+    ``param_groups`` narrowed to that group (``stage_1_and_2.py`` ``_optimizer_step(i)``), so a Hugging Face
+    Trainer run with its two groups (decay / no decay) counted every step twice. The rule: a training step
+    is a pass over the parameters; an optimizer step whose parameter groups include one that already
+    stepped in the current training step begins the next one, and a step of groups not yet stepped
+    (another group of the same pass, or a second optimizer over other parameters) belongs to the current
+    one. A group is named by its first parameter's id: one set lookup per group, whatever the model size.
+    """
+
+    def __init__(self) -> None:
+        self.stepped: set[int] = set()
+
+    def begins_step(self, optimizer: Any) -> bool:
+        groups = {id(g["params"][0]) for g in getattr(optimizer, "param_groups", ()) if g.get("params")}
+        if not self.stepped or not groups or not groups.isdisjoint(self.stepped):
+            self.stepped = groups
+            return True
+        self.stepped |= groups
+        return False
+
+
+def advance(optimizer: Any = None) -> None:
+    """The optimizer post-step hook (``step_counter="optimizer"``): counts a step when ``optimizer``'s step
+    begins a training step (:class:`_TrainingSteps`)."""
     st = SLOT.current
-    if st is not None:
+    if st is not None and (optimizer is None or st.training_steps.begins_step(optimizer)):
         st.advance()
         _report.on_step(st)  # per-dimension line once compressing; the "nothing compressed" warning
 

@@ -136,6 +136,32 @@ def test_given_default_step_counter_when_optimizer_steps_expect_counted_and_hook
     assert patch.steps() == 2
 
 
+def test_given_optimizer_stepped_per_param_group_as_zero_does_when_training_expect_one_step_per_pass():
+    """DeepSpeed ZeRO steps its inner torch optimizer once per parameter group, with ``param_groups``
+    narrowed to that group (stage_1_and_2.py ``_optimizer_step``): a Hugging Face Trainer's two groups
+    (decay / no decay) were counted as two steps. Also two optimizers over disjoint parameters (GAN-style)
+    are one training step per pass; the same optimizer stepped again begins the next step."""
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([{"params": [a]}, {"params": [b], "weight_decay": 0.0}], lr=0.1)
+    groups = opt.param_groups
+    patch.install(Policy.from_dict(BF16))
+    for step in range(1, 4):
+        a.grad, b.grad = torch.ones(3), torch.ones(2)
+        for g in groups:  # what ZeRO's step does for each group
+            opt.param_groups = [g]
+            opt.step()
+        opt.param_groups = groups
+        assert patch.steps() == step
+    gen, disc = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
+    for step in range(4, 6):
+        gen.step()
+        disc.step()
+        assert patch.steps() == step
+    opt.step()  # both groups again: a new step
+    opt.step()
+    assert patch.steps() == 7
+
+
 def test_given_bad_arguments_when_installing_expect_typed_errors():
     with pytest.raises(PolicyError, match="step_counter"):
         patch.install(Policy.from_dict(BF16), step_counter="calls")
