@@ -32,8 +32,12 @@ def _data_dir(package: str) -> Path:
     except ModuleNotFoundError:
         module = None
     if module is not None:
-        # a Path for an unpacked install (wheels always are): nvcc and NVRTC need real files and -I paths
-        return Path(str(resources.files(module)))
+        # the data packages have no __init__.py (namespace packages): one in the checkout's kernels/ would be
+        # a top-level package ``kernels`` wherever the checkout is on sys.path (ccoll-run puts it there) and
+        # shadow the PyPI package of that name, which transformers imports. resources.files() of a namespace
+        # package is a MultiplexedPath; a wheel's is one directory, a real one (nvcc and NVRTC need -I paths)
+        files = resources.files(module)
+        return files if isinstance(files, Path) else Path(next(iter(module.__path__)))
     return _PACKAGE_DIR.parent / DATA_PACKAGES[package]
 
 
