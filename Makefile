@@ -113,17 +113,17 @@ bench-two-transports: venv
 
 # On a CUDA machine, with that machine's own interpreter (torch with CUDA, CuPy, numpy; no network, no zfpy,
 # no nvcc needed): never installs anything, never builds .venv, compiles nothing when build/gpu/ is carried.
-# Throughput beside the device copy bandwidth, then bytes against tools/gpu_expected.json, then collectives on
+# Throughput beside the device copy bandwidth, then bytes against ccoll/gpucheck/expected.json, then collectives on
 # the simulated world; the report in $(GPU_CHECK_OUT)/gpu_check.json after every phase. Exit 0 passed,
 # 1 a mismatch or missing digest, 2 no CUDA, 3 the deadline left something not run. See README.
 # e.g. make gpu-check PYTHON=python3 GPU_CHECK_ARGS="--out $$OUT"
 GPU_CHECK_OUT ?= results/gpu_check
 gpu-check:
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m ccoll.gpucheck --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # The expected digests gpu-check compares with (torch backend, zfp through zfpy): commit the file it writes
 gpu-expected: venv
-	$(PY) tools/gpu_expected.py
+	$(PY) -m ccoll.gpucheck.expected
 
 # Cubins of kernels/*.cu for sm_80 and sm_90 into build/gpu/ (NVRTC wheel), carried to a GPU machine
 gpu-bundle: venv

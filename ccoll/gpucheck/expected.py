@@ -1,8 +1,9 @@
-"""The expected bytes of the GPU check, computed on the CPU and carried as digests (`make gpu-expected`).
+"""The expected bytes of the GPU check, computed on the CPU and carried as digests (`make gpu-expected`:
+``python -m ccoll.gpucheck.expected``, written to ``EXPECTED``, committed and shipped with the package).
 
 A GPU machine's stock python3 has no zfpy and no nvcc, so it cannot compute a reference itself. Instead the
 reference backend (``torch``: libzfp through zfpy for zfp, the torch implementations for the rest) runs here
-over a fixed, seeded matrix -- every spec of ``gpu_check.check_specs()`` (the codec registry's examples plus
+over a fixed, seeded matrix -- every spec of ``matrix.check_specs()`` (the codec registry's examples plus
 the kernel-geometry cases) x every dtype the codec takes x every input kind x its sizes -- and each case
 keeps one short sha256 digest per output, in this order (``OPS``):
 
@@ -20,7 +21,7 @@ NaNs as one pattern: which NaN payload bits a narrowing writes is up to the torc
 x86 and CUDA differ), not part of ccoll's contract.
 
 plus, under "collectives", each rank's result of an all_reduce / all_gather of every registry codec on a
-simulated world (``ccoll.testing.simulated_world``). tools/gpu_expected.json is what this writes; the unit
+simulated world (``ccoll.testing.simulated_world``). ccoll/gpucheck/expected.json is what this writes; the unit
 test test_gpu_expected.py recomputes a sample of it on the CPU and checks that its cases are exactly the
 current matrix, so it cannot go stale silently. A case missing from the file is a failure on the GPU machine.
 """
@@ -31,9 +32,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-EXPECTED = ROOT / "tools" / "gpu_expected.json"
+from . import matrix
+
+#: the committed digests: package data beside this module, so an installed ccoll carries them
+EXPECTED = Path(__file__).resolve().with_name("expected.json")
 FORMAT = 1
 OPS = ("encode", "decode", "decode_sum", "encode_rows", "rows_fb", "residuals", "decode_rows")
 DIGEST_HEX = 12  # 48 bits per output: plenty to see a wrong byte, small enough to commit
@@ -62,23 +64,20 @@ def case_id(spec: str, dtype, kind: str, n: int) -> str:
 def cases(torch, specs=None):
     """(spec, dtype, kind, n) of the matrix, in a fixed order."""
     import ccoll
-    import gpu_check as gc
 
-    for spec in gc.check_specs() if specs is None else specs:
+    for spec in matrix.check_specs() if specs is None else specs:
         probe = ccoll.get_codec(spec, backend=REFERENCE_BACKEND)
-        for dtype in gc._dtypes(torch):
+        for dtype in matrix._dtypes(torch):
             if dtype not in probe.dtypes:
                 continue
-            for kind in gc.INPUTS:
-                for n in gc.QUICK_SIZES if kind == "normal" else gc.SPECIAL_SIZES:
+            for kind in matrix.INPUTS:
+                for n in matrix.QUICK_SIZES if kind == "normal" else matrix.SPECIAL_SIZES:
                     yield spec, dtype, kind, n
 
 
 def row_numel_for(codec, n: int) -> int:
-    """Rows of whole codec blocks such that gpu_check.ROWS of them cover n (the last row partly padding)."""
-    import gpu_check as gc
-
-    per_row = -(-n // gc.ROWS)
+    """Rows of whole codec blocks such that matrix.ROWS of them cover n (the last row partly padding)."""
+    per_row = -(-n // matrix.ROWS)
     return -(-per_row // codec.align_numel) * codec.align_numel
 
 
@@ -88,12 +87,11 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
     device must refuse alike. The inputs are made on the CPU (seeded) and copied, so every machine sees
     the same values; a misaligned input stays misaligned on the device."""
     import ccoll
-    import gpu_check as gc
     from ccoll.errors import CcollError, KernelError
 
     codec = ccoll.get_codec(spec, backend=backend)
-    x = gc.make_input(torch, kind, n, dtype, seed=n)
-    others = [gc.make_input(torch, kind, n, dtype, seed=n + 1 + i) for i in range(2)]
+    x = matrix.make_input(torch, kind, n, dtype, seed=n)
+    others = [matrix.make_input(torch, kind, n, dtype, seed=n + 1 + i) for i in range(2)]
     if device.type == "cpu":
         xd = x
     else:
@@ -123,14 +121,14 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
     rows = torch.stack([payload, *(codec.encode(o.to(device)) for o in others)])
     out.append(digest(torch, codec.decode_sum(rows, n, dtype)))
     nbytes_row = codec.encoded_nbytes(row_numel, dtype)
-    packed = torch.empty(gc.ROWS, nbytes_row, dtype=torch.uint8, device=device)
-    codec.encode_rows(xd.contiguous(), packed, row_numel, salt=gc.FEEDBACK_SALT)
+    packed = torch.empty(matrix.ROWS, nbytes_row, dtype=torch.uint8, device=device)
+    codec.encode_rows(xd.contiguous(), packed, row_numel, salt=matrix.FEEDBACK_SALT)
     out.append(wire(packed))
-    fb = feedback_input(torch, gc.ROWS * row_numel, n, codec.feedback_dtype(dtype))
+    fb = feedback_input(torch, matrix.ROWS * row_numel, n, codec.feedback_dtype(dtype))
     fb[n:] = 0
     fb = fb.to(device)
     packed_fb = torch.empty_like(packed)
-    codec.encode_rows(xd.contiguous(), packed_fb, row_numel, feedback=fb, salt=gc.FEEDBACK_SALT)
+    codec.encode_rows(xd.contiguous(), packed_fb, row_numel, feedback=fb, salt=matrix.FEEDBACK_SALT)
     out += [wire(packed_fb), digest(torch, fb)]
     back = torch.empty(n, dtype=dtype, device=device)
     codec.decode_rows(packed, back, row_numel)
@@ -140,19 +138,17 @@ def case_digests(torch, spec: str, dtype, kind: str, n: int, backend: str, devic
 
 def collective_input(torch, rank: int):
     """Rank ``rank``'s float32 input of the collective checks, made on the CPU with the same bits on
-    every machine (gpu_check.portable_randn)."""
-    import gpu_check as gc
+    every machine (matrix.portable_randn)."""
 
     g = torch.Generator().manual_seed(7000 + rank)
-    x = gc.portable_randn(torch, COLL_NUMEL, g) * gc.pow2(torch, torch.randint(-4, 5, (COLL_NUMEL,), generator=g))
+    x = matrix.portable_randn(torch, COLL_NUMEL, g) * matrix.pow2(torch, torch.randint(-4, 5, (COLL_NUMEL,), generator=g))
     return x.to(torch.float32)
 
 
 def feedback_input(torch, numel: int, seed: int, dtype):
     """The error-feedback buffer the ``rows_fb`` case starts from: small values, machine-independent."""
-    import gpu_check as gc
 
-    return (gc.portable_randn(torch, numel, torch.Generator().manual_seed(seed)) * 1e-3).to(dtype)
+    return (matrix.portable_randn(torch, numel, torch.Generator().manual_seed(seed)) * 1e-3).to(dtype)
 
 
 def collective_digests(torch, spec: str, device) -> dict:
@@ -181,7 +177,6 @@ def collective_digests(torch, spec: str, device) -> dict:
 
 def compute(torch, specs=None, log=None) -> dict:
     """The whole expected-digest document, on the CPU with the reference backend."""
-    import gpu_check as gc
 
     cpu = torch.device("cpu")
     doc = {"format": FORMAT, "reference_backend": REFERENCE_BACKEND, "ops": list(OPS),
@@ -191,7 +186,7 @@ def compute(torch, specs=None, log=None) -> dict:
         doc["cases"][case_id(spec, dtype, kind, n)] = case_digests(torch, spec, dtype, kind, n, REFERENCE_BACKEND, cpu)
         if log and kind == "misaligned":
             log(f"{spec} {dtype}")
-    for spec in gc._registry_specs() if specs is None else [s for s in specs if s in gc._registry_specs()]:
+    for spec in matrix._registry_specs() if specs is None else [s for s in specs if s in matrix._registry_specs()]:
         doc["collectives"]["specs"][spec] = collective_digests(torch, spec, cpu)
     return doc
 
@@ -216,5 +211,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "tools"))
     sys.exit(main())

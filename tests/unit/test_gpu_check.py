@@ -1,4 +1,4 @@
-"""tools/gpu_check.py (`make gpu-check`) on a machine without a GPU: the clear exit-2 path, the digest
+"""ccoll.gpucheck (`python -m ccoll.gpucheck`, `make gpu-check`) on a machine without a GPU: the clear exit-2 path, the digest
 comparison (a corrupted backend, a changed digest and a missing one fail), the deadline (what is left is
 "not run", exit 3), the report rewritten after every phase, and the carried cubin bundle (keyed by the
 sources, loaded in place of an NVRTC build). `--cpu-selftest` runs all of it end to end as CI's check."""
@@ -8,17 +8,14 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from ccoll import kernels
-
-TOOLS = Path(kernels.ROOT) / "tools"
-sys.path.insert(0, str(TOOLS))
-import gpu_check  # noqa: E402
-import gpu_expected  # noqa: E402
+from ccoll.gpucheck import check as gpu_check
+from ccoll.gpucheck import expected as gpu_expected
+from ccoll.gpucheck import matrix
 
 CPU = torch.device("cpu")
 SPEC = "int4:block=24"  # small, no zfpy needed, deterministic
@@ -31,7 +28,7 @@ def expected():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_given_no_cuda_when_running_gpu_check_expect_exit_2_a_clear_line_and_a_report(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py"), "--out", str(tmp_path / "r")],
+    proc = subprocess.run([sys.executable, "-m", "ccoll.gpucheck", "--out", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "gpu-check: no CUDA device" in proc.stdout and "pip" not in proc.stdout + proc.stderr
@@ -39,15 +36,15 @@ def test_given_no_cuda_when_running_gpu_check_expect_exit_2_a_clear_line_and_a_r
 
 
 def test_given_each_input_kind_expect_the_values_it_promises():
-    f32 = gpu_check.make_input(torch, "subnormal", 4099, torch.float32, seed=1)
+    f32 = matrix.make_input(torch, "subnormal", 4099, torch.float32, seed=1)
     mag = f32.abs()
     assert bool(((mag > 0) & (mag < torch.finfo(torch.float32).tiny)).any())  # fp32 subnormals
     assert bool(((mag >= 2.0**-98) & (mag < 2.0**-97)).any())  # zfp's tiny-block edge
-    f64 = gpu_check.make_input(torch, "subnormal", 4099, torch.float64, seed=1).abs()
+    f64 = matrix.make_input(torch, "subnormal", 4099, torch.float64, seed=1).abs()
     assert bool(((f64 > 0) & (f64 < torch.finfo(torch.float64).tiny)).any())
-    bad = gpu_check.make_input(torch, "nonfinite", 255, torch.bfloat16, seed=2)
+    bad = matrix.make_input(torch, "nonfinite", 255, torch.bfloat16, seed=2)
     assert bool(bad.isnan().any()) and bool((bad == float("inf")).any()) and bool((bad == float("-inf")).any())
-    view = gpu_check.make_input(torch, "misaligned", 255, torch.float32, seed=3)
+    view = matrix.make_input(torch, "misaligned", 255, torch.float32, seed=3)
     assert view.data_ptr() % 16 != 0 and view.is_contiguous()
 
 
@@ -140,7 +137,7 @@ def test_given_the_throughput_phase_on_cpu_tensors_expect_copy_first_every_regis
     gpu_check.throughput(torch, 1 << 16, 1, report, device="cpu", backend="torch", seconds=_wall_seconds)
     rows = report.phase("throughput")["rows"]
     assert report.phase("throughput")["status"] == "done" and rows[0]["codec"] == "device copy"
-    assert {r["codec"] for r in rows if r.get("status") == "measured"} == set(gpu_check._registry_specs())
+    assert {r["codec"] for r in rows if r.get("status") == "measured"} == set(matrix._registry_specs())
     assert all(r["encode_of_copy"] > 0 for r in rows if r.get("status") == "measured")
     late = gpu_check.Report(None, gpu_check.Deadline(0.0))
     gpu_check.throughput(torch, 1 << 16, 1, late, device="cpu", backend="torch", seconds=_wall_seconds)

@@ -1,4 +1,4 @@
-"""tools/gpu_expected.json, the bytes a GPU machine is checked against, cannot go stale: its cases are
+"""ccoll/gpucheck/expected.json, the bytes a GPU machine is checked against, cannot go stale: its cases are
 exactly the current matrix (a new codec, spec, dtype or input enters it or this fails), and a sample of
 its digests -- one case of every spec, rotating through dtypes, inputs and sizes, and two codecs'
 collectives -- is recomputed here with the reference backend. Regenerate with `make gpu-expected`."""
@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from ccoll import kernels
+from ccoll.gpucheck import expected as gpu_expected
+from ccoll.gpucheck import matrix
 
-sys.path.insert(0, str(Path(kernels.ROOT) / "tools"))
-import gpu_check  # noqa: E402
-import gpu_expected  # noqa: E402
-
-REGENERATE = "the committed digests are stale: run `make gpu-expected` and commit tools/gpu_expected.json"
+REGENERATE = "the committed digests are stale: run `make gpu-expected` and commit ccoll/gpucheck/expected.json"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +27,7 @@ def test_given_the_committed_file_expect_exactly_the_current_matrix(doc):
     have = set(doc["cases"])
     assert have == want, f"{REGENERATE}; not in the file: {sorted(want - have)[:5]}, no longer in the matrix: " \
                          f"{sorted(have - want)[:5]}"
-    assert set(doc["collectives"]["specs"]) == set(gpu_check._registry_specs()), REGENERATE
+    assert set(doc["collectives"]["specs"]) == set(matrix._registry_specs()), REGENERATE
     assert (doc["collectives"]["world"], doc["collectives"]["numel"]) == (gpu_expected.COLL_WORLD, gpu_expected.COLL_NUMEL)
     assert all(len(v.split()) == len(gpu_expected.OPS) or v.startswith("refused") for v in doc["cases"].values())
 
@@ -40,7 +36,7 @@ def test_given_one_case_of_every_spec_recomputed_on_the_cpu_expect_the_committed
     pytest.importorskip("zfpy", reason="the zfp reference is libzfp through zfpy")
     cpu = torch.device("cpu")
     stale = []
-    for i, spec in enumerate(gpu_check.check_specs()):
+    for i, spec in enumerate(matrix.check_specs()):
         cases = list(gpu_expected.cases(torch, [spec]))
         case = cases[(7 * i) % len(cases)]  # rotates through dtypes, input kinds and sizes across specs
         got = gpu_expected.case_digests(torch, *case, gpu_expected.REFERENCE_BACKEND, cpu)
@@ -60,11 +56,10 @@ def test_given_a_collective_recomputed_on_the_cpu_expect_the_committed_digests(d
 
 _INPUT_DIGESTS = r"""
 import sys, hashlib, torch
-sys.path.insert(0, sys.argv[1])
-import gpu_check, gpu_expected
+from ccoll.gpucheck import expected as gpu_expected, matrix
 h = lambda t: hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-out = [h(gpu_check.make_input(torch, k, n, d, seed=n))
-       for k in gpu_check.INPUTS for n in (5, 4099) for d in gpu_check._dtypes(torch)]
+out = [h(matrix.make_input(torch, k, n, d, seed=n))
+       for k in matrix.INPUTS for n in (5, 4099) for d in matrix._dtypes(torch)]
 out += [h(gpu_expected.collective_input(torch, r)) for r in range(gpu_expected.COLL_WORLD)]
 out += [h(gpu_expected.feedback_input(torch, 3 * 4099, 4099, d)) for d in (torch.float32, torch.float64)]
 g = torch.Generator().manual_seed(1)
@@ -85,7 +80,7 @@ def test_given_another_cpus_libm_expect_the_same_input_bits():
 
     def run(extra):
         env = {**os.environ, **extra}
-        proc = subprocess.run([sys.executable, "-c", _INPUT_DIGESTS, str(Path(kernels.ROOT) / "tools")],
+        proc = subprocess.run([sys.executable, "-c", _INPUT_DIGESTS],
                               capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split()
@@ -98,9 +93,8 @@ def test_given_another_cpus_libm_expect_the_same_input_bits():
 
 _NONFINITE_DIGESTS = r"""
 import sys, torch
-sys.path.insert(0, sys.argv[1])
-import gpu_expected
-for case in gpu_expected.cases(torch, sys.argv[2].split(";")):
+from ccoll.gpucheck import expected as gpu_expected
+for case in gpu_expected.cases(torch, sys.argv[1].split(";")):
     if case[2] == "nonfinite":
         print(gpu_expected.case_id(*case), gpu_expected.case_digests(torch, *case, "torch", torch.device("cpu")), sep="\t")
 """
@@ -115,8 +109,8 @@ def test_given_another_cpus_vector_kernels_expect_the_same_nonfinite_digests(doc
 
     import ccoll
 
-    specs = [s for s in gpu_check.check_specs() if ccoll.get_codec(s).float_bits_on_wire]
-    proc = subprocess.run([sys.executable, "-c", _NONFINITE_DIGESTS, str(Path(kernels.ROOT) / "tools"), ";".join(specs)],
+    specs = [s for s in matrix.check_specs() if ccoll.get_codec(s).float_bits_on_wire]
+    proc = subprocess.run([sys.executable, "-c", _NONFINITE_DIGESTS, ";".join(specs)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, **_OTHER_CPU})
     assert proc.returncode == 0, proc.stderr
     got = dict(line.split("\t", 1) for line in proc.stdout.split("\n") if line)
