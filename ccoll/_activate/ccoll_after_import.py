@@ -9,17 +9,24 @@ import sys
 
 
 class AfterImport:
-    """Finds ``name`` with the normal finders (this finder removes itself first), then makes its loader
-    call ``then()`` once the module's own code has run and it is in ``sys.modules``."""
+    """Finds ``name`` with the normal finders, then makes its loader call ``then()`` once the module's own
+    code has run and it is in ``sys.modules``; leaves ``sys.meta_path`` then. A ``find_spec`` that does
+    not import (``importlib.util.find_spec("deepspeed")``: transformers and accelerate probe for packages
+    this way before importing them) gets a spec whose loader is never run: the finder stays in place for
+    the real import."""
 
     def __init__(self, name, then):
         self.name, self.then = name, then
+        self.finding = False  # inside our own find_spec: let the other finders answer
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.name:
+        if name != self.name or self.finding:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.finding = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.finding = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
@@ -27,7 +34,9 @@ class AfterImport:
         def exec_then(module):
             exec_module(module)
             sys.modules[name] = module  # what the import system does right after; the callback imports it
-            self.then()
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                self.then()
 
         spec.loader.exec_module = exec_then
         return spec

@@ -2,12 +2,16 @@
 PYTHONPATH (``ccoll-run`` / ``python -m ccoll.run`` put it there; torchrun, the deepspeed launcher and
 mpirun -x pass PYTHONPATH on to every rank).
 
-With ``CCOLL_POLICY`` set, the process gets ``ccoll.patch.install(CCOLL_POLICY)`` (automatic resolver)
-as soon as ``torch`` has been imported -- before any user code can reach torch.distributed, and without
-importing torch (or deepspeed) in processes that never use it. Without ``CCOLL_POLICY`` it does nothing.
-Any other ``sitecustomize`` on the path (a distribution's, a site's) still runs, first. A policy that
-cannot be installed is an error in the process that imports torch (a traceback, non-zero exit), never a
-silent uncompressed run.
+With ``CCOLL_POLICY`` set to a policy file, the process gets ``ccoll.patch.install(CCOLL_POLICY)``
+(automatic resolver) as soon as ``torch`` has been imported -- before any user code can reach
+torch.distributed, and without importing torch (or deepspeed) in processes that never use it. With
+``CCOLL_POLICY=deepspeed`` the policy is the ``"ccoll"`` block of the config ``deepspeed.initialize``
+receives (ccoll/patch/dsconfig.py), installed when it is called; with a policy file, a block there must
+agree with it. Any other ``sitecustomize`` on the path (a distribution's, a site's) still runs, first. A
+policy that cannot be installed is an error in the process that imports torch (a traceback, non-zero
+exit), never a silent uncompressed run; so is a rank (RANK / OMPI_COMM_WORLD_RANK / PMI_RANK set) that
+got this directory on its path but not CCOLL_POLICY (``mpirun -x PYTHONPATH`` without ``-x CCOLL_POLICY``):
+it stops at once instead of leaving the other ranks waiting for its policy fingerprint.
 """
 import importlib.machinery
 import importlib.util
@@ -50,23 +54,49 @@ def _show_ccoll_lines() -> None:
         log.setLevel(logging.DEBUG if everything else logging.INFO)
 
 
+#: environment variables by which launchers tell a process it is a rank of a job
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+#: CCOLL_POLICY's value for "the ccoll block of the DeepSpeed config" (ccoll.run.FROM_DEEPSPEED)
+_FROM_DEEPSPEED = "deepspeed"
+
+
 def _install() -> None:
     import ccoll.patch
 
     _show_ccoll_lines()
-    ccoll.patch.install(os.environ["CCOLL_POLICY"])
+    if os.environ["CCOLL_POLICY"] != _FROM_DEEPSPEED:
+        ccoll.patch.install(os.environ["CCOLL_POLICY"])
+
+
+def _wrap_deepspeed() -> None:
+    import deepspeed
+
+    from ccoll.patch.dsconfig import wrap_initialize
+
+    wrap_initialize(deepspeed)
+
+
+def _no_policy() -> None:
+    from ccoll.errors import PolicyError
+
+    rank = next(os.environ[v] for v in _RANK_VARS if v in os.environ)
+    raise PolicyError(f"ccoll-run's activation reached rank {rank} but CCOLL_POLICY did not: pass it to every rank "
+                      f"(mpirun: -x CCOLL_POLICY; DeepSpeed's multi-node launcher: CCOLL_POLICY=... in .deepspeed_env)")
 
 
 def _activate() -> None:
+    from ccoll_after_import import AfterImport  # this directory is on sys.path: no ccoll import yet
+
     if not os.environ.get("CCOLL_POLICY"):
+        if any(v in os.environ for v in _RANK_VARS):
+            sys.meta_path.insert(0, AfterImport("torch", _no_policy))
         return
     if "torch" in sys.modules:
         _install()
     else:
-        from ccoll_after_import import AfterImport  # this directory is on sys.path: no ccoll import yet
-
         # right after torch's own __init__ (torch.distributed and torch.optim are then complete)
         sys.meta_path.insert(0, AfterImport("torch", _install))
+    sys.meta_path.insert(0, AfterImport("deepspeed", _wrap_deepspeed))
 
 
 _chain()
