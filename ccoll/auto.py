@@ -213,10 +213,25 @@ def _wrap_fsdp() -> None:
     FSDPState._lazy_init = _lazy_init
 
 
+def _place_fsdp_groups(root: Any, fsdp_module: type) -> None:
+    """FSDP2's shard (and HSDP's replicate) groups are ``dp`` for the patch too: its own calls through
+    torch.distributed (parameter all-gathers the policy keeps native) are then counted and ruled as dp,
+    not as ``default`` when the mesh has no dim names. Placed whether or not ccoll attaches its comms."""
+    from .resolvers import place_group
+
+    for sub in root.modules():
+        if isinstance(sub, fsdp_module):
+            for group in sub._get_fsdp_state()._fsdp_param_groups:
+                info = group.mesh_info
+                for attr in ("shard_process_group", "replicate_process_group"):
+                    place_group(getattr(info, attr, None), "dp", "FSDP2")
+
+
 def _on_fsdp_root(root: Any) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
+    _place_fsdp_groups(root, FSDPModule)
     pol = _installed.policy
     rs, ag = pol.rule("dp", "reduce_scatter"), pol.rule("dp", "all_gather")
     if not pol.attach["fsdp"]:

@@ -194,6 +194,7 @@ AUTO_SOURCES = (
     "DeviceMesh dims spanning all ranks (meshes built while ccoll.patch is installed)",
     "GPT-NeoX/Megatron 'megatron.mpu' (model_parallel_is_initialized, get_topology)",
     "DeepSpeed 'deepspeed.utils.groups' (mpu / PipelineParallelGrid topology, expert groups, DP world group)",
+    "the process groups of FSDP2 modules ccoll attached to (dp)",
 )
 
 UNPLACED = "default"
@@ -211,6 +212,31 @@ class _MeshTracker:
 
 
 _MESHES = _MeshTracker()
+
+
+class _AttachedGroups:
+    """Process groups whose dimension ccoll knows from what it attached to: FSDP2 shards (and, for HSDP,
+    replicates) a module's parameters over its mesh's groups, so those are ``dp`` -- also for the calls
+    FSDP2 makes through torch.distributed itself (its parameter all-gathers when the policy keeps them
+    native), which the automatic resolver could not place when the mesh has no dim names (``fully_shard``'s
+    default mesh over all ranks). Placed at the root module's first forward, which every rank runs before
+    any of those calls, so every rank decides alike."""
+
+    def __init__(self) -> None:
+        self.groups: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+        self.version = 0  # part of AutoResolver's cache signature
+
+
+_ATTACHED = _AttachedGroups()
+
+
+def place_group(group: Any, dim: str, source: str) -> None:
+    """Place ``group`` on ``dim`` for every automatic resolver (``source`` names who knows, for the
+    "nothing compressed" diagnosis)."""
+    if group is None or _ATTACHED.groups.get(group) == (dim, source):
+        return
+    _ATTACHED.groups[group] = (dim, source)
+    _ATTACHED.version += 1
 
 
 def track_device_meshes(on: bool) -> None:
@@ -299,8 +325,9 @@ class AutoResolver:
         if default_pg is None:
             return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
         ds = _MODULES.get("deepspeed.utils.groups")
-        sig = ((group_count, id(default_pg), _MESHES.version) if ds is None else
-               (group_count, id(default_pg), _MESHES.version, id(ds.mpu), id(getattr(ds, "_WORLD_GROUP", None))))
+        sig = ((group_count, id(default_pg), _MESHES.version, _ATTACHED.version) if ds is None else
+               (group_count, id(default_pg), _MESHES.version, _ATTACHED.version, id(ds.mpu),
+                id(getattr(ds, "_WORLD_GROUP", None))))
         if sig != self._signature:
             self._refresh(sig, default_pg)
         if group is None:
@@ -414,6 +441,10 @@ class AutoResolver:
                 rank_sets=list(getattr(ds, "_EXPERT_PARALLEL_GROUP_RANKS", {}).values()))
             add("dp", "deepspeed", groups=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP", {}).values()),
                 rank_sets=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP_RANKS", {}).values()))
+
+        # groups of what ccoll attached to (FSDP2 modules), after the frameworks' own placements
+        for grp, (dim, source) in list(_ATTACHED.groups.items()):
+            add(dim, source, groups=[grp])
 
         with self._lock:
             self._by_group = by_group

@@ -85,6 +85,10 @@ def test_given_accelerate_prepare_when_ccoll_run_torchrun_expect_dp_gradients_in
 def test_given_fsdp2_fully_shard_when_ccoll_run_torchrun_expect_dp_reduce_scatter_int4_and_loss_close(tmp_path):
     out, dumps = _launch(tmp_path, "fsdp")
     _check_compressed_training(out, dumps, "reduce_scatter", calls=40)  # two sharded layers per step
+    for dump in dumps:  # FSDP2's own parameter all-gathers (native under hybrid) are dp traffic, not default
+        assert not [r for r in dump["stats"] if r["dim"] == "default"], dump["stats"]
+        gathers = [r for r in dump["stats"] if r["dim"] == "dp" and r["op"] == "all_gather" and r["codec"] == "native"]
+        assert gathers and gathers[0]["calls"] >= 40, dump["stats"]
 
 
 def test_given_user_ddp_hook_when_ccoll_run_expect_hook_left_alone_said_once_and_stats_say_why(tmp_path):
