@@ -46,6 +46,7 @@ _LAZY = {
     "transports": None,
     "collectives": None,
     "policy": None,
+    "summary": "report",
 }
 
 

@@ -77,6 +77,18 @@ def _resolve(row: dict, everything: bool) -> None:
     row["_pending"] = keep
 
 
+_row_hooks: list = []
+
+
+def add_row_hook(fn) -> None:
+    """Register ``fn(dim, op, codec, raw_bytes, wire_bytes, calls)``, called after :func:`record` creates a
+    row (the first call of a (dim, op, codec), and again after :func:`reset_stats`), outside the lock and
+    with that first record's figures. Why here: every caller -- the patch, the DDP hook, FSDP2's comms,
+    the explicit API -- records, so a listener (ccoll.report: "dp compressing: ...") learns of the first
+    compressed call whoever made it, at a cost on row creation only, never on the calls after it."""
+    _row_hooks.append(fn)
+
+
 def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: str | None = None,
            calls: int = 1) -> None:
     """Count ``calls`` calls (one, unless a batching source hands over several of the same size).
@@ -85,9 +97,11 @@ def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: s
     with ``ready()`` and ``seconds()`` (CUDA events, :class:`ccoll.streams.LazySeconds`) whose elapsed
     time is read when the table is, so recording never synchronises with the GPU."""
     key = (dim or _dim.get(), op, codec)
+    new = False
     with _lock:
         row = _table.get(key)
         if row is None:
+            new = True
             row = _table[key] = {
                 "dim": key[0], "op": op, "codec": codec, "calls": 0, "raw_bytes": 0, "wire_bytes": 0,
                 "seconds": 0.0, "histogram": {}, "_pending": [],
@@ -103,6 +117,9 @@ def record(op: str, codec: str, raw_bytes: int, wire_bytes: int, seconds, dim: s
                 _resolve(row, everything=False)
         b = _bucket(int(raw_bytes) // calls)
         row["histogram"][b] = row["histogram"].get(b, 0) + calls
+    if new:
+        for fn in _row_hooks:
+            fn(key[0], op, codec, int(raw_bytes), int(wire_bytes), calls)
 
 
 #: host-clock codec seconds: (dim, codec name, phase) -> {"calls", "nbytes", "seconds"}
@@ -155,6 +172,19 @@ def stats() -> list[dict]:
         for r in rows:
             _resolve(r, everything=True)
         return [{k: (dict(v) if k == "histogram" else v) for k, v in r.items() if k != "_pending"} for r in rows]
+
+
+def by_dimension(rows: list[dict] | None = None) -> dict[str, dict]:
+    """Per dimension, in the rows' order: calls, raw_bytes, wire_bytes, seconds summed over its ops and
+    codecs, native calls included (what the dimension put on the wire, not only its compressed part).
+    ``rows``: :func:`stats`' rows or rows with those keys (default: :func:`stats`). Read by the exit
+    table's total lines and by the HF Trainer callback (ccoll.hf)."""
+    out: dict[str, dict] = {}
+    for r in stats() if rows is None else rows:
+        t = out.setdefault(r["dim"], {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "seconds": 0.0})
+        for k in t:
+            t[k] += r[k]
+    return out
 
 
 def reset_stats() -> None:
