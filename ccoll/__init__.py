@@ -47,6 +47,7 @@ _LAZY = {
     "collectives": None,
     "policy": None,
     "summary": "report",
+    "hf": None,
 }
 
 

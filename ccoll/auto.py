@@ -17,6 +17,11 @@ wraps, so under ``ccoll-run`` they would run uncompressed. While installed (``cc
   (:class:`ccoll.fsdp.CompressedReduceScatter`, the policy's ``dp`` reduce_scatter rule), and its
   all-gather where the policy compresses ``dp`` all_gather. A custom comm set by the user is left alone.
 - ``attach: {ddp: false}`` / ``{fsdp: false}`` in the policy turns either off.
+- Hugging Face Trainer: wraps ``transformers.trainer.Trainer.__init__`` (when the process imports it;
+  ccoll never imports transformers) to put :class:`ccoll.hf.CcollCallback` first among the new Trainer's
+  callbacks, so ccoll's figures reach Trainer's logs and its ``report_to`` integrations. Why wrap the
+  constructor: Trainer builds its callback list there and offers no other place to join it, and the
+  callback must come before the integrations to reach them; it only adds keys to the logs dict.
 
 Error-feedback state of every attached model is part of :func:`ccoll.patch.state_dict` under
 ``"auto"`` (``{"ddp": {index: ...}, "fsdp": {index: ...}}``); :func:`ccoll.patch.load_state_dict` hands
@@ -271,7 +276,49 @@ def _on_fsdp_root(root: Any) -> None:
         tell("ccoll: FSDP2 model #%d: custom reduce-scatter left alone on %s", entry.index, ", ".join(theirs))
 
 
+# --- Hugging Face Trainer -------------------------------------------------------------------------------
+_TRAINER = "transformers.trainer"
+
+
+def _wrap_trainer() -> None:
+    from transformers.trainer import Trainer
+
+    init = Trainer.__init__
+
+    @functools.wraps(init)  # frameworks read Trainer's signature (inspect follows __wrapped__)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if _installed.policy is not None:
+            from .hf import attach
+
+            attach(self)
+
+    _originals.append((Trainer, "__init__", init))
+    Trainer.__init__ = __init__
+
+
+def _wrap_trainer_safely() -> None:
+    with _lock:
+        if _installed.policy is None or any(owner.__name__ == "Trainer" for owner, _, _ in _originals):
+            return
+        try:
+            _wrap_trainer()
+        except (ImportError, AttributeError) as e:  # a transformers without Trainer (or without torch support)
+            from .log import logger
+
+            logger.debug("ccoll.auto: transformers Trainer not wrapped (%s)", e)
+
+
 # --- installation and state -----------------------------------------------------------------------------
+def _when_imported(module: str, wrap: Callable[[], None]) -> None:
+    """``wrap()`` now if ``module`` is imported, else right after the process imports it (never before:
+    importing FSDP2 costs ~1 s, transformers more, and most processes never do)."""
+    if module in sys.modules:
+        wrap()
+    elif not any(isinstance(f, AfterImport) and f.name == module for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(module, wrap))
+
+
 def _release_ddp_models() -> None:
     """At exit, while the interpreter is whole: drop each DDP model's reducer, logger and process group
     reference, so a group the script already destroyed is freed now. Left to interpreter teardown, the
@@ -286,8 +333,8 @@ def _release_ddp_models() -> None:
 
 
 def install(policy: Any) -> None:
-    """Called by ``ccoll.patch.install``: wrap DDP and FSDP2 (once) and use ``policy`` for models built
-    from now on. FSDP2 is wrapped if ``torch.distributed.fsdp`` is importable (it is imported here)."""
+    """Called by ``ccoll.patch.install``: wrap DDP, FSDP2 and HF Trainer (once) and use ``policy`` for models
+    built from now on. FSDP2 and Trainer are wrapped when the process imports them."""
     with _lock:
         _installed.policy = policy
         if _originals:
@@ -299,11 +346,8 @@ def install(policy: Any) -> None:
             from .log import logger
 
             logger.debug("ccoll.auto: DDP not wrapped (%s)", e)
-        if _FSDP_STATE in sys.modules:
-            _wrap_fsdp_safely()
-        elif not any(isinstance(f, AfterImport) for f in sys.meta_path):
-            # importing FSDP2 costs ~1 s: wrap it when the process imports it, not before
-            sys.meta_path.insert(0, AfterImport(_FSDP_STATE, _wrap_fsdp_safely))
+        _when_imported(_FSDP_STATE, _wrap_fsdp_safely)
+        _when_imported(_TRAINER, _wrap_trainer_safely)
 
 
 _FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
@@ -322,7 +366,8 @@ def _wrap_fsdp_safely() -> None:
 
 
 def uninstall() -> None:
-    """Put DDP's and FSDP2's methods back; models already attached keep their hooks."""
+    """Put DDP's, FSDP2's and Trainer's methods back; models (and Trainers) already attached keep their
+    hooks (callbacks)."""
     with _lock:
         _installed.policy = None
         for owner, name, orig in reversed(_originals):

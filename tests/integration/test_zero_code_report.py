@@ -1,7 +1,8 @@
 """What a ``ccoll-run`` user sees, per rank, with scripts that never import ccoll (2 CPU ranks, gloo, torchrun
 writing each rank's stderr to its own file): a plain all_reduce loop with no optimizer (zero_code_plain.py)
 gets rank 0's announcement and exit table, or -- with a policy whose ``default:`` rule keeps the unplaced
-WORLD group native -- exactly one warning in the whole launch naming that rule. One launch per test
+WORLD group native -- exactly one warning in the whole launch naming that rule; a Hugging Face Trainer
+(zero_code_hf_train.py) gets ccoll's figures in ``trainer.state.log_history``. One launch per test
 (~10-20 s on the loaded 2-core machine)."""
 from __future__ import annotations
 
@@ -91,3 +92,22 @@ def test_given_plain_script_and_policy_without_compressing_default_rule_when_cco
     assert "ccoll" not in err[1], err[1]
     dump = json.loads((tmp_path / "stats.rank0.json").read_text())
     assert dump["summary"]["compressed"] is False and "`default:` rule" in dump["summary"]["why"]
+
+
+def test_given_hf_trainer_when_ccoll_run_expect_ccoll_figures_in_log_history_and_the_table(tmp_path):
+    pytest.importorskip("transformers")
+    everything, err = _launch(tmp_path, "zero_code_hf_train.py", str(tmp_path), policy=HYBRID)
+    for r in range(2):
+        history = json.loads((tmp_path / f"log_history.rank{r}.json").read_text())
+        logged = [h for h in history if "loss" in h]
+        assert [h["step"] for h in logged] == [2, 4], history  # logging_steps=2, max_steps=4
+        for h in logged + [history[-1]]:  # the end-of-training metrics too
+            assert h["ccoll/dp_ratio"] == pytest.approx(INT4_RATIO, rel=0.01), h
+            assert 0 < h["ccoll/dp_wire_MB"] < h["ccoll/dp_raw_MB"]
+        # cumulative: the second log carries the first log's traffic and that of two more steps
+        assert logged[1]["ccoll/dp_raw_MB"] == pytest.approx(2 * logged[0]["ccoll/dp_raw_MB"])
+    assert re.findall(r"^ccoll: dp compressing: all_reduce int4:block=64", everything, re.M) == \
+        ["ccoll: dp compressing: all_reduce int4:block=64"]
+    dp = [row for row in _table(err[0]) if row[0] == "dp"]
+    assert [row[1:4] for row in dp] == [["all_reduce", INT4, "4"]] and dp[0][8] == "7.11x"  # one bucket per step
+    assert "ccoll" not in err[1] and "nothing was compressed" not in everything

@@ -1,6 +1,6 @@
-"""What ccoll tells the user (ccoll.report), without a process group: the announcement at a dimension's
-first compressed call (ccoll.stats' row hook), the exit table and ``ccoll.summary()``, the "nothing
-compressed" warning's causes and its one copy from rank 0.
+"""What ccoll tells the user (ccoll.report, ccoll.hf), without a process group: the announcement at a
+dimension's first compressed call (ccoll.stats' row hook), the exit table and ``ccoll.summary()``, the
+"nothing compressed" warning's causes and its one copy from rank 0, and the HF Trainer callback's figures.
 The exit behaviour runs in a child process activated as ccoll-run activates ranks (a few seconds each)."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -187,9 +188,50 @@ def test_given_process_that_recorded_nothing_when_exiting_expect_no_table_and_no
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
-def test_given_import_ccoll_when_reading_summary_expect_a_summary_and_no_heavy_import():
+# --- HF Trainer ------------------------------------------------------------------------------------------
+def test_given_trainer_log_when_ccoll_callback_runs_expect_figures_in_logs_and_log_history(fresh):
+    pytest.importorskip("transformers")
+    from ccoll import hf
+
+    stats_mod.record("all_reduce", INT4, 1_048_576, 147_456, 0.01, dim="dp")
+    stats_mod.record("all_reduce", "native", 400, 400, 0.01, dim="dp", calls=4)
+    logs = {"loss": 1.5}
+    state = types.SimpleNamespace(global_step=7, log_history=[{"loss": 1.5, "step": 7}])
+    hf.CcollCallback().on_log(None, state, None, logs=logs)
+    assert logs["ccoll/dp_raw_MB"] == pytest.approx(1.048976) and logs["ccoll/dp_wire_MB"] == pytest.approx(0.147856)
+    assert logs["ccoll/dp_ratio"] == pytest.approx(1_048_976 / 147_856)
+    assert state.log_history[-1] == {"step": 7, **logs}
+
+
+def test_given_trainer_with_callbacks_when_attaching_expect_ccoll_first_and_never_twice(fresh):
+    pytest.importorskip("transformers")
+    from ccoll import hf
+
+    tensorboard, user = object(), hf.CcollCallback()
+    trainer = types.SimpleNamespace(callback_handler=types.SimpleNamespace(callbacks=[tensorboard, user]))
+    assert hf.attach(trainer) is user and trainer.callback_handler.callbacks == [user, tensorboard]
+    assert hf.attach(trainer) is user and len(trainer.callback_handler.callbacks) == 2
+
+
+def test_given_import_ccoll_when_reading_summary_and_hf_expect_transformers_imported_only_by_hf():
     code = ("import sys, ccoll\n"
             "s = ccoll.summary()\n"
-            "print(type(s).__name__, [m for m in ('transformers', 'deepspeed', 'cupy') if m in sys.modules])")
+            "before = 'transformers' in sys.modules\n"
+            "import ccoll.hf\n"
+            "print(type(s).__name__, before, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["Summary", "[]"]
+    assert out.split() == ["Summary", "False", "True"]
+
+
+def test_given_patch_installed_when_transformers_trainer_imported_expect_init_wrapped_then_restored():
+    trainer_mod = pytest.importorskip("transformers.trainer")
+    import inspect
+
+    import ccoll.patch as patch
+
+    original = trainer_mod.Trainer.__init__
+    with patch.installed(str(HYBRID)):
+        wrapped = trainer_mod.Trainer.__init__
+        assert wrapped is not original and wrapped.__wrapped__ is original
+        assert inspect.signature(wrapped) == inspect.signature(original)  # what frameworks read
+    assert trainer_mod.Trainer.__init__ is original
