@@ -13,6 +13,12 @@ class CodecError(CcollError, ValueError):
     """A codec cannot encode or decode this input (dtype, size, payload length, unsafe parameter)."""
 
 
+class CodecSpecError(CodecError):
+    """A codec spec names no registered codec, or a parameter the codec does not take or a value it refuses
+    (``get_codec``, ``codec=``). Not a PolicyError: no policy is involved until a policy file names the spec,
+    and there ccoll.policy raises PolicyError naming the rule."""
+
+
 class KernelError(CcollError, RuntimeError):
     """A kernel could not be built or loaded (nvcc missing, compile error, no CUDA device)."""
 

@@ -89,7 +89,7 @@ import torch
 from .codecs import Codec, get_codec
 from .defaults import DEFAULT_MIN_BYTES
 from . import units
-from .errors import PolicyError, UnitsError
+from .errors import CodecSpecError, PolicyError, UnitsError
 
 VERSION = 1  # what a policy without v2 keys normalises to (so v1 fingerprints do not change)
 VERSIONS = (1, 2)
@@ -395,7 +395,7 @@ def _parse_codec(source: str, where: str, spec: Any) -> Codec | None:
         return None
     try:
         codec = get_codec(spec)
-    except PolicyError as e:
+    except CodecSpecError as e:
         raise _err(source, where, f"{e} (or use 'native' to leave the op untouched)") from None
     if torch.float32 not in codec.dtypes:
         raise _err(source, where, f"codec {spec!r} does not take float32 tensors")

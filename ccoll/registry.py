@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
-from .errors import PolicyError
+from .errors import CodecSpecError
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise PolicyError(
+            raise CodecSpecError(
                 f"unknown {self.kind} {name!r}; available: {', '.join(sorted(self._items))}"
             ) from None
 

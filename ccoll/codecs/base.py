@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from .. import stats as _stats
-from ..errors import CodecError, PolicyError
+from ..errors import CodecError, CodecSpecError
 from ..registry import Registry
 from .buffers import new_buffer
 
@@ -82,7 +82,7 @@ class Param:
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """Split "name:key=value,key=value" into (name, {key: value}); values stay strings."""
     if not isinstance(spec, str) or not spec.strip():
-        raise PolicyError(f"codec spec must be a non-empty string, got {spec!r}")
+        raise CodecSpecError(f"codec spec must be a non-empty string, got {spec!r}")
     name, _, rest = spec.strip().partition(":")
     params: dict[str, str] = {}
     if rest:
@@ -90,9 +90,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             key, eq, value = item.partition("=")
             key, value = key.strip(), value.strip()
             if not eq or not key or not value:
-                raise PolicyError(f"codec spec {spec!r}: expected key=value, got {item!r}")
+                raise CodecSpecError(f"codec spec {spec!r}: expected key=value, got {item!r}")
             if key in params:
-                raise PolicyError(f"codec spec {spec!r}: parameter {key!r} given twice")
+                raise CodecSpecError(f"codec spec {spec!r}: parameter {key!r} given twice")
             params[key] = value
     return name.strip(), params
 
@@ -108,9 +108,9 @@ def _convert(codec: str, key: str, p: Param, raw: Any) -> Any:
         else:
             value = p.type(raw)
     except (TypeError, ValueError):
-        raise PolicyError(f"codec {codec!r}: parameter {key}={raw!r} is not a valid {p.type.__name__}") from None
+        raise CodecSpecError(f"codec {codec!r}: parameter {key}={raw!r} is not a valid {p.type.__name__}") from None
     if p.choices is not None and value not in p.choices:
-        raise PolicyError(
+        raise CodecSpecError(
             f"codec {codec!r}: parameter {key}={raw!r} must be one of {', '.join(map(str, p.choices))}"
         )
     return value
@@ -149,18 +149,18 @@ class Codec:
 
     def __init__(self, backend: str = "auto", **params: Any):
         if backend != "auto" and backend not in BACKENDS:
-            raise PolicyError(f"unknown backend {backend!r}; available: auto, {', '.join(BACKENDS)}")
+            raise CodecSpecError(f"unknown backend {backend!r}; available: auto, {', '.join(BACKENDS)}")
         self.backend = backend
         unknown = sorted(set(params) - set(self.PARAMS))
         if unknown:
             allowed = ", ".join(sorted(self.PARAMS)) or "none"
-            raise PolicyError(f"codec {self.name!r}: unknown parameter(s) {', '.join(unknown)}; allowed: {allowed}")
+            raise CodecSpecError(f"codec {self.name!r}: unknown parameter(s) {', '.join(unknown)}; allowed: {allowed}")
         self.params: dict[str, Any] = {}
         for key, p in self.PARAMS.items():
             if key in params:
                 self.params[key] = _convert(self.name, key, p, params[key])
             elif p.default is None:
-                raise PolicyError(f"codec {self.name!r}: parameter {key!r} is required ({p.doc})")
+                raise CodecSpecError(f"codec {self.name!r}: parameter {key!r} is required ({p.doc})")
             else:
                 self.params[key] = p.default
         self._validate()
@@ -168,14 +168,14 @@ class Codec:
 
     # --- subclass hooks -------------------------------------------------------------------------
     def _validate(self) -> None:
-        """Reject parameter combinations that can never work (raise PolicyError)."""
+        """Reject parameter combinations that can never work (raise CodecSpecError)."""
 
     def _check_block(self, multiple: int, max_block: int, examples: str) -> None:
         """The ``block`` parameter of block codecs: a multiple of ``multiple`` in [multiple, max_block]
         (the kernels' thread mapping and payload alignment rest on it)."""
         block = self.params["block"]
         if block < multiple or block > max_block or block % multiple:
-            raise PolicyError(
+            raise CodecSpecError(
                 f"codec {self.name!r}: block={block} is invalid; block must be a multiple of {multiple} between "
                 f"{multiple} and {max_block} (e.g. {examples})"
             )

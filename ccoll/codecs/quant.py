@@ -57,7 +57,7 @@ from typing import ClassVar
 
 import torch
 
-from ..errors import CodecError, PolicyError
+from ..errors import CodecError, CodecSpecError
 from ..kernels.call import cuda_kernels
 from .base import CODECS, Codec, Param, _fmt
 from .buffers import round16
@@ -129,9 +129,9 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
         block = self.params["block"]
         for key in ("seed", "rotate_seed"):
             if not 0 <= self.params.get(key, 0) <= _U32:
-                raise PolicyError(f"codec {self.name!r}: {key}={self.params[key]} must be in [0, 2^32)")
+                raise CodecSpecError(f"codec {self.name!r}: {key}={self.params[key]} must be in [0, 2^32)")
         if self.rotate and (block & (block - 1) or block > MAX_ROTATE_BLOCK):
-            raise PolicyError(
+            raise CodecSpecError(
                 f"codec {self.name!r}: rotate=hadamard needs block to be a power of two between 8 and "
                 f"{MAX_ROTATE_BLOCK}, got block={block}"
             )

@@ -24,7 +24,7 @@ Every other block is exactly libzfp's, including two libzfp behaviours worth kno
 
 Rates: ``maxbits = floor(4^dims * rate + 0.5)`` bits per block. Rates with ``maxbits < 1 + EBITS``
 (float32: rate < 2.125 for dims=1, < 0.53125 for dims=2; float64: < 2.875, < 0.71875) make libzfp's
-coefficient budget underflow and write past its buffer; they are refused (PolicyError at construction
+coefficient budget underflow and write past its buffer; they are refused (CodecSpecError at construction
 for float32, CodecError when a float64 tensor needs the higher minimum). Rates above 64 bits per value
 (more than even float64's raw size) are refused as absurd.
 
@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from ..kernels import call as kernel_call
-from ..errors import CodecError, PolicyError
+from ..errors import CodecError, CodecSpecError
 from .base import CODECS, Codec, Param, per_backend
 
 #: rates above this many bits per value are refused
@@ -119,9 +119,9 @@ class ZfpCodec(Codec):
     def _validate(self) -> None:
         rate, dims = self.params["rate"], self.params["dims"]
         if not math.isfinite(rate) or rate <= 0 or rate > MAX_RATE:
-            raise PolicyError(f"codec 'zfp': rate={rate} must be a number in (0, {MAX_RATE:g}] bits per value")
+            raise CodecSpecError(f"codec 'zfp': rate={rate} must be a number in (0, {MAX_RATE:g}] bits per value")
         if _maxbits(rate, dims) < 1 + _FLOAT.ebits:
-            raise PolicyError(
+            raise CodecSpecError(
                 f"codec 'zfp': rate={rate} with dims={dims} is below the minimum {_FLOAT.min_rate(dims)} "
                 f"(a block needs at least {1 + _FLOAT.ebits} bits; lower rates make libzfp overrun its buffer)"
             )

@@ -427,7 +427,7 @@ def check_passthrough(env: Env) -> None:
 def check_bad_input(env: Env) -> None:
     """Mismatched sizes and unknown codecs fail with typed errors on every rank, before anything is
     sent (so no rank is left waiting)."""
-    from ccoll.errors import PolicyError, TransportError
+    from ccoll.errors import CodecSpecError, PolicyError, TransportError
 
     p, G = env.world, env.group
     cases = [
@@ -435,7 +435,7 @@ def check_bad_input(env: Env) -> None:
         (TransportError, lambda: ccoll.all_gather_into_tensor(torch.empty(10 * p), torch.empty(10, dtype=torch.float16), G, "bf16")),
         (TransportError, lambda: ccoll.all_reduce(torch.ones(10), "band", G, "bf16")),
         (TransportError, lambda: ccoll.broadcast(torch.ones(10), p + 5, G, "bf16")),
-        (PolicyError, lambda: ccoll.all_reduce(torch.ones(10), "sum", G, "lz4", min_bytes=0)),
+        (CodecSpecError, lambda: ccoll.all_reduce(torch.ones(10), "sum", G, "lz4", min_bytes=0)),
         (PolicyError, lambda: ccoll.all_reduce(torch.ones(10), "sum", G, "bf16", error_feedback=ccoll.ErrorFeedback(), min_bytes=0)),
     ]
     for i, (err, call) in enumerate(cases):

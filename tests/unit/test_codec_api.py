@@ -4,7 +4,7 @@ import torch
 
 import ccoll
 from ccoll.codecs import parse_spec
-from ccoll.errors import CodecError, PolicyError
+from ccoll.errors import CodecError, CodecSpecError
 
 
 def test_parse_spec_given_params_expect_name_and_strings():
@@ -13,23 +13,23 @@ def test_parse_spec_given_params_expect_name_and_strings():
 
 
 @pytest.mark.parametrize("bad", ["", "zfp:rate", "zfp:rate=8,rate=9", "zfp:=3"])
-def test_parse_spec_given_malformed_expect_policy_error(bad):
-    with pytest.raises(PolicyError):
+def test_parse_spec_given_malformed_expect_codec_spec_error(bad):
+    with pytest.raises(CodecSpecError):
         parse_spec(bad)
 
 
 def test_get_codec_given_unknown_name_expect_error_listing_available():
-    with pytest.raises(PolicyError, match="available: .*bf16.*none"):
+    with pytest.raises(CodecSpecError, match="available: .*bf16.*none"):
         ccoll.get_codec("lz4")
 
 
 def test_get_codec_given_unknown_param_expect_error_listing_allowed():
-    with pytest.raises(PolicyError, match="unknown parameter"):
+    with pytest.raises(CodecSpecError, match="unknown parameter"):
         ccoll.get_codec("bf16:rate=3")
 
 
-def test_get_codec_given_unknown_backend_expect_policy_error():
-    with pytest.raises(PolicyError, match="backend"):
+def test_get_codec_given_unknown_backend_expect_codec_spec_error():
+    with pytest.raises(CodecSpecError, match="backend"):
         ccoll.get_codec("none", backend="opencl")
 
 
@@ -88,3 +88,17 @@ def test_decode_sum_given_rows_expect_fp32_sum_in_order():
     payloads = torch.stack([codec.encode(x) for x in xs])
     expect = xs[0].bfloat16().float() + xs[1].bfloat16().float() + xs[2].bfloat16().float()
     assert torch.equal(codec.decode_sum(payloads, 33, torch.float32), expect)
+
+
+def test_given_bad_spec_via_api_or_policy_expect_codec_spec_error_or_policy_error_naming_the_rule():
+    """``get_codec`` / ``codec=`` involve no policy: their bad specs are CodecSpecError (a CodecError, not a
+    PolicyError); the same spec in a policy is a PolicyError naming where in the policy it stands."""
+    from ccoll import Policy
+    from ccoll.errors import PolicyError
+
+    with pytest.raises(CodecSpecError) as api:
+        ccoll.get_codec("int8:block=12")
+    assert not isinstance(api.value, PolicyError)
+    with pytest.raises(PolicyError, match=r"dp.*block=12") as pol:
+        Policy.from_dict({"version": 1, "dp": {"codec": "int8:block=12"}})
+    assert not isinstance(pol.value, CodecSpecError)

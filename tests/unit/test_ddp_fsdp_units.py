@@ -11,13 +11,13 @@ import torch
 from ccoll import get_codec
 from ccoll.collectives import segments as segmenting
 from ccoll.ddp import CompressionState, _PackedFeedback
-from ccoll.errors import PolicyError
+from ccoll.errors import CodecSpecError, PolicyError
 
 
-def test_given_bad_arguments_when_building_states_expect_policy_errors():
+def test_given_bad_arguments_when_building_states_expect_codec_spec_errors():
     with pytest.raises(PolicyError, match="warmup_steps"):
         CompressionState(warmup_steps=-1)
-    with pytest.raises(PolicyError, match="unknown"):
+    with pytest.raises(CodecSpecError, match="unknown"):
         CompressionState(codec="int9")
     import ccoll.fsdp
 

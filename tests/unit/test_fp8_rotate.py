@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import ccoll
 from ccoll.codecs.base import Codec
-from ccoll.errors import PolicyError
+from ccoll.errors import CodecSpecError
 
 from test_quant_rows import DTYPES, _assert_same_values, _check_rows, _mixed
 
@@ -220,8 +220,8 @@ def test_given_p_payloads_when_decode_sum_expect_row_order_sum_of_decodes_on_bot
     ("fp8:rotate=walsh", "must be one of none, hadamard"),
     ("int8:block=64,rotate=hadamard,rotate_seed=-1", r"rotate_seed=-1 must be in \[0, 2\^32\)"),
 ])
-def test_given_invalid_spec_expect_policy_error_naming_the_rule(spec, match):
-    with pytest.raises(PolicyError, match=match):
+def test_given_invalid_spec_expect_codec_spec_error_naming_the_rule(spec, match):
+    with pytest.raises(CodecSpecError, match=match):
         ccoll.get_codec(spec)
 
 

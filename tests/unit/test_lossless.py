@@ -2,7 +2,7 @@
 for bf16/fp16/fp32 -- every special pattern included -- on the torch backend and on the GPU kernels' own
 logic built for the host ("emulated"), which produce the same bytes, equal to the base class's reference
 loop over rows; the payload's used size is what its header says and never exceeds the capacity; payloads
-that are not lossless payloads raise CodecError; bad specs raise PolicyError. (The cupy backend runs the
+that are not lossless payloads raise CodecError; bad specs raise CodecSpecError. (The cupy backend runs the
 same kernels through NVRTC: test_kernels_build.py compiles them and checks every launched name exists.)"""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import ccoll
 from ccoll.codecs.base import Codec
-from ccoll.errors import CodecError, PolicyError
+from ccoll.errors import CodecError, CodecSpecError
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 _INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -168,8 +168,8 @@ def test_given_bad_payloads_expect_codec_error():
 
 
 @pytest.mark.parametrize("spec", ["lossless:block=48", "lossless:block=16", "lossless:block=131072", "lossless:rate=8"])
-def test_given_bad_spec_expect_policy_error(spec):
-    with pytest.raises(PolicyError):
+def test_given_bad_spec_expect_codec_spec_error(spec):
+    with pytest.raises(CodecSpecError):
         ccoll.get_codec(spec)
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ccoll
-from ccoll.errors import CodecError, PolicyError
+from ccoll.errors import CodecError, CodecSpecError
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SIZES = [1, 3, 4, 5, 255, 256, 257, 1023]
@@ -312,8 +312,8 @@ def test_given_misaligned_payload_view_and_out_tensor_expect_same_decode():
         ("int4:block=64,rate=8", "unknown parameter"),
     ],
 )
-def test_given_invalid_spec_expect_policy_error_naming_the_rule(spec, match):
-    with pytest.raises(PolicyError, match=match):
+def test_given_invalid_spec_expect_codec_spec_error_naming_the_rule(spec, match):
+    with pytest.raises(CodecSpecError, match=match):
         ccoll.get_codec(spec)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ccoll.codecs import get_codec
-from ccoll.errors import CodecError, PolicyError
+from ccoll.errors import CodecError, CodecSpecError
 
 try:
     import zfpy
@@ -253,8 +253,8 @@ def test_given_any_numel_when_encoded_then_size_is_8_ceil_blocks_maxbits_over_64
      "zfp:rate=inf", "zfp:rate=64.5", "zfp:rate=1e9", "zfp:rate=8,dims=3", "zfp:rate=abc", "zfp",
      "zfp:rate=8,mode=x"],
 )
-def test_given_unsafe_or_invalid_spec_when_constructed_then_policy_error(spec):
-    with pytest.raises(PolicyError):
+def test_given_unsafe_or_invalid_spec_when_constructed_then_codec_spec_error(spec):
+    with pytest.raises(CodecSpecError):
         get_codec(spec)
 
 
