@@ -2,11 +2,12 @@
 clusters/, codecs/) and the cache of built kernels. The one place that knows; everything else asks here.
 
 Why importlib.resources: the sources stay at the top of the checkout (kernels/, configs/), and pyproject.toml
-maps them into the package as ``ccoll._kernels`` and ``ccoll._configs``. A wheel carries them there, and an
-editable install maps the same names back to the checkout, so one look-up serves both and never depends on
-where the checkout or site-packages is. The one fallback: a source tree that is on sys.path without being
-installed (``make gpu-check PYTHON=python3`` on a machine with nothing installed) has no such packages; then
-the top-level directories beside the ``ccoll`` package are the data.
+maps them into the package as ``ccoll._kernels`` and ``ccoll._configs``. A wheel carries them there, so the
+look-up never depends on where site-packages is. The one fallback, when those packages do not import: a source
+tree, where the top-level directories beside the ``ccoll`` package are the data -- a checkout on sys.path
+without an install (``make gpu-check PYTHON=python3`` on a machine with nothing installed), and an editable
+install (setuptools' editable finder maps a package directory only when it has an ``__init__.py``, which the
+data directories must not have: see ``_data_dir``).
 
 The build cache (NVRTC images, host libraries, simt libraries, the carried cubin bundle): ``$CCOLL_BUILD_DIR``;
 else the checkout's ``build/`` when ccoll runs from a source checkout (tests, ``make gpu-bundle`` and the
@@ -25,8 +26,8 @@ DATA_PACKAGES = {"ccoll._kernels": "kernels", "ccoll._configs": "configs"}
 
 
 def _data_dir(package: str) -> Path:
-    """The directory of data package ``package`` on disk: importlib.resources when the package is installed
-    (wheel or editable), else the checkout directory it is made from (a source tree on sys.path)."""
+    """The directory of data package ``package`` on disk: importlib.resources when the package imports (a
+    wheel), else the checkout directory it is made from (a source tree: on sys.path, or an editable install)."""
     try:
         module = import_module(package)
     except ModuleNotFoundError:
