@@ -10,6 +10,7 @@ import importlib
 import types
 
 from . import errors, stats
+from . import report as _report  # noqa: F401 - its stats hooks: the first-call line and the exit table for every caller
 from .codecs import CODECS, Codec, get_codec
 from .stats import reset_stats
 
