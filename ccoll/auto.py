@@ -297,19 +297,6 @@ def _wrap_trainer() -> None:
     Trainer.__init__ = __init__
 
 
-def _wrap_trainer_safely() -> None:
-    with _lock:
-        if _installed.policy is None or any(owner.__name__ == "Trainer" for owner, _, _ in _originals):
-            return
-        try:
-            _wrap_trainer()
-        except (ImportError, AttributeError) as e:  # a transformers without Trainer (or without torch support)
-            from .log import logger
-
-            logger.debug("ccoll.auto: transformers Trainer not wrapped (%s)", e)
-
-
-# --- installation and state -----------------------------------------------------------------------------
 def _when_imported(module: str, wrap: Callable[[], None]) -> None:
     """``wrap()`` now if ``module`` is imported, else right after the process imports it (never before:
     importing FSDP2 costs ~1 s, transformers more, and most processes never do)."""
@@ -353,16 +340,25 @@ def install(policy: Any) -> None:
 _FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
 
 
-def _wrap_fsdp_safely() -> None:
-    with _lock:
-        if _installed.policy is None or any(owner.__name__ == "FSDPState" for owner, _, _ in _originals):
-            return
-        try:
-            _wrap_fsdp()
-        except (ImportError, AttributeError) as e:  # torch < 2.7: no FSDP2 custom comms
-            from .log import logger
+def _once(owner: str, wrap: Callable[[], None], what: str) -> Callable[[], None]:
+    """``wrap()`` run once per installation, when its module is imported (``owner``: the class it replaces a
+    method of); a framework version without the API it needs leaves it unwrapped, said at debug level."""
+    def run() -> None:
+        with _lock:
+            if _installed.policy is None or any(o.__name__ == owner for o, _, _ in _originals):
+                return
+            try:
+                wrap()
+            except (ImportError, AttributeError) as e:  # torch < 2.7 (no FSDP2 custom comms), a Trainer-less transformers
+                from .log import logger
 
-            logger.debug("ccoll.auto: FSDP2 not wrapped (%s)", e)
+                logger.debug("ccoll.auto: %s not wrapped (%s)", what, e)
+
+    return run
+
+
+_wrap_fsdp_safely = _once("FSDPState", _wrap_fsdp, "FSDP2")
+_wrap_trainer_safely = _once("Trainer", _wrap_trainer, "transformers Trainer")
 
 
 def uninstall() -> None:
