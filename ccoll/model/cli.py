@@ -71,21 +71,23 @@ def format_step(t: dict) -> str:
             f" tp {t['link_s']['tp']:.3f} pp {t['link_s']['pp']:.3f} + codec {t['codec_s']:.3f} s")
 
 
-def cluster_table(policies: list[str], codec_gbps: float, file=None) -> list[dict]:
+def cluster_table(policies: list[str], codec_gbps: float | None = None, file=None) -> list[dict]:
     """Every preset on its own sourced node file (``PRESET_CLUSTERS``) through the mechanistic step time, at the
-    preset's MFU, every codec at ``codec_gbps`` (encode and decode): one row per (preset, policy)."""
+    preset's MFU, every codec at ``codec_gbps`` (encode and decode; None: each codec at the GPU's memory roofline, as
+    the README's table): one row per (preset, policy)."""
     from .clusters import load_cluster
     from .timing import predict
 
     file = sys.stdout if file is None else file
     rows = []
-    print(f"# predicted step time and speedup over native on each preset's node file (codec throughput "
-          f"{codec_gbps:g} GB/s, mechanistic model: ccoll.model.timing)", file=file)
+    rate = f"{codec_gbps:g} GB/s for every codec" if codec_gbps else "each codec at the GPU's memory roofline"
+    print(f"# predicted step time and speedup over native on each preset's node file (codec throughput {rate}; "
+          f"mechanistic model: ccoll.model.timing)", file=file)
     print(f"#{'preset':<14} {'node':<10} {'policy':<22} {'compute s':>10} {'tp s':>8} {'pp s':>8} {'dp s':>8} "
           f"{'codec s':>8} {'step s':>8} {'speedup':>8}", file=file)
     for name, (lay, cl) in PRESETS.items():
         node = load_cluster(preset_cluster(name))
-        kw = dict(mfu=cl.mfu, codec_gbps=(codec_gbps, codec_gbps))
+        kw = dict(mfu=cl.mfu, codec_gbps=(codec_gbps, codec_gbps) if codec_gbps else None)
         base = predict(lay, node, None, **kw)
         for pol in [None, *policies]:
             t = predict(lay, node, pol, **kw)
@@ -107,12 +109,33 @@ def _parser() -> argparse.ArgumentParser:
                                                               "its sourced node file unless --cluster says otherwise")
     for k, v in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 128), ("vocab", 256), ("micro-batch", 4),
                  ("micro-batches", 2), ("dp", 2), ("tp", 1), ("pp", 2), ("zero", 1)):
-        p.add_argument(f"--{k}", type=int, default=v)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+        p.add_argument(f"--{k}", type=int, default=None, help=f"(default {v}; with --preset: the preset's)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="(default float32; with --preset: the preset's)")
+    k = p.add_argument_group("framework knobs (override a preset's)")
+    k.add_argument("--grad-dtype", choices=sorted(DTYPES), default=None,
+                   help="dtype of the DP gradient reduction (Megatron reduces bf16 gradients in float32: 2x the bytes)")
+    k.add_argument("--zero-reduce", choices=("all_reduce", "reduce_scatter"), default=None,
+                   help="ZeRO-1/2 gradient reduction (DeepSpeed's reduce_scatter: true)")
+    k.add_argument("--distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer: gradients reduce-scattered, parameters all-gathered, "
+                        "optimizer states sharded over DP (= --zero 1 --zero-reduce reduce_scatter)")
+    k.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
+                   help="full activation recomputation (the forward and its TP all-reduces again in backward)")
+    k.add_argument("--parallel-residual", action=argparse.BooleanOptionalAction, default=None,
+                   help="GPT-J/NeoX parallel residual: one forward TP all-reduce per layer")
+    k.add_argument("--pp-mask", action=argparse.BooleanOptionalAction, default=None,
+                   help="NeoX/DeepSpeed pipeline: the fp16 attention mask travels with every forward activation")
+    k.add_argument("--dp-bucket-mb", type=float, default=None,
+                   help="DP gradient bucket, MiB (DeepSpeed reduce_bucket_size x gradient bytes; DDP bucket_cap_mb)")
+    k.add_argument("--rails", type=int, default=None, help="--cluster: NICs per node (overrides the file's)")
+    k.add_argument("--rail-gbps", type=float, default=None,
+                   help="--cluster: Gbit/s per NIC (overrides the file's rate and its measured rate)")
     p.add_argument("--runner", action="store_true", help="ccoll.convergence's model (replicated byte embedding, "
                                                           "learned positions, gathered logits)")
     p.add_argument("--policy", action="append", default=[], help="policy YAML (repeatable; traffic uses the first)")
-    p.add_argument("--codec-gbps", type=float, default=100.0, help="codec throughput, GB/s of input values")
+    p.add_argument("--codec-gbps", type=float, default=None,
+                   help="codec throughput, GB/s of input values, every codec alike (default: --cluster and --clusters: "
+                        "each codec at the GPU's memory roofline; the flat model without --cluster: 100)")
     p.add_argument("--decode-gbps", type=float, default=None, help="decode throughput if not --codec-gbps")
     p.add_argument("--tp-gbps", type=float, default=1200.0, help="TP link, Gbit/s per GPU")
     p.add_argument("--inter-gbps", type=float, default=12.5, help="DP/PP link, Gbit/s per GPU")
@@ -131,15 +154,21 @@ def _parser() -> argparse.ArgumentParser:
                         "hierarchy: node calls' bytes (default: the summary's meta.ranks_per_node, else no map)")
     p.add_argument("--json", default=None, help="write the result as JSON")
     p.add_argument("--cluster", metavar="NAME_OR_YAML",
-                   help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800; or your own YAML with the "
-                        "same fields): the mechanistic step time (placement, rails, alpha-beta, algorithm, overlap)")
+                   help="a node description (shipped: lassen, dgx-a100, dgx-h100, h800-8x400g-ib; or your own YAML: "
+                        "--cluster-template): the mechanistic step time (placement, rails, alpha-beta, algorithm, "
+                        "overlap), after the memory check")
+    p.add_argument("--cluster-template", metavar="FILE", help="write a commented cluster file to fill in, and exit")
     p.add_argument("--codec-table", metavar="YAML", help="--cluster: measured codec GB/s per spec (default: roofline)")
     p.add_argument("--algorithm", default="auto", choices=("auto", "ring", "hierarchical", "tree"),
                    help="--cluster: native all-reduce algorithm across nodes")
-    p.add_argument("--published", action="store_true", help="the seed paper's GPT-NeoX-20B runs: published vs "
-                                                              "predicted speedups from the cluster file alone")
-    p.add_argument("--from-run", metavar="SUMMARY_JSON", help="calibrate on a shaped run's summary.json and "
-                                                               "predict --ranks ranks")
+    p.add_argument("--published", action="store_true", help="the scored protocol over published rows "
+                                                              "(ccoll.model.scored) and the seed paper's envelope check")
+    p.add_argument("--from-run", metavar="SUMMARY_JSON", nargs="+",
+                   help="calibrate on a shaped run's summary.json (several: repeated runs of one configuration, "
+                        "whose spread the interval covers) and predict --ranks ranks")
+    p.add_argument("--measured", metavar="SUMMARY_JSON", nargs="+", default=None,
+                   help="--from-run: summaries measured at --ranks, to compare the prediction with (and the naive "
+                        "guess: the calibration's own speed-up)")
     p.add_argument("--ranks", type=int, default=None, help="--from-run: ranks to predict")
     p.add_argument("--cpu-cores", type=int, default=None, help="--from-run on a CPU test bed: the cores the ranks "
                                                                 "(of baseline and policy run together) share")
@@ -150,18 +179,90 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_DEFAULTS = {"layers": 4, "hidden": 128, "heads": 4, "seq": 128, "vocab": 256, "micro_batch": 4, "micro_batches": 2,
+             "dp": 2, "tp": 1, "pp": 2, "zero": 1, "dtype": "float32"}
+#: the make target that writes a summary at each path the README names
+_MAKES = {"results/convergence": "make convergence", "results/shaped": "make e2e-shaped (as root)",
+          "results/demo": "make demo"}
+
+
+def load_summary(path: str) -> dict:
+    """A run's summary.json, or a CcollError naming the command that makes it (a ccoll.convergence.shaped report
+    gives its first rate's summary)."""
+    if not os.path.exists(path):
+        make = next((m for d, m in _MAKES.items() if os.path.normpath(path).startswith(d)), None)
+        raise CcollError(f"{path}: no such summary; "
+                         + (f"`{make}` writes it" if make else "`python -m ccoll.convergence --out DIR` (bytes, "
+                            "--validate) or `python -m ccoll.convergence.shaped --out DIR` (shaped links, --from-run) "
+                            "writes DIR/summary.json"))
+    with open(path) as f:
+        try:
+            summary = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CcollError(f"{path}: not a summary (JSON: {e})") from None
+    if "rates" in summary:  # a ccoll.convergence.shaped report: its (first) rate's summary
+        summary = next(iter(summary["rates"].values()))["summary"]
+    if "meta" not in summary or "policies" not in summary:
+        raise CcollError(f"{path}: not a ccoll.convergence summary (no meta / policies)")
+    return summary
+
+
+def build_layout(args) -> tuple:
+    """The layout, the flat Cluster and the MFU from the command line: a preset (its fields, then any option given
+    overrides them) or the layout options (their defaults), then the framework knobs."""
+    given = {k: getattr(args, k) for k in _DEFAULTS if getattr(args, k) is not None}
+    if args.preset:
+        lay, cl = PRESETS[args.preset]
+        lay = dataclasses.replace(lay, **given)
+        mfu = cl.mfu if args.mfu is None else args.mfu
+    else:
+        mfu = 0.35 if args.mfu is None else args.mfu
+        extra = RUNNER if args.runner else {}
+        fields = {**_DEFAULTS, **given}
+        lay = Layout(**{**fields, **{k: v for k, v in extra.items() if k not in ("vocab", "zero", "dtype")},
+                        **({"dtype": "float32"} if args.runner and "dtype" not in given else {})})
+        cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps or 100.0,
+                     decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=mfu,
+                     dp_overlap=args.dp_overlap)
+    knobs = {}
+    if args.grad_dtype:
+        knobs["grad_dtype"] = args.grad_dtype
+    if args.distributed_optimizer:
+        if args.zero not in (None, 1) or args.zero_reduce == "all_reduce":
+            raise CcollError("--distributed-optimizer is ZeRO-1 with a reduce-scatter of gradients: it contradicts "
+                             f"--zero {args.zero} / --zero-reduce {args.zero_reduce}")
+        knobs.update(zero=1, zero_reduce="reduce_scatter")
+    if args.zero_reduce:
+        knobs["zero_reduce"] = args.zero_reduce
+    for k in ("recompute", "parallel_residual", "pp_mask"):
+        if getattr(args, k) is not None:
+            knobs[k] = getattr(args, k)
+    if args.dp_bucket_mb is not None:
+        knobs["dp_bucket_bytes"] = int(args.dp_bucket_mb * (1 << 20))
+    lay = dataclasses.replace(lay, **knobs)
+    lay.check()
+    if args.preset:
+        cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps or 100.0, decode_gbps=args.decode_gbps)
+    return lay, cl, mfu
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.cluster_template:
+            from .clusters import write_template
+            write_template(args.cluster_template)
+            print(f"# wrote {args.cluster_template}: fill in your node's figures and sources, then "
+                  f"python -m ccoll.model --cluster {args.cluster_template} ...")
+            return 0
         if args.codec_throughput:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
             print(json.dumps(codec_throughput(args.codec_throughput, args.codec_numel, feedback=not args.no_feedback)))
             return 0
         if args.validate:
-            with open(args.validate) as f:
-                summary = json.load(f)
-            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps,
-                           ranks_per_node=args.ranks_per_node)
+            summary = load_summary(args.validate)
+            res = validate(summary, link_gbps=args.link_gbps, codec_gbps=args.codec_gbps or 1.0,
+                           decode_gbps=args.decode_gbps, ranks_per_node=args.ranks_per_node)
             print(f"# ccoll.model --validate {args.validate}: bytes per step summed over ranks, tolerance "
                   f"{100 * res['tolerance']:.0f}%")
             print(f"#{'policy':<14} {'dim':<4} {'pred raw':>12} {'meas raw':>12} {'pred wire':>12} {'meas wire':>12} ok")
@@ -185,28 +286,24 @@ def main(argv: list[str] | None = None) -> int:
             table = load_codec_table(args.codec_table)
         if args.published:
             from .published import print_published, published
+            from .scored import ROWS, print_scored, score
+            from .published import MFU
+            res = score(ROWS, MFU, table) if ROWS else None
+            print_scored(res, ROWS)
             rows = published(args.cluster or "lassen", table)
             print_published(rows)
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump(rows, f, indent=1)
+                    json.dump({"scored": res, "envelope": rows}, f, indent=1, default=str)
             return 0
         if args.from_run:
-            from .fromrun import from_run
-            with open(args.from_run) as f:
-                summary = json.load(f)
-            if "rates" in summary:  # a ccoll.convergence.shaped report: its (first) rate's summary
-                summary = next(iter(summary["rates"].values()))["summary"]
+            from .fromrun import from_runs, print_from_runs
             if not args.ranks:
                 raise CcollError("--from-run needs --ranks N")
-            res = from_run(summary, args.ranks, link_gbps=args.link_gbps, cores=args.cpu_cores)
-            print(f"# ccoll.model --from-run {args.from_run}: measured at {res['measured_ranks']} ranks, predicted at "
-                  f"{res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links, CPU slowdown {res['cpu_slowdown']:g}x")
-            for name, e in res["policies"].items():
-                lo, hi = e["interval"]
-                print(f" {name}: measured {e['measured_speedup']:.3f}x at {res['measured_ranks']} ranks (model there "
-                      f"{e['predicted_speedup_measured_scale']:.3f}x); predicted {e['predicted_speedup']:.3f}x at "
-                      f"{res['ranks']} ranks [{lo:.3f}, {hi:.3f}], {e['predicted_samples_per_s']:.2f} samples/s")
+            summaries = [load_summary(p) for p in args.from_run]
+            measured = [load_summary(p) for p in args.measured] if args.measured else None
+            res = from_runs(summaries, args.ranks, link_gbps=args.link_gbps, cores=args.cpu_cores, measured=measured)
+            print_from_runs(res, args.from_run)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(res, f, indent=1)
@@ -217,46 +314,41 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)
             return 0
-        if args.preset:
-            lay, cl = PRESETS[args.preset]
-            cl = dataclasses.replace(cl, codec_gbps=args.codec_gbps, decode_gbps=args.decode_gbps)
-            mfu = cl.mfu if args.mfu is None else args.mfu
-            if not args.cluster:  # a preset carries its sourced node: never the flat per-GPU rates
-                args.cluster = preset_cluster(args.preset)
-                print(f"# --preset {args.preset}: on its node file {args.cluster} (configs/clusters/{args.cluster}.yaml);"
-                      f" --cluster NAME_OR_YAML for another")
-        else:
-            mfu = 0.35 if args.mfu is None else args.mfu
-            extra = RUNNER if args.runner else {}
-            lay = Layout(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
-                         micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp, tp=args.tp,
-                         pp=args.pp, zero=args.zero, **{"dtype": args.dtype, **{k: v for k, v in extra.items()
-                                                                                 if k not in ("vocab", "zero")}})
-            cl = Cluster(tp_gbps=args.tp_gbps, inter_gbps=args.inter_gbps, codec_gbps=args.codec_gbps,
-                         decode_gbps=args.decode_gbps, compute_s=args.compute_s, peak_tflops=args.peak_tflops, mfu=mfu,
-                         dp_overlap=args.dp_overlap)
+        lay, cl, mfu = build_layout(args)
+        if args.preset and not args.cluster:  # a preset carries its sourced node: never the flat per-GPU rates
+            args.cluster = preset_cluster(args.preset)
+            print(f"# --preset {args.preset}: on its node file {args.cluster} (configs/clusters/{args.cluster}.yaml);"
+                  f" --cluster NAME_OR_YAML for another")
+        if (args.rails or args.rail_gbps) and not args.cluster:
+            raise CcollError("--rails / --rail-gbps change a node file: give --cluster NAME_OR_YAML")
         pol = args.policy[0] if args.policy else None
+        node = None
+        if args.cluster:  # the node file and the memory check before anything is printed
+            from .clusters import load_cluster, with_rails
+            from .memory import require
+            node = with_rails(load_cluster(args.cluster), args.rails, args.rail_gbps)
+            mem = require(lay, node)
         print_traffic(lay, pol)
-        if args.cluster:
-            from .clusters import load_cluster
+        if node is not None:
             from .timing import predict
-            node = load_cluster(args.cluster)
             kw = dict(mfu=mfu, compute_s=args.compute_s, codec_table=table, algorithm=args.algorithm,
-                      dp_overlap=args.dp_overlap > 0)
+                      dp_overlap=args.dp_overlap > 0,
+                      codec_gbps=(args.codec_gbps, args.decode_gbps or args.codec_gbps) if args.codec_gbps else None)
             base = predict(lay, node, None, **kw)
             t = predict(lay, node, pol, **kw)
-            print(f"# on {node.name} ({node.gpus_per_node} x {node.gpu} per node, {node.rails_per_node} x "
-                  f"{node.rail_gbps:g} Gbit/s rails (achieved {node.rail_data_gbps:.4g}), intra {node.intra_gbps:g} Gbit/s per GPU "
-                  f"(achieved {node.intra_data_gbps:.4g}), MFU {mfu:g}, "
-                  f"placement k={t['placement']['k']}")
+            print(f"# on {node.name}{' (' + node.machine + ')' if node.machine else ''}: {node.gpus_per_node} x "
+                  f"{node.gpu} per node, {node.rails_per_node} x {node.rail_gbps:g} Gbit/s rails (achieved "
+                  f"{node.rail_data_gbps:.4g}), intra {node.intra_gbps:g} Gbit/s per GPU (achieved "
+                  f"{node.intra_data_gbps:.4g}), MFU {mfu:g}, placement k={t['placement']['k']}; codec "
+                  + (f"{args.codec_gbps:g} GB/s" if args.codec_gbps else "at the GPU's memory roofline"
+                     + (" or the --codec-table" if table else "")))
             print(f"# {format_step(t)}; native {base['total_s']:.3f} s; speedup {base['total_s'] / t['total_s']:.3f}x")
             if pol is not None:
+                kw.pop("codec_gbps")
                 print(f"# {why_line_node(lay, node, pol, args.target_speedup, **kw)}")
-            from .memory import fits
-            mem = fits(lay, node)
             if mem is not None:
                 print(f"# memory: >= {mem['bytes']['total'] / (1 << 30):.1f} GiB per GPU (stage {mem['stage']}, a lower "
-                      f"bound) of {node.memory_gib:g} GiB: {'may fit' if mem['fits'] else 'does NOT fit'}")
+                      f"bound with the CUDA context and one gradient bucket) of {node.memory_gib:g} GiB: may fit")
             return 0
         base = step_time(lay, cl, None)
         t = step_time(lay, cl, pol)
@@ -269,4 +361,3 @@ def main(argv: list[str] | None = None) -> int:
     except (CcollError, OSError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-

@@ -27,6 +27,13 @@ Fields (bandwidths per direction):
     inter.achieved_fraction       optional, (0, 1]: what the collective library reaches of that achievable rate,
                                   from a cited measurement (default 1)
     memory_gib                    GPU memory capacity, GiB; optional (``ccoll.model.memory``: does a layout fit)
+    machine                       optional: which machine this is, in words (GPU, NICs per node and their rate, fabric)
+    sources                       optional: {figure: citation}, figure = a key or ``intra.key`` / ``inter.key``; every
+                                  shipped file cites every figure it gives (:func:`missing_sources`)
+
+A file names one machine: ``h800-8x400g-ib`` is one H800 cluster with 8 x 400 Gbit/s NICs per node, not "an H800
+node" (published H800 clusters have had fewer NICs per node). ``python -m ccoll.model --cluster-template FILE``
+writes a commented file to fill in for yours (:data:`TEMPLATE`).
 """
 from __future__ import annotations
 
@@ -68,6 +75,10 @@ class Node:
     rail_achieved_gbps: float | None = None
     #: measured fraction of the rail's achievable rate the collective library reaches
     inter_achieved_fraction: float = 1.0
+    #: which machine, in words (the file's ``machine``)
+    machine: str = ""
+    #: {figure: citation} (the file's ``sources``)
+    sources: tuple = ()
 
     @property
     def intra_data_gbps(self) -> float:
@@ -129,7 +140,8 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
     """Validate a parsed description (see the module docstring) into a :class:`Node`."""
     if not isinstance(d, dict):
         raise ClusterError(f"{where}: expected a mapping, got {type(d).__name__}")
-    known = {"name", "gpu", "gpus_per_node", "hbm_gbytes_per_s", "peak_tflops", "intra", "inter", "memory_gib"}
+    known = {"name", "gpu", "gpus_per_node", "hbm_gbytes_per_s", "peak_tflops", "intra", "inter", "memory_gib",
+             "machine", "sources"}
     extra = sorted(set(d) - known)
     if extra:
         raise ClusterError(f"{where}: unknown keys {extra}; expected {sorted(known)}")
@@ -145,6 +157,16 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
         m = _get(inter, "mtu_bytes", int, f"{where}: inter")
         hdr = _get(inter, "header_bytes", int, f"{where}: inter", positive=False)
         eff = m / (m + hdr)
+    for sec in ("intra", "inter"):
+        if not isinstance(d.get(sec), dict):
+            raise ClusterError(f"{where}: missing {sec!r} (a mapping; `python -m ccoll.model --cluster-template FILE` "
+                               "writes a commented file to fill in)")
+    sources = d.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise ClusterError(f"{where}: sources must map a figure (e.g. inter.rail_gbit_per_s) to a citation string")
+    machine = d.get("machine", "")
+    if not isinstance(machine, str):
+        raise ClusterError(f"{where}: machine must be a string")
     intra_frac = _fraction(intra, f"{where}: intra")
     inter_frac = _fraction(inter, f"{where}: inter")
     rail = _get(inter, "rail_gbit_per_s", float, f"{where}: inter")
@@ -165,7 +187,74 @@ def node_from_dict(d: dict, where: str = "cluster") -> Node:
                 inter_latency_us=_get(inter, "latency_us", float, f"{where}: inter", positive=False),
                 payload_efficiency=eff, source=where,
                 memory_gib=_get(d, "memory_gib", float, where) if "memory_gib" in d else None,
-                intra_achieved_fraction=intra_frac, rail_achieved_gbps=achieved, inter_achieved_fraction=inter_frac)
+                intra_achieved_fraction=intra_frac, rail_achieved_gbps=achieved, inter_achieved_fraction=inter_frac,
+                machine=machine, sources=tuple(sorted((str(k), v) for k, v in sources.items())))
+
+
+#: the figures a file gives that need a citation: top-level keys and ``intra.`` / ``inter.`` ones
+_CITED = ("gpus_per_node", "hbm_gbytes_per_s", "memory_gib", "peak_tflops")
+_CITED_LINK = ("gbit_per_s_per_gpu", "latency_us", "achieved_fraction", "rail_gbit_per_s", "rails_per_node",
+               "achieved_gbit_per_s_per_rail")
+
+
+def missing_sources(d: dict) -> list[str]:
+    """Figures of a parsed cluster file without a citation in its ``sources`` (shipped files have none missing)."""
+    src = d.get("sources") or {}
+    need = [k for k in _CITED if k in d]
+    for sec in ("intra", "inter"):
+        need += [f"{sec}.{k}" for k in _CITED_LINK if k in (d.get(sec) or {})]
+    return [k for k in need if k not in src]
+
+
+#: renamed shipped files: the old name is refused with the reason, never silently mapped to another machine
+RENAMED = {"h800": "H800 clusters differ in NICs per node and their rate; the shipped one is "
+                   "'h800-8x400g-ib' (8 x 400 Gbit/s, DeepSeek-V3's) -- use it only if that is your machine, else "
+                   "write yours: python -m ccoll.model --cluster-template my-node.yaml"}
+
+#: a commented cluster file to fill in (``--cluster-template FILE``)
+TEMPLATE = """\
+# A node of YOUR cluster for `python -m ccoll.model --cluster THIS_FILE`. Bandwidths are per direction.
+# Fill every value from your hardware (nvidia-smi, ibstat / ibv_devinfo, the vendor's datasheet) and say where
+# each came from under `sources:`. A measured large-message rate (nccl-tests all_reduce_perf busbw across two
+# nodes, one GPU per NIC) goes in inter.achieved_gbit_per_s_per_rail.
+name: my-node
+machine: "N x GPU-MODEL per node, NVLink/PCIe, R x RATE Gbit/s InfiniBand/RoCE per node"   # which machine, in words
+gpu: GPU-MODEL
+gpus_per_node: 8                 # GPUs in one node
+hbm_gbytes_per_s: 2039           # GPU memory bandwidth, GB/s (datasheet): the codec roofline
+memory_gib: 80                   # GPU memory, GiB: layouts that cannot fit are refused
+peak_tflops: {bfloat16: 312.0, float16: 312.0, float32: 19.5}   # dense peak per dtype (datasheet, no sparsity)
+intra:
+  gbit_per_s_per_gpu: 2400       # GPU-to-GPU inside the node, Gbit/s per GPU per direction (NVLink: 25 GB/s/link)
+  latency_us: 1.0                # per message
+  # achieved_fraction: 0.9       # optional, (0, 1]: measured large-message share of gbit_per_s_per_gpu
+inter:
+  rail_gbit_per_s: 200           # one NIC port, Gbit/s (ibstat "Rate")
+  rails_per_node: 8              # NIC ports of the node used by the training fabric
+  latency_us: 3.0                # per message across nodes
+  mtu_bytes: 4096                # optional: InfiniBand MTU; with header_bytes, the payload efficiency
+  header_bytes: 26
+  # achieved_gbit_per_s_per_rail: 190   # optional: measured data rate of one rail (<= rail_gbit_per_s)
+  # achieved_fraction: 0.95             # optional, (0, 1]: the library's share of that rate
+sources:                         # figure -> where it came from
+  gpus_per_node: "..."
+  hbm_gbytes_per_s: "..."
+  memory_gib: "..."
+  peak_tflops: "..."
+  intra.gbit_per_s_per_gpu: "..."
+  inter.rail_gbit_per_s: "..."
+  inter.rails_per_node: "..."
+  intra.latency_us: "..."
+  inter.latency_us: "..."
+"""
+
+
+def write_template(path: str) -> None:
+    """Write :data:`TEMPLATE` to ``path`` (refusing to overwrite a file)."""
+    if os.path.exists(path):
+        raise ClusterError(f"{path}: exists; --cluster-template writes a new file only")
+    with open(path, "w") as f:
+        f.write(TEMPLATE)
 
 
 def _fraction(d, where: str) -> float:
@@ -179,10 +268,12 @@ def _fraction(d, where: str) -> float:
 
 
 def load_cluster(name_or_path: str) -> Node:
-    """A shipped cluster by name (``lassen``, ``dgx-a100``, ``dgx-h100``, ``h800``) or a YAML file."""
+    """A shipped cluster by name (``lassen``, ``dgx-a100``, ``dgx-h100``, ``h800-8x400g-ib``) or a YAML file."""
     import yaml
 
     path = name_or_path
+    if not os.path.exists(path) and name_or_path in RENAMED:
+        raise ClusterError(f"cluster {name_or_path!r}: {RENAMED[name_or_path]}")
     if not os.path.exists(path):
         path = os.path.join(CLUSTER_DIR, f"{name_or_path}.yaml")
     if not os.path.exists(path):
@@ -192,7 +283,30 @@ def load_cluster(name_or_path: str) -> Node:
             d = yaml.safe_load(f)
         except yaml.YAMLError as e:
             raise ClusterError(f"{path}: not YAML: {e}") from None
-    return node_from_dict(d, path)
+    try:
+        return node_from_dict(d, path)
+    except ClusterError as e:
+        if "cluster-template" in str(e):
+            raise
+        raise ClusterError(f"{e} (`python -m ccoll.model --cluster-template FILE` writes a commented file with every "
+                           "field)") from None
+
+
+def with_rails(node: Node, rails: int | None = None, rail_gbps: float | None = None) -> Node:
+    """``node`` with ``rails`` NICs per node and/or ``rail_gbps`` per NIC (the command line's ``--rails`` /
+    ``--rail-gbps``): a given rate replaces the file's measured rate too (it was measured on the file's NICs)."""
+    import dataclasses
+
+    if rails is not None and rails < 1:
+        raise ClusterError(f"--rails must be >= 1, got {rails}")
+    if rail_gbps is not None and not rail_gbps > 0:
+        raise ClusterError(f"--rail-gbps must be > 0, got {rail_gbps}")
+    ch = {}
+    if rails is not None:
+        ch["rails_per_node"] = rails
+    if rail_gbps is not None:
+        ch.update(rail_gbps=rail_gbps, rail_achieved_gbps=None)
+    return dataclasses.replace(node, **ch) if ch else node
 
 
 def shipped_clusters() -> list[str]:

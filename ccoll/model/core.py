@@ -417,27 +417,31 @@ def codec_throughput(spec: str, numel: int = 1 << 22, rows: int = 4, feedback: b
 
 # --- presets and the cluster table ------------------------------------------------------------------
 PRESETS = {
-    # GPT-NeoX-20B in its published layout (GPT-NeoX configs/20B.yml: TP 2, PP 4, micro-batch 4 x 32, ZeRO-1, fp16,
-    # recomputation, parallel residual) at 192 V100 (DP 24, the seed paper's largest scale) on Lassen figures
-    # (configs/clusters/lassen.yaml: NVLink 2.0 peer pair 600 Gbit/s; 2 x EDR 100 Gbit/s per node of 4 GPUs =
-    # 50 Gbit/s per GPU when all send; V100 125 TFLOPS fp16; MFU 0.30, Megatron-LM's V100 figure). The flat
-    # Cluster view is the old per-GPU-rate model, kept for ``step_time`` callers; the command line runs a preset on
-    # its node file (``PRESET_CLUSTERS``) through the mechanistic model, as ``--published`` does.
-    # DP gradients all-reduced as ccoll.model.published.NEOX20B (the paper's "DP All-reduce"; DeepSpeed's ZeRO-1
-    # bucket reduction with ``reduce_scatter: true`` all-reduces buckets, stage_1_and_2.py ``average_tensor``).
-    # (The former gpt13b-h800 preset is gone: its NVLink figure was twice the H800's 400 GB/s bidirectional and
-    # its layout had no source; ``--cluster h800`` takes any layout on a sourced H800 node.)
-    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
-                            dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
+    # GPT-NeoX-20B (GPT-NeoX configs/20B.yml's model: 44 layers, hidden 6144, 64 heads, seq 2048, fp16, recomputation,
+    # parallel residual, ZeRO-1, reduce_bucket_size 1.26e9 elements) at 192 V100 in the layout nearest 20B.yml that
+    # FITS a 16 GB V100 (ccoll.model.memory: 20B.yml's TP 2 x PP 4, micro-batch 4 needs >= 21 GiB; TP 4 x PP 4 x DP 12,
+    # micro-batch 1 >= 10 GiB), 4 micro-batches per step (ccoll.model.published.SEED_LAYOUTS: the layout that
+    # reproduces the seed paper's figures on Lassen), MFU 0.30 (Megatron-LM's V100 figure). The flat Cluster view is
+    # the old per-GPU-rate model, kept for ``step_time`` callers; the command line runs a preset on its node file.
+    "neox20b-v100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=1, micro_batches=4,
+                            dp=12, tp=4, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
                             pp_mask=True, zero_reduce="all_reduce",
                             dp_bucket_bytes=1_260_000_000 * 2),
                      Cluster(tp_gbps=600.0, inter_gbps=50.0, codec_gbps=100.0, peak_tflops=125.0, mfu=0.30)),
+    # GPT-NeoX configs/20B.yml exactly as written (TP 2, PP 4, micro-batch 4 x 32, ZeRO-1), written for A100s: at
+    # 192 GPUs (DP 24) on a DGX A100 (80 GB: fits; on a 16 GB V100 it is refused). MFU 0.30 as above (Megatron-LM
+    # reports more on A100, which only shrinks the gains).
+    "neox20b-a100": (Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32,
+                            dp=24, tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True,
+                            pp_mask=True, zero_reduce="all_reduce",
+                            dp_bucket_bytes=1_260_000_000 * 2),
+                     Cluster(tp_gbps=2400.0, inter_gbps=200.0, codec_gbps=100.0, peak_tflops=312.0, mfu=0.30)),
 }
 
 #: the sourced node file (configs/clusters/) each preset was written for: ``--preset`` without ``--cluster`` and
 #: ``--clusters`` run the preset's layout there through the mechanistic model (ccoll.model.timing), so a preset
 #: never falls back to the flat per-GPU rates above
-PRESET_CLUSTERS = {"neox20b-v100": "lassen"}
+PRESET_CLUSTERS = {"neox20b-v100": "lassen", "neox20b-a100": "dgx-a100"}
 
 
 def preset_cluster(name: str) -> str:

@@ -152,3 +152,84 @@ def from_run(summary: dict, ranks: int, link_gbps: float | None = None, policy_d
                                  "predicted_samples_per_s": samples / t["total_s"],
                                  "predicted_base_samples_per_s": samples / b["total_s"]}
     return out
+
+
+def _stats(xs: list[float]) -> dict:
+    """Mean, min, max and relative half-range of repeated measurements (half-range 0 for one)."""
+    m = sum(xs) / len(xs)
+    return {"values": list(xs), "mean": m, "min": min(xs), "max": max(xs),
+            "half_range": (max(xs) - min(xs)) / 2 / m if m else 0.0}
+
+
+def from_runs(summaries: list[dict], ranks: int, link_gbps: float | None = None, policy_dir: str | None = None,
+              cores: int | None = None, runs: int = 2, measured: list[dict] | None = None) -> dict:
+    """:func:`from_run` over repeated runs of one configuration, honest about their noise.
+
+    Per policy: the prediction at ``ranks`` from each calibration run, their mean (the prediction), and an interval
+    of relative half-width = the model's miss at the measured scale (mean over runs of |predicted / measured speed-up
+    - 1|) + the run-to-run half-range of the calibration runs' measured speed-ups (what one more run of the same
+    configuration may differ by; 0 with one run, so ``spread_known`` False: repeat the run). With ``measured``
+    (summaries of runs at ``ranks``): their speed-ups, spread, the prediction's error against their mean, whether the
+    interval covers every one, and the naive guess's error (the calibration runs' own mean speed-up, "same speed-up
+    as at the small scale")."""
+    if not summaries:
+        raise CcollError("--from-run: no summaries")
+    each = [from_run(s, ranks, link_gbps=link_gbps, policy_dir=policy_dir, cores=cores, runs=runs) for s in summaries]
+    small = {e["measured_ranks"] for e in each}
+    if len(small) > 1:
+        raise CcollError(f"--from-run: the runs were made at different scales ({sorted(small)} ranks): repeat ONE "
+                         "configuration")
+    out = {"ranks": ranks, "measured_ranks": small.pop(), "runs": len(each), "link_gbps": each[0]["link_gbps"],
+           "cpu_slowdown": each[0]["cpu_slowdown"], "policies": {}}
+    meas_at_n = {}
+    for s in measured or []:
+        base = s["policies"][s["baseline"]]
+        if s["meta"]["dp"] * s["meta"]["tp"] * s["meta"]["pp"] != ranks:
+            raise CcollError(f"--measured: a run at {s['meta']['dp'] * s['meta']['tp'] * s['meta']['pp']} ranks, "
+                             f"not --ranks {ranks}")
+        for name, p in s["policies"].items():
+            if name != s["baseline"]:
+                meas_at_n.setdefault(name, []).append(p["samples_per_s"] / base["samples_per_s"])
+    for name in each[0]["policies"]:
+        preds = [e["policies"][name]["predicted_speedup"] for e in each]
+        cal = _stats([e["policies"][name]["measured_speedup"] for e in each])
+        miss = sum(e["policies"][name]["relative_error_at_measured_scale"] for e in each) / len(each)
+        p = sum(preds) / len(preds)
+        half = miss + cal["half_range"]
+        entry = {"predicted_speedup": p, "predictions": preds, "interval": (p * (1 - half), p * (1 + half)),
+                 "model_miss_at_measured_scale": miss, "calibration": cal, "spread_known": len(each) > 1,
+                 "naive_guess": cal["mean"]}
+        if name in meas_at_n:
+            m = _stats(meas_at_n[name])
+            entry["measured"] = m
+            entry["error"] = p / m["mean"] - 1
+            entry["naive_error"] = cal["mean"] / m["mean"] - 1
+            entry["covers"] = all(entry["interval"][0] <= v <= entry["interval"][1] for v in m["values"])
+        out["policies"][name] = entry
+    return out
+
+
+def print_from_runs(res: dict, paths, file=None) -> None:
+    import sys
+
+    file = sys.stdout if file is None else file
+    print(f"# ccoll.model --from-run ({res['runs']} run(s) at {res['measured_ranks']} ranks: {', '.join(paths)}): "
+          f"predicted at {res['ranks']} ranks, {res['link_gbps']:g} Gbit/s links, CPU slowdown {res['cpu_slowdown']:g}x",
+          file=file)
+    for name, e in res["policies"].items():
+        lo, hi = e["interval"]
+        c = e["calibration"]
+        print(f" {name}: predicted {e['predicted_speedup']:.3f}x at {res['ranks']} ranks [{lo:.3f}, {hi:.3f}] "
+              f"(model miss at {res['measured_ranks']} ranks {100 * e['model_miss_at_measured_scale']:.1f}% + run-to-run "
+              f"+-{100 * c['half_range']:.1f}%); measured at {res['measured_ranks']} ranks "
+              + ", ".join(f"{v:.3f}x" for v in c["values"]), file=file)
+        if not e["spread_known"]:
+            print(f"   one calibration run: its run-to-run spread is unknown and NOT in the interval -- repeat the run "
+                  f"(pass every summary to --from-run)", file=file)
+        if "measured" in e:
+            m = e["measured"]
+            print(f"   measured at {res['ranks']} ranks: " + ", ".join(f"{v:.3f}x" for v in m["values"])
+                  + f" (mean {m['mean']:.3f}x, +-{100 * m['half_range']:.1f}%): prediction {100 * e['error']:+.1f}%, "
+                  f"naive guess (the {res['measured_ranks']}-rank speed-up {e['naive_guess']:.3f}x) "
+                  f"{100 * e['naive_error']:+.1f}%; interval {'covers' if e['covers'] else 'does NOT cover'} every run",
+                  file=file)

@@ -15,16 +15,37 @@ Per GPU of pipeline stage ``i`` holding ``P`` parameters (:meth:`Layout.stage_pa
         2 s b h bytes, and one layer's full set exists while it is recomputed. 1F1B keeps at most pp - i
         micro-batches in flight on stage i (Narayanan et al., SC'21, sec. 2.2), never more than m. fp32 training
         doubles the 16-bit count (an approximation: the 1-byte dropout masks stay 1 byte).
-Left out, so the total is a LOWER bound ("does not fit" is certain, "fits" is not): framework buffers (DeepSpeed's
-reduce / all-gather buckets -- 20B.yml sets 1.26e9 elements each), the CUDA context, the output layer's logits
-and cross-entropy, temporary buffers of the codecs, allocator fragmentation.
+    CUDA context: ``CONTEXT_BYTES`` = 0.3 GiB, below what one process holds before it allocates anything
+        (PyTorch issue 34323: nvidia-smi shows 781 MB for a process that has only initialised CUDA; the context's
+        size varies with the GPU and CUDA version, so the bound takes less than any figure found)
+    the framework's gradient bucket: one DP reduction bucket of ``Layout.dp_bucket_bytes`` when dp > 1 (DeepSpeed
+        ZeRO-1/2 with ``contiguous_gradients`` reduces through a buffer of ``reduce_bucket_size`` elements,
+        deepspeed/runtime/zero/stage_1_and_2.py ``ipg_buffer``; torch DDP copies gradients into buckets of
+        ``bucket_cap_mb`` unless ``gradient_as_bucket_view``); one, though DeepSpeed allocates two with
+        ``overlap_comm`` -- the bound takes the least any of them holds
+Left out, so the total is a LOWER bound ("does not fit" is certain, "fits" is not): the all-gather bucket, the
+output layer's logits and cross-entropy, temporary buffers of the codecs, NCCL's buffers, allocator fragmentation.
+
+Feasible or refused: :func:`require` raises :class:`InfeasibleLayout` for a layout whose lower bound exceeds the
+GPU's memory, naming layouts of the same GPUs and global batch that may fit (:func:`alternatives`: more TP inside
+a node, more PP, a smaller micro-batch with more micro-batches, recomputation). Every prediction on a node file
+with ``memory_gib`` checks it first (:func:`ccoll.model.timing.predict`).
 """
 from __future__ import annotations
 
+import dataclasses
+
+from ..errors import CcollError
 from .core import DTYPES
 
 #: bytes per GiB (cluster files give HBM capacity in GiB: HBM stacks are binary)
 GIB = 1 << 30
+#: CUDA context and the framework's own start-up allocations, a lower bound (see the module docstring)
+CONTEXT_BYTES = int(0.3 * GIB)
+
+
+class InfeasibleLayout(CcollError):
+    """The layout's lower-bound memory per GPU exceeds the GPU's: no prediction is made for it."""
 
 
 def stage_bytes(lay, stage: int) -> dict:
@@ -49,8 +70,10 @@ def stage_bytes(lay, stage: int) -> dict:
         acts = inflight * layers * 2 * s * b * h * scale + full
     else:
         acts = inflight * layers * full
+    bucket = min(lay.dp_bucket_bytes, grads) if lay.dp > 1 else 0
     return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts,
-            "total": weights + grads + optim + acts}
+            "context": CONTEXT_BYTES, "bucket": bucket,
+            "total": weights + grads + optim + acts + CONTEXT_BYTES + bucket}
 
 
 def fits(lay, node) -> dict | None:
@@ -62,3 +85,56 @@ def fits(lay, node) -> dict | None:
     worst = max(range(lay.pp), key=lambda st: need[st]["total"])
     cap = node.memory_gib * GIB
     return {"stage": worst, "bytes": need[worst], "capacity": cap, "fits": need[worst]["total"] <= cap}
+
+
+def describe(lay) -> str:
+    """A layout in one phrase: degrees, micro-batch, ZeRO and recomputation."""
+    return (f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, micro-batch {lay.micro_batch} x {lay.micro_batches}, "
+            f"ZeRO-{lay.zero}{', recomputation' if lay.recompute else ''}")
+
+
+def alternatives(lay, node, limit: int = 4) -> list:
+    """Layouts of the same GPUs and global batch that may fit ``node`` (lower bound within its memory), the
+    smallest change first: more TP inside a node (DP shrinks), more PP (DP shrinks), a smaller micro-batch with
+    more micro-batches, recomputation on. Empty when the node gives no ``memory_gib``."""
+    if node.memory_gib is None:
+        return []
+    world, batch = lay.world, lay.micro_batch * lay.micro_batches * lay.dp
+    cands = []
+    for tp in sorted({lay.tp * 2 ** i for i in range(5)}):
+        for pp in sorted({lay.pp * 2 ** i for i in range(5)}):
+            if tp > node.gpus_per_node or lay.heads % tp or lay.layers < pp or world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            for mb in sorted({lay.micro_batch // 2 ** i for i in range(8)} - {0}, reverse=True):
+                if batch % (mb * dp):
+                    continue
+                for rec in sorted({lay.recompute, True}):
+                    c = dataclasses.replace(lay, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                            micro_batches=batch // (mb * dp), recompute=rec)
+                    try:
+                        c.check()
+                    except CcollError:
+                        continue
+                    f = fits(c, node)
+                    if f["fits"]:
+                        change = ((tp != lay.tp) + (pp != lay.pp) + (mb != lay.micro_batch) + (rec != lay.recompute),
+                                  tp * pp, -mb)
+                        cands.append((change, c))
+    cands.sort(key=lambda x: x[0])
+    return [c for _, c in cands[:limit]]
+
+
+def require(lay, node) -> dict | None:
+    """:func:`fits`, or :class:`InfeasibleLayout` naming what would fit when even the lower bound does not."""
+    f = fits(lay, node)
+    if f is None or f["fits"]:
+        return f
+    alt = alternatives(lay, node)
+    need = f["bytes"]["total"] / GIB
+    hint = ("; layouts of the same GPUs and global batch that may fit: " + "; ".join(describe(a) for a in alt)
+            if alt else "; no layout of the same GPUs and global batch with more TP (inside a node), more PP, a "
+            "smaller micro-batch or recomputation fits: more GPUs, ZeRO-2/3 or offload")
+    raise InfeasibleLayout(f"layout does not fit {node.name}'s {node.gpu} ({node.memory_gib:g} GiB): {describe(lay)} "
+                           f"needs >= {need:.1f} GiB per GPU on stage {f['stage']} (a lower bound: weights, gradients, "
+                           f"optimizer states, 1F1B activations, CUDA context, one gradient bucket){hint}")

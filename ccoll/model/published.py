@@ -34,11 +34,13 @@ Layout (every field sourced; "assumed" where no source was found):
     PP: DeepSpeed's p2p sends are ``dist.broadcast`` in a 2-rank group (deepspeed/runtime/pipe/p2p.py), one
         message per tensor per micro-batch: modelled as sends (same bytes, one latency each)
 
-Memory (:mod:`ccoll.model.memory`, a lower bound): 20B.yml's micro-batch 4 needs >= 18.7 GiB on a stage-0 GPU,
-more than a Lassen V100's 16 GiB; micro-batch 2 or 1 may fit. So the paper cannot have run 20B.yml as written on
-Lassen: its layout differed in a way it does not publish. The rows keep 20B.yml's micro-batch (at the same global
-batch, micro-batch 2 moves the same bytes per token and changes the speedups by latency terms only), and
-:func:`bounds` gives the corners that would favour compression most.
+Feasible layouts only (:mod:`ccoll.model.memory`, a lower bound with the CUDA context and one gradient bucket):
+20B.yml's micro-batch 4 at TP 2 x PP 4 needs >= 21 GiB on a stage-0 GPU, more than a Lassen V100's 16 GiB, so the
+paper cannot have run 20B.yml as written; it is printed as refused, with what would fit. The rows are
+``SEED_LAYOUTS``: the same model at 192 V100 in layouts that fit (TP 4 x PP 4 x DP 12 -- the memory check's first
+alternative -- and TP 2 x PP 4 x DP 24, both at micro-batch 1; 4 and 16 micro-batches per step). This is an ENVELOPE
+check, not a scored prediction: the paper gives no baseline throughput and no layout, so it says which feasible
+layouts reproduce its figures, not whether the model predicts them (the scored protocol is :mod:`ccoll.model.scored`).
 
 What the paper's public record gives (arXiv 2409.02423, abstract; the body could not be retrieved here): the four
 speedups below, 192 V100 on Lassen, GPT-NeoX-20B, 3D parallelism + ZeRO-1, MPI collectives with GPU compression
@@ -83,14 +85,18 @@ MFU = 0.30
 #: Sierra's fabric: 2:1 taper between racks and aggregation switches (Zimmer et al., SC19; :func:`bounds`)
 TAPER = 0.5
 
-#: micro-batches per step of the three rows (see the module docstring: 20B.yml as written, NeoX-20B's trained
-#: global batch at DP 24, the communication-heaviest)
-MICRO_BATCHES = (32, 16, 1)
-
 NEOX20B = Layout(layers=44, hidden=6144, heads=64, seq=2048, vocab=50432, micro_batch=4, micro_batches=32, dp=24,
                  tp=2, pp=4, zero=1, dtype="float16", parallel_residual=True, recompute=True, pp_mask=True,
                  zero_reduce="all_reduce",
                  dp_bucket_bytes=1_260_000_000 * 2)
+
+#: feasible layouts of the same model on 192 V100 (see the module docstring): (label, layout)
+SEED_LAYOUTS = [
+    ("TP4 PP4 DP12, mb 1 x 4", dataclasses.replace(NEOX20B, tp=4, pp=4, dp=12, micro_batch=1, micro_batches=4)),
+    ("TP2 PP4 DP24, mb 1 x 4", dataclasses.replace(NEOX20B, micro_batch=1, micro_batches=4)),
+    ("TP4 PP4 DP12, mb 1 x 16", dataclasses.replace(NEOX20B, tp=4, pp=4, dp=12, micro_batch=1, micro_batches=16)),
+    ("TP2 PP4 DP24, mb 1 x 16", dataclasses.replace(NEOX20B, micro_batch=1, micro_batches=16)),
+]
 
 
 def _policy_file(policy: str) -> str:
@@ -109,139 +115,95 @@ def _codec_table() -> dict:
     return load_codec_table(str(config_path(os.path.relpath(CODEC_TABLE, "configs"))))
 
 
-def published(cluster: str = "lassen", codec_table: dict | None = None, micro_batches=MICRO_BATCHES) -> list[dict]:
-    """One row per (scheme, micro-batches): published and predicted speedup, their ratio, and whether it is
-    within ``TARGET``."""
+def published(cluster: str = "lassen", codec_table: dict | None = None, layouts=None) -> list[dict]:
+    """The envelope check: one row per (feasible layout, scheme): published and predicted speed-up, their gains'
+    ratio, and whether the predicted gain is within ``TARGET`` of the published gain. A layout that does not fit
+    the cluster's GPUs is refused (:class:`ccoll.model.memory.InfeasibleLayout`), never predicted."""
     node = load_cluster(cluster)
     if codec_table is None:
         codec_table = _codec_table()
     rows = []
-    for m in micro_batches:
-        lay = dataclasses.replace(NEOX20B, micro_batches=m)
+    for label, lay in (layouts or SEED_LAYOUTS):
         base = predict(lay, node, None, mfu=MFU, codec_table=codec_table)
         for scheme, pol in SCHEMES:
             t = predict(lay, node, _policy_file(pol), mfu=MFU, codec_table=codec_table)
             pred = base["total_s"] / t["total_s"]
-            rows.append({"scheme": scheme, "policy": pol, "micro_batches": m, "published": PUBLISHED[scheme],
-                         "predicted": pred, "ratio": pred / PUBLISHED[scheme],
-                         "within_target": abs(pred / PUBLISHED[scheme] - 1) <= TARGET,
-                         "gain_captured": (pred - 1) / (PUBLISHED[scheme] - 1),
+            gain = (pred - 1) / (PUBLISHED[scheme] - 1)
+            rows.append({"scheme": scheme, "policy": pol, "layout": label, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+                         "micro_batch": lay.micro_batch, "micro_batches": lay.micro_batches,
+                         "published": PUBLISHED[scheme], "predicted": pred, "ratio": pred / PUBLISHED[scheme],
+                         "gain_captured": gain, "within_target": abs(gain - 1) <= TARGET,
                          "base_step_s": base["total_s"], "base_comm_s": sum(base["link_s"].values()),
                          "step_s": t["total_s"]})
     return rows
 
 
-def bounds(cluster: str = "lassen", codec_table: dict | None = None) -> dict:
-    """Diagnostics, not predictions: the speedups at the corners that would favour compression most, to say
-    which missing fact could close the gap. ``peak``: every FLOP at the V100's full dense peak (MFU 1.0, an upper
-    bound nothing reaches) in 20B.yml's layout; ``tiny_batch``: micro-batch 1 and one micro-batch per step (24
-    sequences a step; nothing in the public record says the paper ran so; :func:`memory_line` says why its
-    micro-batch may have been smaller than 4); ``taper``: 20B.yml's layout with every inter-node rate halved, the
-    worst a 2:1 tapered fabric can do when every byte leaving a node also leaves its rack (Sierra's fabric has a
-    2:1 taper between racks and aggregation switches, Zimmer et al., "An Evaluation of the CORAL Interconnects",
-    SC19, doi 10.1145/3295500.3356166; whether Lassen's has one, and where the paper's 48 nodes sat, was not
-    found). Keys ``(corner, scheme)`` -> speedup."""
-    node = load_cluster(cluster)
-    table = codec_table or _codec_table()
-    corners = {"peak": (NEOX20B, 1.0, node),
-               "tiny_batch": (dataclasses.replace(NEOX20B, micro_batch=1, micro_batches=1), MFU, node),
-               "taper": (NEOX20B, MFU, node.scaled(TAPER, intra=False))}
-    out = {}
-    for name, (lay, mfu, n) in corners.items():
-        base = predict(lay, n, None, mfu=mfu, codec_table=table)["total_s"]
-        for scheme, pol in SCHEMES[:2]:
-            out[(name, scheme)] = base / predict(lay, n, _policy_file(pol), mfu=mfu,
-                                                 codec_table=table)["total_s"]
-    return out
-
-
-def link_fraction_needed(scheme: str = "naive", policy: str = "configs/znaive.yaml", cluster: str = "lassen",
-                         micro_batches: int = 32, codec_table: dict | None = None) -> float | None:
-    """Diagnostic, not a fit: the fraction of every link's rate in the cluster file (intra and inter alike, after the
-    file's published achieved-bandwidth measurements) at which the model would reproduce the published speedup of
-    ``scheme`` -- how far achieved bandwidth would have to be below the measured one for the paper's figure to
-    follow. None if no fraction in (0.001, 1] does."""
-    import dataclasses as dc
-
-    node = load_cluster(cluster)
-    table = codec_table or _codec_table()
-    lay = dc.replace(NEOX20B, micro_batches=micro_batches)
-
-    def speedup(f):
-        n = node.scaled(f)
-        return (predict(lay, n, None, mfu=MFU, codec_table=table)["total_s"]
-                / predict(lay, n, _policy_file(policy), mfu=MFU, codec_table=table)["total_s"])
-
-    target = PUBLISHED[scheme]
-    lo, hi = 1e-3, 1.0
-    if speedup(hi) >= target or speedup(lo) < target:
-        return None
-    for _ in range(40):  # speedup falls as links get faster: bisect on the fraction
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if speedup(mid) >= target else (lo, mid)
-    return lo
-
-
 def memory_line(cluster: str = "lassen") -> str:
-    """Whether 20B.yml's layout fits the cluster's GPUs (:mod:`ccoll.model.memory`, a lower bound), and the largest
-    micro-batch that may: the paper ran on 16 GB V100s, 20B.yml was written for 40 GB A100s."""
-    from .memory import fits
+    """Whether 20B.yml's layout fits the cluster's GPUs (:mod:`ccoll.model.memory`, a lower bound), and what would:
+    the paper ran on 16 GB V100s, 20B.yml was written for 40 GB A100s."""
+    from .memory import InfeasibleLayout, fits, require
 
     node = load_cluster(cluster)
     f = fits(NEOX20B, node)
     if f is None:
         return f"# memory: {node.name} gives no memory_gib"
-    ok = [b for b in (4, 2, 1) if fits(dataclasses.replace(NEOX20B, micro_batch=b), node)["fits"]]
-    need = f["bytes"]["total"] / (1 << 30)
-    verdict = ("fits" if f["fits"] else "does NOT fit: the paper's layout must differ from 20B.yml in a way it does "
-               "not publish (more TP/PP, smaller micro-batch, or activation partitioning/offload)")
-    return (f"# memory: 20B.yml's micro-batch 4 needs >= {need:.1f} GiB per GPU (stage {f['stage']}: weights, "
-            f"gradients, ZeRO-1 states, 1F1B checkpointed activations) of the {node.gpu}'s {node.memory_gib:g} GiB: "
-            f"{verdict}; micro-batches that may fit: {ok or 'none'}")
+    try:
+        require(NEOX20B, node)
+        return f"# memory: 20B.yml's layout may fit {node.name} (>= {f['bytes']['total'] / (1 << 30):.1f} GiB per GPU)"
+    except InfeasibleLayout as e:
+        return f"# refused, 20B.yml as written: {e}"
 
 
 def print_published(rows: list[dict], file=None) -> None:
     file = sys.stdout if file is None else file
-    print("# GPT-NeoX-20B on 192 V100 (Lassen: 4 x V100 per AC922 node, 2 x EDR 100 Gbit/s), TP 2 x PP 4 x DP 24, "
-          "ZeRO-1, fp16, recomputation, parallel residual; MFU 0.30 (Megatron-LM's V100 figure)", file=file)
-    print("# published: Xu et al., CCGrid 2024 (arXiv 2409.02423); layout: GPT-NeoX configs/20B.yml; DP gradients "
-          "all-reduced in fp16 after the pipeline schedule (DeepSpeed PipelineEngine ReduceGrads); m = 32 (20B.yml), "
-          "16 (NeoX-20B's 1538-context batch at DP 24), 1", file=file)
-    print("# found in the public record: the 4 speedups, 192 V100, Lassen, NeoX-20B, 3D + ZeRO-1, MPI + GPU ZFP/MPC; "
-          "achieved bandwidth of MPI on POWER9 + V100 + EDR nodes (Shafie Khorassani et al., ISC 2019 workshops: "
-          "MVAPICH2-GDR ~99% of achievable inter-node, ~95% NVLink) and of one EDR port (12.2 GB/s, nccl-tests issue 29), "
-          "modelled in configs/clusters/lassen.yaml; Sierra's 2:1 fabric taper (Zimmer et al., SC19). Not found: the "
-          "paper's TP/PP/DP, micro-batch and accumulation, baseline TFLOPS or samples/s, MPI version and collective "
-          "algorithms, ZFP rates, the scale of each figure, MPI_Allreduce/Allgather curves on GPU buffers at its "
-          "scale, whether Lassen's fabric is tapered", file=file)
+    print("# ENVELOPE CHECK (not a scored prediction): the seed paper's GPT-NeoX-20B runs on 192 V100 (Lassen: 4 x V100 "
+          "per AC922 node, 2 x EDR 100 Gbit/s), fp16, ZeRO-1, recomputation, parallel residual; MFU 0.30 (Megatron-LM's "
+          "V100 figure); DP gradients all-reduced in fp16 after the pipeline schedule", file=file)
+    print("# published: Xu et al., CCGrid 2024 (arXiv 2409.02423, abstract): naive +23.6%, hybrid +12.7% samples/s. "
+          "Not published: the layout, micro-batches, baseline throughput -- so this says which FEASIBLE layouts "
+          "reproduce the figures, not whether the model predicts them", file=file)
     print(memory_line(), file=file)
-    print(f"#{'scheme':<7} {'policy':<22} {'m':>3} {'published':>9} {'predicted':>9} {'pred/pub':>8} "
-          f"{'gain seen':>9} {'base step s':>11} {'base comm s':>11} within {100 * TARGET:.0f}%", file=file)
+    print(f"#{'scheme':<7} {'policy':<22} {'layout':<24} {'published':>9} {'predicted':>9} {'gain pred/pub':>13} "
+          f"{'base step s':>11} {'base comm s':>11} gain within {100 * TARGET:.0f}%", file=file)
     for r in rows:
-        print(f" {r['scheme']:<7} {r['policy']:<22} {r['micro_batches']:>3} {r['published']:>8.3f}x "
-              f"{r['predicted']:>8.3f}x {r['ratio']:>8.3f} {100 * r['gain_captured']:>8.0f}% {r['base_step_s']:>11.2f} {r['base_comm_s']:>11.2f} "
-              f"{'yes' if r['within_target'] else 'NO'}", file=file)
-    print("# gain seen = predicted gain / published gain. A ratio within 15% is not a reproduction when the gain "
-          "itself is missed: hybrid's +12.7% leaves 1.00x within 15% of 1.127x.", file=file)
-    if not all(r["within_target"] and r["gain_captured"] > 0.5 for r in rows):
-        print("# target missed with these sourced parameters: from the public specs, communication is a few percent "
-              "of a NeoX-20B step on Lassen (compute-bound: 4 x 2048 tokens per micro-batch on 2.5B parameters per GPU, "
-              "recomputation), so no codec can buy +12..24% -- not even at one micro-batch, where the 1F1B bubble is "
-              "compute too. The published gains imply communication >= ~20% of the baseline step. The achieved "
-              "bandwidth published for this stack is modelled (configs/clusters/lassen.yaml): MVAPICH2-GDR reaches ~99% "
-              "of the achievable inter-node and ~95% of the NVLink bandwidth on POWER9 + V100 nodes (Shafie Khorassani "
-              "et al., ISC 2019 workshops), one EDR port 97.6 of 100 Gbit/s (nccl-tests issue 29) -- near the "
-              "specification, so it does not close the gap.", file=file)
-        f = link_fraction_needed()
-        if f is not None:
-            print(f"# diagnostic: the model gives naive's +23.6% (m=32) only with every link at {100 * f:.1f}% of its "
-                  "achieved rate (the cluster file's) -- the size of the gap, not a parameter.", file=file)
-        b = bounds()
-        print(f"# bounds, not predictions: every FLOP at the V100's peak (MFU 1.0, m=32): naive "
-              f"{b[('peak', 'naive')]:.3f}x, hybrid {b[('peak', 'hybrid')]:.3f}x -- compute efficiency cannot close "
-              f"the gap; micro-batch 1 x 1 micro-batch (24 sequences a step, unsourced): naive "
-              f"{b[('tiny_batch', 'naive')]:.3f}x, hybrid {b[('tiny_batch', 'hybrid')]:.3f}x -- the published "
-              "figures need about that little work per step, or links far below their specification; a 2:1 "
-              f"tapered fabric (Sierra's, Zimmer et al. SC19; Lassen's not found) with every inter-node byte crossing "
-              f"it: naive {b[('taper', 'naive')]:.3f}x, hybrid {b[('taper', 'hybrid')]:.3f}x -- a taper cannot close "
-              "it either.", file=file)
+        print(f" {r['scheme']:<7} {r['policy']:<22} {r['layout']:<24} {r['published']:>8.3f}x {r['predicted']:>8.3f}x "
+              f"{r['gain_captured']:>13.2f} {r['base_step_s']:>11.2f} {r['base_comm_s']:>11.2f} "
+              f"{'yes' if r['within_target'] else 'no'}", file=file)
+    ok = sorted({r["layout"] for r in rows if r["within_target"]})
+    print(f"# layouts whose predicted gain is within {100 * TARGET:.0f}% of the published gain: "
+          f"{'; '.join(ok) or 'none'} (per scheme above). Communication is a large share of the step only with few "
+          "micro-batches of one sequence: 20B.yml's 32 micro-batches of 4 would leave ~1-2%, and cannot run here.",
+          file=file)
+
+
+#: the README's "What will it buy on my cluster?" table: (node file, layout label, layout); every row fits its GPUs
+README_LAYOUTS = [SEED_LAYOUTS[0], SEED_LAYOUTS[2], ("20B.yml: TP2 PP4 DP24, mb 4 x 32", NEOX20B)]
+README_CLUSTERS = ("lassen", "dgx-a100", "dgx-h100", "h800-8x400g-ib")
+README_POLICIES = ("hybrid", "zhybrid", "naive", "znaive")
+
+
+def readme_table(file=None) -> list[dict]:
+    """The README's table: every (node, layout) of ``README_CLUSTERS`` x ``README_LAYOUTS``, at MFU ``MFU``, codecs at
+    the GPU's memory roofline; a layout that does not fit the node's GPUs is refused (kept as ``refused``, not
+    printed: the table shows feasible layouts only)."""
+    from ..policy import find_policy
+    from .memory import InfeasibleLayout
+
+    file = sys.stdout if file is None else file
+    rows = []
+    print("| node | layout | native step s | of which wire s | " + " | ".join(README_POLICIES) + " |", file=file)
+    print("|---|---|---:|---:|" + "---:|" * len(README_POLICIES), file=file)
+    for c in README_CLUSTERS:
+        node = load_cluster(c)
+        for label, lay in README_LAYOUTS:
+            try:
+                base = predict(lay, node, None, mfu=MFU)
+            except InfeasibleLayout:
+                rows.append({"node": c, "layout": label, "refused": True})  # not printed: feasible rows only
+                continue
+            sp = {p: base["total_s"] / predict(lay, node, find_policy(p), mfu=MFU)["total_s"] for p in README_POLICIES}
+            rows.append({"node": c, "layout": label, "step_s": base["total_s"],
+                         "wire_s": sum(base["link_s"].values()), **sp})
+            print(f"| {c} | {label} | {base['total_s']:.1f} | {sum(base['link_s'].values()):.2f} | "
+                  + " | ".join(f"{sp[p]:.3f}x" for p in README_POLICIES) + " |", file=file)
+    return rows

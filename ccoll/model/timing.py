@@ -273,7 +273,7 @@ def last_bucket_share(lay, stage: int) -> float:
 # --- the step --------------------------------------------------------------------------------------------------
 def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_table: dict | None = None,
             algorithm: str = "auto", dp_overlap: bool = False, compute_s: float | None = None,
-            codec_gbps: tuple | None = None, overlap_codec: bool = True) -> dict:
+            codec_gbps: tuple | None = None, overlap_codec: bool = True, check_memory: bool = True) -> dict:
     """Predicted seconds per optimizer step on ``node``s: compute, exposed wire per dimension, exposed codec,
     total (see the module docstring). ``mfu``: the fraction of the dtype's dense peak the kernels reach; or
     ``compute_s``: the step's compute measured (all m + pp - 1 slots of the slowest stage, as a run's own step
@@ -281,12 +281,17 @@ def predict(lay, node: Node, policy=None, *, mfu: float | None = None, codec_tab
     every codec of the policy (a run's ``codec_in_run``), instead of the table or roofline. ``overlap_codec``:
     whether codec work overlaps the wire over segments -- on a GPU the codec runs on its side stream while the
     NIC moves bytes; on a CPU test bed whose processes fill its cores no core is free for it (``--from-run``
-    ``--cpu-cores``), so each call is wire + codec."""
+    ``--cpu-cores``), so each call is wire + codec. ``check_memory``: refuse (:class:`ccoll.model.memory.InfeasibleLayout`,
+    naming layouts that may fit) a layout whose lower-bound memory exceeds a node file's ``memory_gib`` -- no prediction
+    for a layout that cannot run; False only for diagnostics that say so."""
+    from .memory import require
     from .core import (_CODEC_PASSES, DTYPES, _LATE_STEP, _policy_op, flows, refresh_fraction, training_flops,
                        wire_nbytes)
     from ..collectives.segments import SEGMENT_BYTES
     from ..policy import load
 
+    if check_memory:
+        require(lay, node)
     pol = load(policy) if policy is not None else None
     pl = placement(lay, node)
     m = lay.micro_batches

@@ -7,7 +7,7 @@ import pytest
 
 from ccoll.model import Layout
 from ccoll.model.clusters import Node, load_cluster, node_from_dict
-from ccoll.model.memory import GIB, fits, stage_bytes
+from ccoll.model.memory import CONTEXT_BYTES, GIB, fits, stage_bytes
 
 #: 2 layers over 2 stages, TP 2, DP 2, 4 micro-batches of 2 x 16 tokens, hidden 64, 4 heads, fp16, ZeRO-1
 LAY = Layout(layers=2, hidden=64, heads=4, seq=16, vocab=64, micro_batch=2, micro_batches=4, dp=2, tp=2, pp=2,
@@ -22,7 +22,9 @@ def test_given_fp16_zero1_layout_when_stage_bytes_expect_zero_paper_states_and_1
     assert (m["weights"], m["gradients"], m["optimizer"]) == (2 * p0, 2 * p0, 12 * p0 / 2)
     assert m["activations"] == pytest.approx(2 * FULL)  # stage 0: pp - 0 = 2 micro-batches in flight, 1 layer
     assert stage_bytes(LAY, 1)["activations"] == pytest.approx(FULL)  # the last stage: 1 in flight
-    assert stage_bytes(LAY, 1)["total"] == pytest.approx(16 * p1 - 6 * p1 + FULL)
+    # + the CUDA context and one gradient bucket (at most the gradients: DDP's 25 MiB exceeds this toy's)
+    assert stage_bytes(LAY, 1)["bucket"] == 2 * p1
+    assert stage_bytes(LAY, 1)["total"] == pytest.approx(16 * p1 - 6 * p1 + FULL + CONTEXT_BYTES + 2 * p1)
     # recomputation: each in-flight layer keeps its 2-byte input, 2 s b h, plus one layer's full set
     rec = dataclasses.replace(LAY, recompute=True)
     assert stage_bytes(rec, 0)["activations"] == pytest.approx(2 * 2 * 2048 + FULL)
@@ -62,18 +64,23 @@ def test_given_neox20b_on_lassen_when_memory_line_expect_micro_batch_4_does_not_
     # + one full layer: s b h (10 + 12 + 5 x 64 x 2048 / (6144 x 2)) -- about 20.1e9 bytes against 16 GiB
     p = NEOX20B.stage_params(0)
     sbh = 2048 * 4 * 6144
-    expect = 4 * p + 12 * p / 24 + 4 * 11 * 2 * sbh + sbh * (22 + 5 * 64 * 2048 / (6144 * 2))
+    expect = (4 * p + 12 * p / 24 + 4 * 11 * 2 * sbh + sbh * (22 + 5 * 64 * 2048 / (6144 * 2))
+              + int(0.3 * GIB) + 1_260_000_000 * 2)  # + CUDA context + 20B.yml's reduce bucket of 1.26e9 fp16
     f = fits(NEOX20B, load_cluster("lassen"))
     assert f["stage"] == 0 and f["bytes"]["total"] == pytest.approx(expect) and not f["fits"]
     assert fits(dataclasses.replace(NEOX20B, micro_batch=1), load_cluster("lassen"))["fits"]
     line = memory_line()
-    assert "does NOT fit" in line and "[2, 1]" in line
+    assert "does not fit" in line and "may fit: TP 2 x PP 4 x DP 24, micro-batch 1 x 128" in line
 
 
-def test_given_cluster_run_when_printed_expect_the_memory_verdict(capsys):
+def test_given_cluster_run_when_printed_expect_the_memory_verdict_or_a_refusal_before_any_output(capsys):
     from ccoll.model import main
 
-    assert main(["--preset", "neox20b-v100", "--cluster", "lassen", "--mfu", "0.3"]) == 0
-    assert "of 16 GiB: does NOT fit" in capsys.readouterr().out
-    assert main(["--preset", "neox20b-v100", "--cluster", "dgx-a100", "--mfu", "0.3"]) == 0
+    assert main(["--preset", "neox20b-v100", "--cluster", "lassen"]) == 0
+    assert "of 16 GiB: may fit" in capsys.readouterr().out
+    # 20B.yml as written on a V100: refused, nothing printed, what would fit named
+    assert main(["--preset", "neox20b-a100", "--cluster", "lassen"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and "does not fit lassen" in cap.err and "may fit" in cap.err
+    assert main(["--preset", "neox20b-a100"]) == 0  # on its own node (DGX A100, 80 GiB)
     assert "of 80 GiB: may fit" in capsys.readouterr().out
