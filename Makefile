@@ -69,10 +69,12 @@ rate-distortion: venv
 	$(PY) -m ccoll.convergence --demo --policies configs/baseline.yaml --steps 60 --dp 2 --pp 1 --tp 2 --capture results/capture/tp2dp2 --out results/capture_run_tp2dp2
 	$(PY) -m ccoll.bench.rd results/capture --max-per-class 6 --json results/rd.json --plot results/rd.png | tee results/rd.txt
 
-# predicted bytes and step time for real clusters (codec throughput in GB/s: CODEC_GBPS=...)
-CODEC_GBPS ?= 100
+# predicted step time and speed-up of each preset on its node file: each codec at the GPU's memory roofline (as the
+# README's table), or every codec at CODEC_GBPS=... GB/s; then the scored protocol and the seed paper's envelope
+CODEC_GBPS ?=
 model: venv
-	$(PY) -m ccoll.model --clusters --codec-gbps $(CODEC_GBPS) --policy configs/hybrid.yaml --policy configs/zhybrid.yaml --policy configs/naive.yaml
+	$(PY) -m ccoll.model --clusters $(if $(CODEC_GBPS),--codec-gbps $(CODEC_GBPS)) --policy configs/hybrid.yaml --policy configs/zhybrid.yaml --policy configs/naive.yaml
+	$(PY) -m ccoll.model --published
 
 BENCH_CODECS := native,none,bf16,int8:block=256,int4:block=64,zfp:rate=8
 
