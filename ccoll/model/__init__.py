@@ -48,13 +48,18 @@ values encoded and decoded / codec throughput. Compute: given, or 6 x parameters
     python -m ccoll.model --clusters --codec-gbps 100         # every preset on its node file
     python -m ccoll.model --validate results/convergence/summary.json
     python -m ccoll.model --preset neox20b-v100 --cluster lassen --policy configs/zhybrid.yaml   # mechanistic
-    python -m ccoll.model --published                         # the seed paper's runs, published vs predicted
-    python -m ccoll.model --from-run results/shaped/1gbit/summary.json --ranks 8
+    python -m ccoll.model --published                         # the scored protocol + the seed paper's envelope
+    python -m ccoll.model --from-run run1/summary.json run2/summary.json --ranks 8   # repeated runs: their spread
+    python -m ccoll.model --cluster-template my-node.yaml     # a commented node file for your machine
 
 The mechanistic step time (``--cluster``: placement on nodes, rails shared by a node's GPUs, alpha-beta per
 message, ring / hierarchical / all-to-all algorithms, codec roofline, codec pipelined with the wire, 1F1B
 pipeline slots, DP after the schedule) is :mod:`ccoll.model.timing`; node descriptions are
-:mod:`ccoll.model.clusters` (``configs/clusters/*.yaml``, each figure with its public source).
+:mod:`ccoll.model.clusters` (``configs/clusters/*.yaml``, each naming its machine, each figure with its public source).
+Every prediction on a node file checks memory first and refuses a layout that cannot fit (:mod:`ccoll.model.memory`);
+the framework knobs (``--grad-dtype``, ``--distributed-optimizer``, ``--zero-reduce``, ``--recompute``,
+``--parallel-residual``, ``--pp-mask``, ``--dp-bucket-mb``, ``--rails``, ``--rail-gbps``) set :class:`Layout` fields and
+the node's NICs; :mod:`ccoll.model.scored` is the scored protocol for published results.
 """
 from __future__ import annotations
 
