@@ -37,7 +37,7 @@ The ordering logic (:class:`Call`, :class:`Caller`) is written against a tiny de
 (tests/dist/test_collectives_streams.py: which calls, on which stream) and a happens-before model of
 streams, events and the caching allocator with per-thread current streams (tests/streamcheck.py,
 tests/dist/test_streams_hb.py: every read ordered after its producer, nothing freed while another
-stream may use it, on every async path). The real API needs a GPU (tools/gpu_check.py exercises it).
+stream may use it, on every async path). The real API needs a GPU (python -m ccoll.gpucheck exercises it).
 """
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ class Codec:
     #: IEEE 754 leaves a NaN's payload to the implementation and torch's kernels differ (a float32 NaN
     #: narrowed to bf16 is 0xffff on its AVX-512 path, 0x7fc0 on the scalar one, another pattern on CUDA),
     #: so such a payload's NaN bits are not part of the contract: replicas on one kind of device agree,
-    #: machines need not. The GPU check (tools/gpu_expected.py) compares these codecs' payloads of
+    #: machines need not. The GPU check (ccoll.gpucheck.expected) compares these codecs' payloads of
     #: non-finite inputs decoded, NaN as NaN; every other case byte for byte.
     float_bits_on_wire: ClassVar[bool] = False
     #: input dtypes this codec accepts

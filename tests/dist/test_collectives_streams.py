@@ -5,7 +5,7 @@ logic in ccoll.streams.Call and ccoll.collectives runs unchanged against it on t
 the test asserts what a GPU run relies on: inputs-ready event on the caller's stream first, every codec
 call and every wait on a communication request made with the side stream current, caller tensors kept
 alive on the side stream, a done event after the last codec call, and the caller's stream waiting for it
-only when the handle's wait() runs. tools/gpu_check.py (nvrtc helper) exercises the real CudaApi.
+only when the handle's wait() runs. python -m ccoll.gpucheck exercises the real CudaApi.
 
 This fake checks the *calls*; it does not model what they order (its current stream is per thread, but
 every thread starts on "caller", so a wait done on a ccoll waiter thread looks right here while on a GPU

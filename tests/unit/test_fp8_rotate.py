@@ -3,7 +3,7 @@ backend, the GPU kernels' own logic built for the host ("emulated") and the base
 agree byte for byte (payloads, residuals, decodes, decode_sum); the documented error bounds, scale rule,
 non-finite rule and spec errors hold. The cupy argument lists for these codecs are checked by
 test_quant_rows.py::test_given_cupy_glue_when_launches_run_the_host_build_expect_torch_bytes, and on a
-GPU by tools/gpu_check.py's matrix."""
+GPU by ccoll.gpucheck's matrix."""
 import math
 
 import pytest
