@@ -53,7 +53,6 @@ class _NodeState:
         self.explicit: list | int | None = None  # set_node_map's map
         self.version = 0  # bumped by set_node_map: cached layouts made under another map are rebuilt
         self.layouts: "weakref.WeakKeyDictionary[Transport, tuple[int, Any]]" = weakref.WeakKeyDictionary()
-        self.subgroups: dict[tuple, Any] = {}  # (kind, member global ranks) -> group (created once per process)
         self.hostnames: "weakref.WeakKeyDictionary[Transport, list[str]]" = weakref.WeakKeyDictionary()
 
 
@@ -201,64 +200,13 @@ def layout(group: Any = None) -> Layout | None:
 def _with_subgroups(tr: Transport, lay: Layout) -> Layout:
     intra_members = [tr.global_rank(i) for i in lay.ranks[lay.node]]
     inter_members = [tr.global_rank(lay.ranks[a][lay.local]) for a in range(lay.nodes)]
-    if tr.kind == "torch":
-        intra, inter = _torch_group(tr, intra_members), _torch_group(tr, inter_members)
-    elif tr.kind == "mpi":
-        comm = tr.comm
-        intra = comm.Split(lay.node, lay.local)
-        inter = comm.Split(lay.local, lay.node)
-    elif tr.kind == "memory":
-        intra, inter = _memory_group(tr, intra_members), _memory_group(tr, inter_members)
-    else:
-        raise TransportError(f"hierarchy: cannot create subgroups of a {tr.kind or type(tr).__name__} group "
-                             f"(torch.distributed, MPI and simulated groups only)")
+    intra, inter = tr.subgroups(lay.node, lay.local, intra_members, inter_members)
     ti, tx = for_group(intra), for_group(inter)
     if ti.world_size != lay.local_size or ti.rank != lay.local or tx.world_size != lay.nodes:
         raise TransportError(f"hierarchy: subgroup creation gave ranks {ti.rank}/{ti.world_size} and "
                              f"{tx.rank}/{tx.world_size}, expected {lay.local}/{lay.local_size} and -/{lay.nodes}")
     inter_pos = tuple(tx.group_rank(g) for g in inter_members)
     return Layout(lay.nodes, lay.local_size, lay.node, lay.local, lay.ranks, intra, inter, inter_pos)
-
-
-def _torch_group(tr: Transport, members: list[int]) -> Any:
-    """A torch subgroup of ``members`` (global ranks, increasing), created once per process by its
-    members only; torch orders a group's ranks by global rank, as :func:`split` orders local indices."""
-    import torch.distributed as dist
-
-    key = ("torch", tuple(members))
-    with _state.lock:
-        g = _state.subgroups.get(key)
-    if g is None:
-        g = dist.new_group(ranks=list(members), backend=tr.backend, use_local_synchronization=True)
-        with _state.lock:
-            _state.subgroups[key] = g
-    return g
-
-
-def _memory_group(tr: Transport, members: list[int]) -> Any:
-    """A simulated world's subgroup of ``members`` (its ranks, in this order): one shared
-    :class:`~ccoll.transports.memory.MemoryWorld` per member list, created by the first member to get
-    here; its transport names the parent world's ranks (salts and rank arguments stay global). A
-    failing rank aborts the parent world only: waits in a subgroup end at the world's timeout."""
-    from ..transports.memory import MemoryTransport, MemoryWorld
-
-    class _Sub(MemoryTransport):
-        def group_rank(self, global_rank: int) -> int:
-            if int(global_rank) not in members:
-                raise TransportError(f"rank {global_rank} is not in the simulated subgroup {members}")
-            return members.index(int(global_rank))
-
-        def global_rank(self, group_rank: int) -> int:
-            return members[int(group_rank)]
-
-    world = tr.world
-    with world.cond:
-        sub = world.objects.get(("ccoll.hierarchy", tuple(members)))
-        if sub is None:
-            sub = world.objects[("ccoll.hierarchy", tuple(members))] = MemoryWorld(len(members), world.timeout_s)
-    group = sub.groups[members.index(tr.global_rank(tr.rank))]
-    group.ccoll_transport = _Sub(group)
-    return group
 
 
 def layout_or_flat(group: Any) -> Layout | None:

@@ -164,14 +164,6 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor, opn: str, async_op: bo
 
 # --- point to point --------------------------------------------------------------------------------
 
-def _short_receives(tr: Transport) -> bool:
-    """Whether a receive may be posted larger than the message that fills it: gloo (its pair checks
-    only length <= buffer) and MPI (the count is an upper bound) allow it; NCCL and the simulated world
-    match sizes exactly, so there a variable-size payload travels at its capacity (correct, no saving).
-    Both ends of a send/recv see the same transport kind, so they agree."""
-    return tr.kind == "mpi" or getattr(tr, "backend", "") == "gloo"
-
-
 def isend(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
     """One message of the used bytes (the receiver posted a capacity-sized receive and reads the size
     from the payload's header)."""
@@ -181,7 +173,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
         run.stream.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         c.encode_rows(contig(flat_view(t)), payload, n)
-        used = c.used_nbytes(payload)[0] if _short_receives(tr) else payload.shape[1]
+        used = c.used_nbytes(payload)[0] if tr.short_receives else payload.shape[1]
         work = run.stream.wrap(tr.isend(payload[0, :used], peer, tag))
     keep = [payload]  # the buffer lives until the send completes
 
@@ -207,7 +199,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor, peer: int, tag: int):
         obuf = output_flat(t)
         c.decode_rows(payload, obuf, n)
         copy_back(t, obuf)
-        if _short_receives(tr):
+        if tr.short_receives:
             used[0] = c.used_nbytes(payload)[0]
 
     return run.compressed(True, [work], body, c, n * t.element_size(), lambda: used[0], [tensor])

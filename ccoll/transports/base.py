@@ -53,6 +53,20 @@ class Transport:
     def global_rank(self, group_rank: int) -> int:
         raise NotImplementedError
 
+    # what only the transport knows ---------------------------------------------------------------
+    #: whether a receive may be posted larger than the message that fills it (then a variable-size
+    #: payload travels at its used size; otherwise at its capacity: correct, no saving). Both ends of a
+    #: send/recv hold the same transport kind, so they agree.
+    short_receives: bool = False
+
+    def subgroups(self, node: int, local: int, intra: "list[int]", inter: "list[int]") -> "tuple[Any, Any]":
+        """The hierarchy's two groups for this rank, as group objects its transports serve: ``intra`` (global
+        ranks, increasing: this rank's node) and ``inter`` (the ranks of its local index on every node, in node
+        order). ``node``/``local``: this rank's node and index on it. Collective over this group's ranks (every
+        member calls it with its own node and local index); created once per process per member list."""
+        raise TransportError(f"hierarchy: cannot create subgroups of a {type(self).__name__} group "
+                             f"(torch.distributed, MPI and simulated groups only)")
+
     # byte movement (defaults: check the buffers, then the native call on their bytes) ----------------
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
         """``input`` holds world_size equal chunks, chunk j goes to rank j; ``output`` chunk i comes

@@ -134,6 +134,23 @@ class _Request:
 class MemoryTransport(Transport):
     kind = "memory"
 
+    def subgroups(self, node: int, local: int, intra: "list[int]", inter: "list[int]") -> "tuple[Any, Any]":
+        """Each a simulated world of its own shared by its members: one :class:`MemoryWorld` per member list,
+        created by the first member to get here; its transport names the parent world's ranks (salts and
+        rank arguments stay global). A failing rank aborts the parent world only: waits in a subgroup end at
+        the world's timeout."""
+        return self._subgroup(intra), self._subgroup(inter)
+
+    def _subgroup(self, members: "list[int]") -> Any:
+        world, key = self.world, ("ccoll.hierarchy", tuple(members))
+        with world.cond:
+            sub = world.objects.get(key)
+            if sub is None:
+                sub = world.objects[key] = MemoryWorld(len(members), world.timeout_s)
+        group = sub.groups[members.index(self.global_rank(self.rank))]
+        group.ccoll_transport = _SubgroupTransport(group, members)
+        return group
+
     def __init__(self, group: MemoryGroup) -> None:
         self.world = group.world
         self.rank = group.rank
@@ -296,3 +313,19 @@ def _split_rows(t: torch.Tensor, split_sizes, p: int) -> list[torch.Tensor]:
 
 
 __all__ = ["MemoryGroup", "MemoryTransport", "MemoryWorld"]
+
+
+class _SubgroupTransport(MemoryTransport):
+    """A simulated subgroup's transport: its ranks are named by the parent world's (``members``, in order)."""
+
+    def __init__(self, group: MemoryGroup, members: "list[int]") -> None:
+        super().__init__(group)
+        self.members = list(members)
+
+    def group_rank(self, global_rank: int) -> int:
+        if int(global_rank) not in self.members:
+            raise TransportError(f"rank {global_rank} is not in the simulated subgroup {self.members}")
+        return self.members.index(int(global_rank))
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.members[int(group_rank)]

@@ -149,6 +149,12 @@ def _handle(req: Any, then: Any) -> Handle:
 
 class MPITransport(Transport):
     kind = "mpi"
+    short_receives = True  # a receive's count is an upper bound
+
+    def subgroups(self, node: int, local: int, intra: "list[int]", inter: "list[int]") -> "tuple[Any, Any]":
+        """Two ``Split`` calls of the communicator (collective over it): by node, ordered by local index, and
+        by local index, ordered by node."""
+        return self.comm.Split(node, local), self.comm.Split(local, node)
 
     def __init__(self, comm: Any):
         from mpi4py import MPI

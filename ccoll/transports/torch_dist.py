@@ -16,6 +16,7 @@ some backends lack all-to-all, so:
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -62,6 +63,21 @@ def _wrap(work: Any, then=None) -> Handle:
     return Handle([work], then)
 
 
+_subgroups: dict[tuple[int, ...], Any] = {}  # member global ranks -> torch group (created once per process)
+_subgroups_lock = threading.Lock()
+
+
+def _subgroup(members: "list[int]", backend: str) -> Any:
+    key = tuple(members)
+    with _subgroups_lock:
+        g = _subgroups.get(key)
+    if g is None:
+        g = torch.distributed.new_group(ranks=list(members), backend=backend, use_local_synchronization=True)
+        with _subgroups_lock:
+            _subgroups[key] = g
+    return g
+
+
 class TorchTransport(Transport):
     """``all_to_all_impl``: "auto" (native, switching to "p2p" if the backend lacks it), "native" or
     "p2p" (forced; used by the tests so the fallback is exercised on every run)."""
@@ -78,6 +94,13 @@ class TorchTransport(Transport):
         self.backend = str(c10d.get_backend(self.group)).lower() if self.rank >= 0 else "none"
         self.all_to_all_impl = all_to_all_impl
         self._native_avg = self.backend == "nccl"
+        # gloo's pair checks only length <= buffer; NCCL matches sizes exactly
+        self.short_receives = self.backend == "gloo"
+
+    def subgroups(self, node: int, local: int, intra: "list[int]", inter: "list[int]") -> "tuple[Any, Any]":
+        """torch orders a group's ranks by global rank, as the hierarchy orders local indices; each subgroup is
+        created by its members only (``use_local_synchronization``), once per process."""
+        return _subgroup(intra, self.backend), _subgroup(inter, self.backend)
 
     # ranks -------------------------------------------------------------------------------------
     def group_rank(self, global_rank: int) -> int:
