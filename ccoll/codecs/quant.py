@@ -60,7 +60,7 @@ import torch
 from ..errors import CodecError, CodecSpecError
 from ..kernels.call import cuda_kernels
 from .base import CODECS, Codec, Param, _fmt
-from .buffers import round16
+from .buffers import canonical_nan_, round16
 from .quant_format import _E8M0, _FP8_FORMATS, _U32, _mix32
 from .quant_kernels import QuantKernelBackend
 from .quant_torch import QuantTorchBackend
@@ -312,7 +312,9 @@ class Fp8Codec(BlockQuantCodec):
         return False
 
     def _q_values(self, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return v.copy_(q.view(_FP8_FORMATS[self.params["format"]][0]))
+        """The codes' values; a NaN code (never written by the encoder, but a payload may hold one) decodes
+        to 0x7FC00000 as in the kernels (CqFp8::value), not to torch's float8 -> fp32 NaN bits."""
+        return canonical_nan_(v.copy_(q.view(_FP8_FORMATS[self.params["format"]][0])))
 
     def _scale(self, v: torch.Tensor, scales: torch.Tensor) -> None:
         """v *= 2^e of each block (scales: E8M0 codes)."""

@@ -9,7 +9,7 @@ import threading
 
 import torch
 
-from .buffers import aligned, aligned_like, empty_cpu
+from .buffers import aligned, aligned_like, canonical_nan_, empty_cpu, narrow_
 from .rowsum import add_rows_
 from .quant_format import _hadamard_, _rotation_sign_bits, _uniform
 
@@ -308,7 +308,7 @@ class QuantTorchBackend:
             v = dst if work is None else work[: nr * length].view(nr, length)
             self._dequantize(payloads[r0:r1], row_numel, j0, j1, v, qwork)
             if work is not None:
-                dst.copy_(v)
+                narrow_(dst, v)  # a NaN block's bf16 bits by the kernels' rule, not the CPU's cast path
 
     #: whether a decode can hold -0.0 (fp8 has a negative zero; the int formats' float(q) * scale never
     #: does). The sum starts from +0.0, so a row may be decoded straight into it only when it cannot.
@@ -326,6 +326,10 @@ class QuantTorchBackend:
         payloads = aligned(payloads)
         p, block = payloads.shape[0], self.block
         direct = dtype == torch.float32 and not self.rotate and not self._decodes_negative_zero
+        # a NaN sum is 0x7FC00000 as the kernels write it; only a row rounded through bf16 / fp16 (torch's casts:
+        # bf16 NaN 0xFFFF0000, and NaNs like 0x7FFFFFFF from the fp16 round trip on AVX-512) or un-rotated (a
+        # sign flipped) can carry another NaN into it: the other rows' NaN decodes are that one
+        canonical = dtype != torch.float32 or bool(self.rotate)
         rest = p - direct  # rows decoded into scratch and added
         span = min(numel, max(_SUM_SPAN_NUMEL, self._chunk_numel() // p) // block * block or block)
         work = _scratch("sum.work", rest * span, torch.float32) if rest else None
@@ -344,3 +348,5 @@ class QuantTorchBackend:
                 if not direct:
                     acc.zero_()
                 add_rows_(acc, v)
+            if canonical:
+                canonical_nan_(acc)

@@ -55,6 +55,7 @@ import torch
 from ..kernels import call as kernel_call
 from ..errors import CodecError, CodecSpecError
 from .base import CODECS, Codec, Param, per_backend
+from .buffers import narrow_
 
 #: rates above this many bits per value are refused
 MAX_RATE = 64.0
@@ -257,7 +258,7 @@ class ZfpCodec(Codec):
             zfpy._decompress(buf, ztype, shape, out=values.numpy().reshape(shape), rate=self.rate)
             _fill_marked(values, buf, need * self.num_blocks(row_numel), maxbits, sc, S)
             if not direct:
-                out.copy_(values[:n])
+                narrow_(out, values[:n])  # bf16 NaN bits by the kernels' rule (ccoll.codecs.buffers)
             return
         rows4 = -(-row_numel // 4)
         shape = [row_numel] if self.dims == 1 else [rows4, 4]
@@ -271,7 +272,7 @@ class ZfpCodec(Codec):
             zfpy._decompress(buf, ztype, shape, out=row.numpy().reshape(shape), rate=self.rate)
             _fill_marked(row[:row_numel], buf, self.num_blocks(row_numel), maxbits, sc, S)
             if not direct:
-                out[lo:hi].copy_(values[: hi - lo])
+                narrow_(out[lo:hi], values[: hi - lo])
 
     def _decode_sum_torch(self, payloads, numel, dtype, out) -> None:
         decoded = torch.empty(payloads.shape[0] * numel, dtype=dtype)
