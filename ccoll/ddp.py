@@ -15,9 +15,9 @@ again. So each bucket is re-packed canonically: its parameters' gradients in the
 (``model=`` given) or of first sight, each padded to the codec's ``align_numel`` so no codec block
 straddles two parameters, and the whole padded to a multiple of ``world_size * align_numel`` so the
 collective's per-rank chunks (and its segments) start on block boundaries. Error-feedback residuals
-are stored per parameter (keys ``(name, "rs")`` and ``(name, "ag")``; ``(name, "whole")`` where the bucket
-is small enough for the one-exchange all_reduce, :mod:`ccoll.collectives.small`) and assembled into the packed
-layout for each call, and stochastic-rounding salts derive from (step, the bucket's parameter names):
+are stored per parameter and phase (``(name, "rs")``, ``(name, "ag")``, ``(name, "whole")``: the phases of
+the algorithm the router runs, as :func:`ccoll.collectives.all_reduce_residuals` plans them) and assembled into
+the packed layout for each call, and stochastic-rounding salts derive from (step, the bucket's parameter names):
 the same parameters give the same bytes whatever their order in DDP's bucket, so a run resumed from
 :meth:`CompressionState.state_dict` is bit-identical to an uninterrupted one. (If DDP's rebuild moves a
 parameter to a bucket with different companions, its blocks and residuals still belong to it alone,
@@ -39,8 +39,6 @@ import torch.distributed as dist
 from . import collectives
 from .codecs import Codec, get_codec
 from .errors import PolicyError
-from .collectives import small
-from .collectives.segments import segments
 from .feedback import ErrorFeedback, parse_residual_key
 from .callctx import internal, stable_salt
 from .stats import dimension
@@ -112,55 +110,48 @@ class CompressionState:
 class _PackedFeedback(ErrorFeedback):
     """The residual buffers one packed all_reduce asks for, assembled from per-parameter residuals.
 
-    ``collectives.all_reduce`` asks for one residual per (phase, segment), named by
-    :func:`ccoll.feedback.residual_key`: phase "rs" (the p chunks of the segment this rank encodes) and
-    "ag" (the reduced chunk it owns), or "whole" (a one-exchange all_reduce's whole tensor);
-    :meth:`buffer` reads the key with :func:`~ccoll.feedback.parse_residual_key` and maps it to its span
-    of the packed layout, backed by one packed residual tensor per phase of the algorithm the call will
-    run, which :meth:`store` scatters back to the parameters' own residuals."""
+    The slots come from the router (:func:`ccoll.collectives.all_reduce_residuals`): each is a (phase,
+    segment) key of :func:`ccoll.feedback.residual_key` with its span of the packed tensor, by the algorithm
+    the call will run. Per phase one packed residual tensor is assembled here from the parameters' own
+    residuals; :meth:`buffer` hands out a slot's span of it, :meth:`store` scatters the packed tensors back.
+    Nothing here knows which algorithm runs or how it segments: a change of the router's rule or of an
+    algorithm's layout changes the slots, and the parameters' residuals follow."""
 
     def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
-                 codec: Codec, world: int, rank: int):
+                 codec: Codec, slots: "list[collectives.ResidualSlot]"):
         super().__init__()
-        self._state, self._regions, self._rank = state, regions, rank
+        self._state, self._regions = state, regions
         self._fb_dtype = codec.feedback_dtype(dtype)
-        self._segments = segments(total, world, torch.empty((), dtype=dtype).element_size(), codec.align_numel)
-        # the last segment's rows may run past the bucket (zero padding): its residuals stay zero
-        self._padded_total = max([total] + [lo + world * chunk for lo, _, chunk in self._segments])
-        self._world, self._total = world, total
-        # the phases the collective will ask for, packed here on the caller's stream (the side stream
-        # that writes them must not be where they are allocated: they outlive its work), by the same
-        # rule the router applies: one exchange ("whole") or flat's two ("rs", "ag")
-        whole = small.one_exchange(codec, world, total, dtype)
+        self._slots = {(slot.phase, slot.segment): (slot.start, slot.numel) for slot in slots}
+        # a last segment's rows may run past the bucket (zero padding): those residuals stay zero
+        padded_total = max([total] + [start + numel for start, numel in self._slots.values()])
+        # packed here, on the caller's stream (the side stream that writes them must not be where they are
+        # allocated: they outlive its work)
         self._packed: dict[str, torch.Tensor] = {}
-        for kind in ("whole",) if whole else ("rs", "ag"):
-            packed = torch.zeros(self._padded_total, dtype=self._fb_dtype, device=device)
+        for phase in dict.fromkeys(slot.phase for slot in slots):
+            packed = torch.zeros(padded_total, dtype=self._fb_dtype, device=device)
             for name, off, _, padded in regions:
-                packed[off:off + padded].copy_(state.feedback.buffer((name, kind), padded, dtype, device, codec))
-            self._packed[kind] = packed
+                packed[off:off + padded].copy_(state.feedback.buffer((name, phase), padded, dtype, device, codec))
+            self._packed[phase] = packed
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
-        # phase "rs" -> p * chunk residuals of the segment's rows; "ag" -> the chunk this rank owns;
-        # "whole" (one-exchange all_reduce) -> the whole packed buffer
         try:
-            _, kind, segment = parse_residual_key(key)
+            _, phase, segment = parse_residual_key(key)
         except ValueError:
-            kind, segment = None, 0
-        if kind not in self._packed or segment >= len(self._segments):
-            raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective")
-        lo, _, chunk = self._segments[segment]
-        if kind == "whole":
-            start, expected = 0, self._total
-        else:
-            start, expected = (lo, self._world * chunk) if kind == "rs" else (lo + self._rank * chunk, chunk)
+            phase, segment = None, 0
+        slot = self._slots.get((phase, segment))
+        if slot is None:
+            raise PolicyError(f"ccoll.ddp: unexpected error-feedback key {key!r} from the collective "
+                              f"(the router planned {sorted(self._slots)})")
+        start, expected = slot
         if numel != expected:
             raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")
-        return self._packed[kind][start:start + numel]
+        return self._packed[phase][start:start + numel]
 
     def store(self) -> None:
-        for kind, packed in self._packed.items():
+        for phase, packed in self._packed.items():
             for name, off, _, padded in self._regions:
-                self._state.feedback.residual((name, kind)).copy_(packed[off:off + padded])
+                self._state.feedback.residual((name, phase)).copy_(packed[off:off + padded])
 
 
 def compress_hook(state: CompressionState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
@@ -208,7 +199,8 @@ def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, 
     key = ("ddp",) + tuple(r[0] for r in regions)
     ef = None
     if state.error_feedback:
-        ef = _PackedFeedback(state, regions, total, buf.dtype, buf.device, c, world, dist.get_rank(group))
+        slots = collectives.all_reduce_residuals(total, buf.dtype, group, c)
+        ef = _PackedFeedback(state, regions, total, buf.dtype, buf.device, c, slots)
     fn = collectives.all_reduce
     handle = fn(packed, op="avg", group=group, codec=c, async_op=True, error_feedback=ef, key=key, min_bytes=0,
                 salt=stable_salt(state.iter, key))

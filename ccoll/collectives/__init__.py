@@ -58,7 +58,7 @@ the default.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Hashable, NamedTuple
 
 import torch
 
@@ -67,7 +67,8 @@ from ..errors import PolicyError, TransportError
 from ..feedback import ErrorFeedback
 from ..transports import Handle, for_group, op_name
 from . import flat, hierarchy as _hierarchy, nodes, small, varsize
-from .call import Run, check_tensor, contig, copy_back, decide, nbytes
+from ..codecs import Codec
+from .call import Run, as_codec, check_tensor, contig, copy_back, decide, nbytes
 from .phases import labelled
 
 
@@ -111,9 +112,44 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
     lay = _layout(hierarchy, group)
     if lay is not None:
         return _hierarchy.all_reduce(run, c, lay, tensor, opn, async_op, error_feedback, key, salt)
-    if small.one_exchange(c, tr.world_size, t.numel(), t.dtype):
-        return small.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
-    return flat.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
+    algorithm = _all_reduce_algorithm(c, tr.world_size, t.numel(), t.dtype)
+    return algorithm.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
+
+
+def _all_reduce_algorithm(c: Codec, p: int, numel: int, dtype: torch.dtype) -> Any:
+    """The one rule choosing a flat all_reduce's algorithm (module ``small`` or ``flat``): from (codec, p,
+    numel, dtype) only, so every rank chooses alike, and :func:`all_reduce_residuals` follows it."""
+    return small if small.one_exchange(c, p, numel, dtype) else flat
+
+
+class ResidualSlot(NamedTuple):
+    """One error-feedback residual a compressed all_reduce asks for (``ErrorFeedback.buffer`` with
+    ``residual_key(key, phase, segment)``): ``numel`` residuals for the flat tensor's elements from
+    ``start`` (past the tensor's end: zero padding of the last segment)."""
+
+    phase: str
+    segment: int
+    start: int
+    numel: int
+
+
+def all_reduce_residuals(numel: int, dtype: torch.dtype, group: Any = None, codec: Any = None) -> list[ResidualSlot]:
+    """The residuals ``all_reduce`` of ``numel`` elements of ``dtype`` on ``group`` with ``codec`` (no hierarchy)
+    will ask its error feedback for, by the algorithm it will run. Why: a caller that keeps residuals per
+    piece of the tensor (ccoll.ddp: per parameter of a packed bucket) maps them by asking here, so it follows
+    any change of the router's rule or of an algorithm's layout instead of re-deriving it."""
+    tr = for_group(group)
+    c = as_codec(codec)
+    if c is None or tr.rank < 0:
+        return []
+    return residual_slots(c, tr.world_size, tr.rank, numel, dtype)
+
+
+def residual_slots(codec: Codec, p: int, rank: int, numel: int, dtype: torch.dtype) -> list[ResidualSlot]:
+    """:func:`all_reduce_residuals` for rank ``rank`` of ``p`` ranks, without a group."""
+    algorithm = _all_reduce_algorithm(codec, p, int(numel), dtype)
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return [ResidualSlot(*slot) for slot in algorithm.residual_slots(codec, p, rank, int(numel), element_size)]
 
 
 def _pair(op: str, output: torch.Tensor, input: torch.Tensor, p: int, whole: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,6 +339,7 @@ def recv(tensor: torch.Tensor, src: int, group: Any = None, codec: Any = None, *
 
 
 __all__ = [
-    "DEFAULT_MIN_BYTES", "ErrorFeedback", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+    "DEFAULT_MIN_BYTES", "ErrorFeedback", "ResidualSlot", "all_gather_into_tensor", "all_reduce", "all_reduce_residuals",
+    "all_to_all_single", "residual_slots",
     "broadcast", "irecv", "isend", "recv", "reduce_scatter_tensor", "send",
 ]

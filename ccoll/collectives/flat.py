@@ -28,6 +28,16 @@ from .segments import segments, spans
 
 # --- all_reduce ---------------------------------------------------------------------------------
 
+def residual_slots(c: Codec, p: int, rank: int, numel: int, element_size: int) -> list[tuple[str, int, int, int]]:
+    """The residuals :func:`all_reduce` asks error feedback for, as (phase, segment, first element, numel)
+    of the flat tensor (a last segment's chunks may run past it: zero padding): per segment, "rs" (the p
+    chunks this rank encodes) and "ag" (the reduced chunk it owns)."""
+    out = []
+    for s, (lo, _, chunk) in enumerate(segments(numel, p, element_size, c.align_numel)):
+        out += [("rs", s, lo, p * chunk), ("ag", s, lo + rank * chunk, chunk)]
+    return out
+
+
 def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str, async_op: bool,
                ef: Any, key: Hashable, salt: int | None):
     """A three-stage pipeline over segments: while segment s is encoded, segment s-1's all-to-all and

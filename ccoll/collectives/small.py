@@ -39,6 +39,12 @@ def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
     return p == 2 and single_segment(numel, p, dtype.itemsize, c.align_numel)
 
 
+def residual_slots(c: Codec, p: int, rank: int, numel: int, element_size: int) -> list[tuple[str, int, int, int]]:
+    """The residuals :func:`all_reduce` asks error feedback for, as (phase, segment, first element, numel)
+    of the flat tensor: one, the whole tensor (phase "whole")."""
+    return [("whole", 0, 0, numel)]
+
+
 def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str, async_op: bool,
                ef: Any, key: Hashable, salt: int | None):
     """One encode (residual key phase "whole"), one all-gather, one fused decode-and-sum of the p rows

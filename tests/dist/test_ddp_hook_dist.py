@@ -164,3 +164,34 @@ def test_given_checkpoint_after_k_steps_when_resumed_in_fresh_processes_expect_b
         (losses, params), _ = resumed[rank]
         assert losses == full_losses[3:]
         assert torch.equal(params, full_params)
+
+
+def _job_changed_rule(rank: int, world: int, ckpt_dir: str, phase: str):
+    """The router's rule changed under the hook: every all_reduce runs ``flat``, never the one exchange that
+    two ranks and a one-segment bucket get today, so a bucket's residuals are "rs"/"ag" instead of one
+    "whole". ccoll.ddp asks the router for the slots, so it must follow with no change of its own."""
+    import ccoll.collectives as collectives
+    from ccoll.collectives import flat
+    from ccoll.ddp import CompressionState
+
+    collectives._all_reduce_algorithm = lambda *_: flat
+    path = os.path.join(ckpt_dir, f"changed{rank}.pt")
+    if phase == "first":
+        full = _train(rank, CompressionState(codec=INT4_SR, min_bytes=0), range(6))
+        _train(rank, CompressionState(codec=INT4_SR, min_bytes=0), range(3), ckpt_out=path)
+        return full
+    state = CompressionState(codec=INT4_SR, min_bytes=0)
+    resumed = _train(rank, state, range(3, 6), ckpt_in=path)
+    return resumed, sorted({key[1] for key, _, _ in state.feedback.state_dict()["residuals"]})
+
+
+def test_given_router_rule_changed_when_resumed_expect_ddp_follows_bit_identically(tmp_path):
+    import torch
+
+    first = run_gloo(2, _job_changed_rule, str(tmp_path), "first", timeout_s=240)
+    resumed = run_gloo(2, _job_changed_rule, str(tmp_path), "resume", timeout_s=240)  # fresh processes
+    for rank in range(2):
+        full_losses, full_params = first[rank]
+        (losses, params), phases = resumed[rank]
+        assert phases == ["ag", "rs"]  # the flat algorithm's residuals, not the one exchange's "whole"
+        assert losses == full_losses[3:] and torch.equal(params, full_params)

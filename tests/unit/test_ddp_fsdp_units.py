@@ -10,6 +10,7 @@ import torch
 
 from ccoll import get_codec
 from ccoll.collectives import segments as segmenting
+from ccoll import collectives
 from ccoll.ddp import CompressionState, _PackedFeedback
 from ccoll.errors import CodecSpecError, PolicyError
 
@@ -55,7 +56,8 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     """World of 2, rank 1. One segment: the one-exchange all_reduce's "whole" residual is the packed
     buffer. With a small SEGMENT_BYTES the collective segments the buffer (flat's algorithm): rows of
     the reduce-scatter map to consecutive chunks of the packed layout, the all-gather residual to this
-    rank's chunk, following the segments; store() writes them back per parameter."""
+    rank's chunk, following the segments; store() writes them back per parameter. The slots are the router's
+    (``collectives.residual_slots``), as ccoll.ddp gets them."""
     if segment_bytes is not None:
         monkeypatch.setattr(segmenting, "SEGMENT_BYTES", segment_bytes)
     codec = get_codec("int8:block=64")
@@ -67,7 +69,8 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
         st.feedback.buffer((name, "rs"), n, torch.float32, "cpu", codec).copy_(torch.arange(n) + 1000.0 * (name == "b"))
         off += n
     total = -(-off // 128) * 128
-    ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec, world=2, rank=1)
+    ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec,
+                         collectives.residual_slots(codec, 2, 1, total, torch.float32))
     segments = segmenting.segments(total, 2, 4, codec.align_numel)
     assert (len(segments) > 1) == (segment_bytes is not None)
     if segment_bytes is None:  # one segment on two ranks: the one-exchange all_reduce's "whole" residual
