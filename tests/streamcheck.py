@@ -454,4 +454,146 @@ def installed(model: Model, torch_p2p: bool = False):
         patcher.undo()
 
 
-__all__ = ["Event", "Model", "Patcher", "Stream", "hook_codec", "hook_torch_p2p", "install", "installed"]
+# --- which algorithms ran under the model (coverage by construction) --------------------------------------
+
+#: torch's hook contracts: a DDP comm hook takes a GradBucket; an FSDP2 Comm subclasses one of these
+_FSDP_COMMS = ("AllGather", "ReduceScatter")
+
+
+def _ccoll_root():
+    import pathlib
+
+    import ccoll
+
+    return pathlib.Path(ccoll.__file__).resolve().parent
+
+
+def algorithms() -> list[str]:
+    """Every code path of ccoll that orders a compressed call on CUDA streams, derived from the source so a
+    new one cannot be left out: (1) the algorithms the router (``ccoll/collectives/__init__.py``) dispatches
+    to -- every public function taking the call's ``run`` first in a module the router imports from its own
+    package (flat, small, hierarchy, varsize; whatever the dispatch looks like);
+    (2) every function outside the router that opens its own stream call (``Run(...)`` or
+    ``streams.begin(...)``: weight-delta, the patched ``batch_isend_irecv``); (3) torch's hooks that drive
+    the router with their own tensors: DDP comm hooks (a ``GradBucket`` parameter) and FSDP2 Comms (a
+    subclass of FSDP2's ``AllGather`` / ``ReduceScatter``: their ``__call__``). Names are
+    ``module:qualname`` (``ccoll.collectives.flat:all_reduce``, ``ccoll.patch.batch:make.<locals>.batch_isend_irecv``)."""
+    import ast
+
+    root = _ccoll_root()
+    found: set[str] = set()
+    router = ast.parse((root / "collectives" / "__init__.py").read_text())
+    for node in router.body:  # the algorithm modules: what the router imports from its own package
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            for a in node.names:
+                tree = ast.parse((root / "collectives" / f"{a.name}.py").read_text())
+                for fn in tree.body:  # an algorithm takes the call's Run first
+                    if (isinstance(fn, ast.FunctionDef) and not fn.name.startswith("_") and fn.args.args
+                            and fn.args.args[0].arg == "run"):
+                        found.add(f"ccoll.collectives.{a.name}:{fn.name}")
+
+    def own_nodes(fn):
+        """The nodes of ``fn``'s own body, not of the functions nested in it."""
+        todo = list(fn.body)
+        while todo:
+            n = todo.pop()
+            yield n
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.extend(ast.iter_child_nodes(n))
+
+    def walk(body, prefix, module):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                qual = prefix + node.name
+                opens = any(isinstance(n, ast.Call) and (
+                    (isinstance(n.func, ast.Name) and n.func.id == "Run")
+                    or (isinstance(n.func, ast.Attribute) and n.func.attr == "begin"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "streams"))
+                    for n in own_nodes(node))
+                hook = any(a.annotation is not None and "GradBucket" in ast.unparse(a.annotation)
+                           for a in node.args.args)
+                if module != "ccoll.collectives" and (opens or hook):
+                    found.add(f"{module}:{qual}")
+                walk(node.body, qual + ".<locals>.", module)
+            elif isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+                if bases & set(_FSDP_COMMS):
+                    found.add(f"{module}:{prefix}{node.name}.__call__")
+                walk(node.body, prefix + node.name + ".", module)
+
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if module in ("ccoll.collectives.call", "ccoll.streams"):
+            continue  # the skeleton and the stream machinery themselves
+        walk(ast.parse(path.read_text()).body, "", module)
+    return sorted(found)
+
+
+def _variant(name: str, fn, args, kwargs) -> set[str]:
+    """Tags of one call: the world size class (``p=2`` / ``p>=3``) of its transport and, for the flat
+    pipelines, whether it ran several segments (``segments>1``)."""
+    import inspect
+
+    from ccoll.collectives import segments as seg
+
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+    except TypeError:
+        return set()
+    tags = set()
+    tr = bound.get("tr")
+    if tr is not None and hasattr(tr, "world_size"):
+        p = tr.world_size
+        tags.add("p=2" if p == 2 else "p>=3" if p > 2 else f"p={p}")
+        c = bound.get("c")
+        t = bound.get("tensor", bound.get("input"))
+        if c is not None and isinstance(t, torch.Tensor) and name.startswith("ccoll.collectives.flat:"):
+            if name.endswith(":all_reduce"):
+                n = len(seg.segments(t.numel(), p, t.element_size(), c.align_numel))
+            elif name.endswith((":reduce_scatter_tensor", ":all_gather_into_tensor")):
+                m = t.numel() // p if name.endswith("reduce_scatter_tensor") else t.numel()
+                n = len(seg.spans(m, p, t.element_size(), c.align_numel))
+            else:
+                n = 1
+            if n > 1:
+                tags.add("segments>1")
+    return tags
+
+
+def record_algorithms(monkeypatch, reached: dict[str, set[str]], names: list[str] | None = None) -> None:
+    """Wrap every function of :func:`algorithms` (or ``names``) so each call adds its name and its
+    :func:`_variant` tags to ``reached`` (name -> tags; the empty tag ``""`` marks a call). A nested
+    function (``make.<locals>.f``) is reached through its factory: the factory's result is wrapped."""
+    import functools
+    import importlib
+
+    lock = threading.Lock()
+
+    def wrapping(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            tags = _variant(name, fn, args, kwargs) | {""}
+            with lock:
+                reached.setdefault(name, set()).update(tags)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in names or algorithms():
+        module, qual = name.split(":")
+        owner: Any = importlib.import_module(module)
+        parts = qual.split(".<locals>.")
+        path = parts[0].split(".")
+        for attr in path[:-1]:
+            owner = getattr(owner, attr)
+        target = owner.__dict__[path[-1]] if isinstance(owner, type) else getattr(owner, path[-1])
+        if len(parts) == 1:
+            monkeypatch.setattr(owner, path[-1], wrapping(name, target))
+        else:  # the factory returns the function: wrap what it returns
+            def factory(*args, _make=target, _name=name, **kwargs):
+                return wrapping(_name, _make(*args, **kwargs))
+            monkeypatch.setattr(owner, path[-1], functools.wraps(target)(factory))
+
+
+__all__ = ["Event", "Model", "Patcher", "Stream", "algorithms", "hook_codec", "hook_torch_p2p", "install", "installed",
+           "record_algorithms"]

@@ -18,11 +18,16 @@ import torch
 
 import ccoll
 from ccoll.testing import simulated_world
-from tests.streamcheck import Model, hook_codec, install
+from tests.streamcheck import Model, algorithms, hook_codec, install, record_algorithms
+
+#: algorithm (tests.streamcheck.algorithms' name) -> the variant tags it ran with under the model, filled by
+#: every test of this module; the last test asserts that every algorithm was reached
+REACHED: dict[str, set[str]] = {}
 
 
 @pytest.fixture
 def model(monkeypatch):
+    record_algorithms(monkeypatch, REACHED)
     return install(monkeypatch, Model())
 
 
@@ -108,6 +113,14 @@ def _every_collective(model, rank, group, c, how):
     async_op = how != "sync"
 
     def done(h, *outs):
+        if h is not None and how == "elsewhere":  # waited and read on another stream only, then dropped
+            other = model.stream(f"other{rank}")
+            with model.use(other):
+                h.wait()
+                for o in outs:
+                    model.read(o, "a collective's output on another stream")
+                    model.keep(o, other)  # the test's own use there (the output belongs to the compute stream)
+            return
         if h is not None:
             if how == "future":
                 with model.use(model.stream(f"consumer{rank}")):
@@ -137,7 +150,7 @@ def _every_collective(model, rank, group, c, how):
         ccoll.send(msg, 1, group, c, **kw)
         got = torch.empty(1000)
         done(ccoll.irecv(got, 1, group, c, **kw), got)
-    else:
+    elif rank == 1:
         got = torch.empty(1000)
         ccoll.recv(got, 0, group, c, **kw)
         model.read(got, "received tensor")
@@ -149,6 +162,53 @@ def _every_collective(model, rank, group, c, how):
 def test_given_every_collective_expect_every_read_and_free_ordered(model, spec, how):
     simulated_world(2, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
                     hook_codec(model, ccoll.get_codec(spec)), how)
+    _finish(model)
+
+
+#: bytes per pipeline segment in the tests below: int8:block=256 all_reduces of 2000 values run 3 segments
+#: on three ranks and 4 on two, reduce_scatter / all_gather of 1000 values per rank 4 spans
+SMALL_SEGMENT_BYTES = 3 * 4 * 256
+
+
+@pytest.mark.parametrize("how", ["sync", "future", "elsewhere"])
+def test_given_three_ranks_and_several_segments_expect_every_read_and_free_ordered(model, monkeypatch, how):
+    """The flat algorithms as every job of more than two ranks runs them (all_reduce: the all-to-all of every
+    rank's chunks, decode-and-sum, all-gather of the reduced chunks), pipelined over several segments so one
+    segment's codec work overlaps another's exchange. "elsewhere": every handle waited and its outputs read
+    on another stream only, then every tensor dropped: the caller's tensors the side stream used must have
+    been kept for it (``side.keep``), as the caller's stream is never ordered after the side stream."""
+    from ccoll.collectives import segments
+
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", SMALL_SEGMENT_BYTES)
+    simulated_world(3, _on_compute(model, lambda r, g, c, a: _every_collective(model, r, g, c, a)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")), how)
+    _finish(model)
+
+
+def _segmented_all_reduce(model, rank, group, c, async_op):
+    ef = ccoll.ErrorFeedback()
+    for step in range(2):
+        x = _rand(model, 2000, rank + 3 * step, "gradient")
+        h = ccoll.all_reduce(x, "sum", group, c, async_op, error_feedback=ef, key="seg", min_bytes=0)
+        if h is None:
+            model.read(x, f"segmented all_reduce result step {step}")
+            continue
+        other = model.stream(f"other{rank}")
+        with model.use(other):  # waited and read on another stream only, then dropped
+            h.wait()
+            model.read(x, f"segmented all_reduce result step {step} on another stream")
+            model.keep(x, other)
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_given_two_ranks_and_several_segments_expect_the_flat_pipeline_ordered(model, monkeypatch, async_op):
+    """Two ranks, a tensor of several segments: flat's pipeline with each rank's own chunk kept exact (the
+    one-exchange path takes only single-segment tensors)."""
+    from ccoll.collectives import segments
+
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", SMALL_SEGMENT_BYTES)
+    simulated_world(2, _on_compute(model, lambda r, g, c, a: _segmented_all_reduce(model, r, g, c, a)),
+                    hook_codec(model, ccoll.get_codec("int8:block=256")), async_op)
     _finish(model)
 
 
@@ -411,7 +471,10 @@ def _batch_job(rank: int, world: int) -> dict:
     from ccoll import Policy
     from tests.streamcheck import Patcher, installed
 
-    out = {}
+    from tests.streamcheck import record_algorithms
+
+    out, reached, recorder = {}, {}, Patcher()
+    record_algorithms(recorder, reached)  # before patch.install: it builds batch_isend_irecv
     for variant in BATCH_VARIANTS:
         model, breaker = Model(), Patcher()
         if variant == "no join":  # the stream that waits is not ordered after decoding
@@ -434,6 +497,8 @@ def _batch_job(rank: int, world: int) -> dict:
         gc.collect()
         model.collect()
         out[variant] = {"violations": sorted(set(model.violations)), **values}
+    recorder.undo()
+    out["reached"] = {k: sorted(v) for k, v in reached.items()}
     return out
 
 
@@ -441,7 +506,11 @@ def _batch_job(rank: int, world: int) -> dict:
 def batch_results():
     from ccoll.launch import run_gloo
 
-    return run_gloo(2, _batch_job, timeout_s=300)
+    results = run_gloo(2, _batch_job, timeout_s=300)
+    for r in results:
+        for name, tags in r["reached"].items():
+            REACHED.setdefault(name, set()).update(tags)
+    return results
 
 
 def test_given_patched_batch_isend_irecv_expect_every_read_and_free_ordered(batch_results):
@@ -541,3 +610,32 @@ def test_given_get_future_finished_on_the_waiter_threads_own_stream_expect_the_m
     simulated_world(2, _on_compute(model, lambda r, g, c: _future_consumed_elsewhere(model, r, g, c)),
                     hook_codec(model, ccoll.get_codec("bf16")))
     assert any("unordered read: 'consume the future's value' on stream consumer0" in v for v in model.violations)
+
+
+# --- coverage: every algorithm ran under the model ----------------------------------------------------------
+
+#: variants an algorithm must also have run with: flat's all_reduce is the path of every job of more than two
+#: ranks and of every multi-segment tensor (its two-rank form keeps the own chunk exact); the reduce_scatter /
+#: all_gather pipelines over spans
+REQUIRED_VARIANTS = {
+    "ccoll.collectives.flat:all_reduce": {"p=2", "p>=3", "segments>1"},
+    "ccoll.collectives.flat:reduce_scatter_tensor": {"segments>1"},
+    "ccoll.collectives.flat:all_gather_into_tensor": {"segments>1"},
+}
+
+
+def test_given_every_test_of_this_module_run_expect_every_algorithm_reached_under_the_model(request):
+    """Every algorithm tests.streamcheck.algorithms() derives from ccoll's source (the router's algorithm
+    modules, every other stream-call owner, the DDP and FSDP2 hooks) ran under the model in this module, with
+    the variants above: a new algorithm fails here until a test runs it under the model. Needs the whole
+    module (it reads what the other tests reached): run alone, or with some tests deselected, it skips."""
+    mine = [i for i in request.session.items if i.module is request.module and i is not request.node]
+    everything = [n for n in dir(request.module) if n.startswith("test_") and n != request.node.name]
+    if {i.originalname for i in mine} != set(everything):
+        pytest.skip("needs every test of tests/dist/test_streams_hb.py in the session")
+    names = algorithms()
+    assert len(names) >= 20, names  # the derivation itself still finds the algorithms
+    missing = [n for n in names if n not in REACHED]
+    assert not missing, "never run under the stream model:\n" + "\n".join(missing)
+    short = {n: sorted(v - REACHED[n]) for n, v in REQUIRED_VARIANTS.items() if not v <= REACHED[n]}
+    assert not short, f"variants never run under the stream model: {short}"
