@@ -77,11 +77,12 @@ CCOLL_CONV_HD u32 byte_perm(u32 x, u32 y, u32 sel) {
 // (CqInt::decodes_normal): an fp32 subnormal keeps bits bf16 has not (the split is exact there), and
 // 65537 x overflows near 2^112. tests/unit/test_simt.py checks it against the integer code on every fp32
 // of three binades (the lowest normal one, [1, 2), the top one below 2^111) and both signs: every other
-// binade scales from [1, 2) exactly, as no operation underflows or overflows there.
+// binade scales from [1, 2) exactly, as no operation underflows or overflows there; the device branch (its PTX
+// immediate included) is run against this host one by tests/unit/test_device_twins.py.
 CCOLL_CONV_HD float f32_round_bf16_normal(float x) {
 #ifdef __CUDA_ARCH__
   float c, d, r;
-  asm("mul.rn.f32 %0, %1, 0f47800100;" : "=f"(c) : "f"(x));  // 65537
+  asm("mul.rn.f32 %0, %1, 0f47800080;" : "=f"(c) : "f"(x));  // 65537 = 2^16 + 1: 0x47800080
   asm("sub.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(c), "f"(x));
   asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(c), "f"(d));
   return r;
