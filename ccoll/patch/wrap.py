@@ -172,13 +172,17 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
                     return run_native(dim, stat_op, nbytes, via[0], via[1])
             return run_native(dim, stat_op, nbytes, torch_fn, args)
         # compress: the row's collective, under the call's dimension, with torch calls passing through
+        coalescing = _coalescing(group)
         enter(st)
         try:
             with dimension(dim), _profiled(event):
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
                 call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
-                h = collective(call, *args)
+                if coalescing is None:
+                    h = collective(call, *args)
+                else:
+                    h = _outside_coalescing(coalescing, collective, call, args)
         finally:
             local.busy = False
         # epilogue
@@ -187,6 +191,35 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         return h if returns else None
 
     return handle
+
+
+def _coalescing(group: Any) -> "tuple[dict, Any] | None":
+    """(torch's coalescing state, the group) when torch's ``_coalescing_manager`` is open on ``group``,
+    else None. Megatron-core's DistributedDataParallel reduces its gradient buckets inside one
+    (``param_and_grad_buffer.start_grad_sync``); there torch's all_reduce / all_gather_into_tensor /
+    reduce_scatter_tensor only record themselves, to be issued together when the block ends."""
+    state = dist.distributed_c10d._world.pg_coalesce_state
+    if not state:
+        return None
+    g = dist.distributed_c10d._get_default_group() if group is None else group
+    return (state, g) if g in state else None
+
+
+def _outside_coalescing(coalescing: tuple, collective: Callable, call: Compressed, args: tuple) -> Any:
+    """A compressed call made inside torch's ``_coalescing_manager`` on its group: ccoll's own traffic on
+    the group must really travel (recorded instead, it would never run: the wait finds no request), so
+    the group's record is set aside for the call, which is also finished here (an async handle returned
+    inside the block is ignored by its callers, who wait on the manager, which knows nothing of ccoll's
+    call). Native calls in the same block are still recorded and issued at its end, on every rank alike."""
+    state, g = coalescing
+    recorded = state.pop(g)
+    try:
+        h = collective(call, *args)
+        if h is not None and hasattr(h, "wait"):
+            h.wait()
+    finally:
+        state[g] = recorded
+    return h
 
 
 @functools.lru_cache(maxsize=None)
@@ -337,7 +370,11 @@ def _all_to_all_mpi(comm, output, input, output_split_sizes, input_split_sizes, 
 
 
 def _p2p_row(name: str) -> Row:
-    """send / recv / isend / irecv: both sides decide from (dim, shape, dtype, step) only."""
+    """send / recv / isend / irecv: both sides decide from (dim, shape, dtype, step) only. All four run
+    torch's function busy (``reenters``): send / recv call the wrapped isend / irecv, and under any
+    ``TorchFunctionMode`` torch's isend / irecv dispatch to ``distributed_c10d.isend`` / ``irecv`` again,
+    which are ccoll's wrappers too (:data:`ccoll.patch.install.C10D_TOO`): not busy, they counted the call
+    twice (Megatron-core's pipeline sends under a mode, tests/dist/test_patch_megatron_core_dist.py)."""
     sending = name in ("send", "isend")
     is_async = name in ("isend", "irecv")
     peer, group_peer = ("dst", "group_dst") if sending else ("src", "group_src")  # torch's parameter names
@@ -358,7 +395,7 @@ def _p2p_row(name: str) -> Row:
     # a receiver decides as its sender did, whether or not it names the sender (see anysource)
     return Row("send_recv", f"tensor, {peer}=None, group=None, tag=0, {group_peer}=None", collective,
                async_op=str(is_async), compressible=known_peer if sending else None,
-               stat_op="send" if sending else "recv", reenters=not is_async, returns=True,
+               stat_op="send" if sending else "recv", reenters=True, returns=True,
                event="c10d::send" if sending else "c10d::recv_")
 
 
