@@ -101,19 +101,41 @@ class _Phases:
                 still.append(w)
         self.pending = still
 
-    def run(self, label: str, fn: Any, *args: Any, sent: int = 0, **kwargs: Any) -> Any:
+    def run(self, label: str, fn: Any, *args: Any, sent: int = 0, quiet: bool = False, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` as the phase ``label``; ``quiet``: with torch's own events off inside
+        (an exchange's payload traffic: the patch records the backend event of the caller's call instead,
+        ccoll.patch.events)."""
         n = self.counts.get(label, 0)
         self.counts[label] = n + 1
         t0 = time.perf_counter()
         if self.profiling:
             with torch.autograd.profiler.record_function(label):
-                out = fn(*args, **kwargs)
+                if quiet:
+                    with torch_events_off():
+                        out = fn(*args, **kwargs)
+                else:
+                    out = fn(*args, **kwargs)
         else:
             out = fn(*args, **kwargs)
         if self.events is not None:
             self.events.append((label, n, t0, time.perf_counter(), sent))
             self.poll()
         return out
+
+
+class torch_events_off:
+    """``with torch_events_off():`` torch's record functions off on this thread inside (the payload traffic
+    of a compressed call while a profiler runs: its backend events, ``gloo:all_gather`` of uint8 payloads,
+    would stand for the caller's call with the wrong op and shapes; ccoll.patch.events records the right one).
+    Only used while a profiler runs, when record functions are on."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        torch.autograd._enable_record_function(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.autograd._enable_record_function(True)
 
 
 class _Codec:
@@ -166,7 +188,7 @@ class _Transport:
             except (IndexError, AttributeError, TypeError):
                 sent = 0
             n = phases.counts.get("ccoll.exchange." + name, 0)
-            work = phases.run("ccoll.exchange." + name, attr, *args, sent=sent, **kwargs)
+            work = phases.run("ccoll.exchange." + name, attr, *args, sent=sent, quiet=True, **kwargs)
             if work is None:
                 return None
             w = _Wait(work, phases, "ccoll.wait." + name, n)
@@ -193,4 +215,4 @@ class _Wait:
         return phases.run(self._label, self._work.wait, *args, **kwargs)
 
 
-__all__ = ["Recorder", "labelled", "recording"]
+__all__ = ["Recorder", "labelled", "recording", "torch_events_off"]

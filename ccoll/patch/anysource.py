@@ -15,6 +15,7 @@ not run it (tests/dist/test_streams_hb.py).
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -38,9 +39,8 @@ def _sent_compressed(codec: Any, t: torch.Tensor) -> bool:
 
 def irecv(tensor: torch.Tensor, group: Any, codec: Any, dim: str, tag: int = 0):
     """Receive into ``tensor`` from any rank of ``group``; returns (handle, sender) where ``sender()``
-    (after the handle's wait) is the sender's global rank."""
-    from ..transports import Handle
-
+    (after the handle's wait) is the sender's global rank. The handle answers ``_source_rank()`` as
+    torch's any-source ``Work`` does: the sender's rank in ``group``."""
     if codec.variable_size:
         raise TransportError(f"ccoll: recv(src=None) with the variable-size codec {codec.spec}: the sender "
                              "must be known; pass src=")
@@ -49,14 +49,14 @@ def irecv(tensor: torch.Tensor, group: Any, codec: Any, dim: str, tag: int = 0):
     raw = t.numel() * t.element_size()
     pg = group if group is not None else dist.group.WORLD
     if not _sent_compressed(codec, t):
-        work = _torch("irecv")(tensor, None, group, tag)
+        work = _issue(tensor, group, tag)
 
         def then_native() -> None:
             record("recv", "native", raw, raw, time.perf_counter() - t0, dim=dim)
     else:
         nbytes = codec.encoded_nbytes(t.numel(), t.dtype)
         payload = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
-        work = _torch("irecv")(payload, None, group, tag)
+        work = _issue(payload, group, tag)  # while profiling: the caller's event only (ccoll.patch.events)
 
         def then_native() -> None:
             codec.decode(payload, t.numel(), t.dtype, out=t)
@@ -65,11 +65,38 @@ def irecv(tensor: torch.Tensor, group: Any, codec: Any, dim: str, tag: int = 0):
     def sender() -> int:
         return dist.get_global_rank(pg, work._source_rank())
 
-    return Handle([work], then_native, [tensor]), sender
+    return _handle_class()(work, then_native, tensor), sender
 
 
-def recv(tensor: torch.Tensor, group: Any, codec: Any, dim: str, tag: int = 0) -> int:
-    """Blocking :func:`irecv`; returns the sender's global rank, like ``torch.distributed.recv``."""
-    h, sender = irecv(tensor, group, codec, dim, tag)
-    h.wait()
-    return sender()
+def _issue(buf: torch.Tensor, group: Any, tag: int) -> Any:
+    if torch.autograd._profiler_enabled():
+        from ..collectives.phases import torch_events_off
+
+        with torch_events_off():
+            return _torch("irecv")(buf, None, group, tag)
+    return _torch("irecv")(buf, None, group, tag)
+
+
+@functools.lru_cache(maxsize=None)
+def _handle_class() -> type:
+    from ..transports import Handle
+
+    class AnySourceHandle(Handle):
+        """A receive from any source: torch's ``Work._source_rank()`` (the sender's rank in the group,
+        after the wait) on top of the transports' handle."""
+
+        __slots__ = ("_work",)
+
+        def __init__(self, work: Any, then: Any, tensor: torch.Tensor) -> None:
+            super().__init__([work], then, [tensor])
+            self._work = work
+
+        def _source_rank(self) -> int:
+            self.wait()
+            return self._work._source_rank()
+
+        def source_rank(self) -> int:
+            return self._source_rank()
+
+    return AnySourceHandle
+

@@ -16,17 +16,21 @@ class DimHandle(dist.Work):
     """Async handle whose ``wait()`` (where ccoll decodes and records stats) runs under the call's
     dimension, so async traffic is attributed like sync traffic."""
 
-    __slots__ = ("_handle", "_dim", "_outputs")
+    __slots__ = ("_handle", "_dim", "_outputs", "_event")
 
-    def __init__(self, handle: Any, dim: str, outputs: list | None = None):
+    def __init__(self, handle: Any, dim: str, outputs: list | None = None, event: Any = None):
         super().__init__()  # the C++ Work under the subclass (pybind requires it)
         self._handle = handle
         self._dim = dim
         self._outputs = outputs
+        self._event = event  # the backend's profiler event of the call (ccoll.patch.events), ended when done
 
     def wait(self, timeout: Any = None) -> bool:
         with dimension(self._dim):
-            return self._handle.wait(timeout)
+            done = self._handle.wait(timeout)
+        if self._event is not None:
+            self._event.end()
+        return done
 
     def result(self) -> list:
         """Wait, then return the output tensors, as torch's ``Work.result()`` does (ccoll's own handles
@@ -38,7 +42,13 @@ class DimHandle(dist.Work):
         return self._handle.is_completed()
 
     def get_future(self) -> "torch.futures.Future":
-        return self._handle.get_future()
+        """A future of :meth:`result`'s tensors, as torch's ``Work.get_future()`` (an all_gather_into_tensor's:
+        the output, one view per rank)."""
+        fut = self._handle.get_future()
+        if self._outputs is None:
+            return fut
+        outputs = self._outputs
+        return fut.then(lambda _: outputs)
 
     def is_success(self) -> bool:
         """torch's (deprecated) name: completed without an error."""
@@ -68,5 +78,5 @@ class DimHandle(dist.Work):
         return getattr(self._handle, name)
 
 
-def async_result(h: Any, dim: str, outputs: list | None = None) -> Any:
-    return None if h is None else DimHandle(h, dim, outputs)
+def async_result(h: Any, dim: str, outputs: list | None = None, event: Any = None) -> Any:
+    return None if h is None else DimHandle(h, dim, outputs, event)

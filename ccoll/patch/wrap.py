@@ -34,7 +34,7 @@ import torch.distributed as dist
 from .. import capture as _capture
 from ..callctx import Call as _CallCtx, local as _local, set_current, reduce_name
 from ..stats import dimension
-from . import anysource, fingerprint, native
+from . import anysource, events as _events, fingerprint, native
 from .handles import async_result
 from .state import SLOT, State
 
@@ -73,7 +73,8 @@ class Row:
     reenters: bool = False  # torch's function calls another wrapped one (send -> isend): run it busy
     returns: bool = False  # a sync compressed call returns what ``collective`` returned (recv: the peer)
     outputs: Callable | None = None  # (*torch args) -> what an async handle's result() returns; None: [args[0]]
-    event: str = ""  # the profiler event torch records for this call (a compressed call records it too)
+    event: str = ""  # torch's dispatcher event for this call (a compressed call records it, and its backend's: events)
+    event_of: Callable | None = None  # (*torch args) -> the dispatcher event, where the arguments pick it
     exact: str = ""  # why ccoll never compresses this function: the row only resolves, runs torch's and counts
     size: Callable | None = None  # (*torch args) -> bytes counted for a native call; None: the tensor's bytes
 
@@ -120,7 +121,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
     op, stat_op, reduces, compressible = row.op, row.stat_op or row.op, row.reduce is not None, row.compressible
     same_dtype, mpi, collective, returns = row.same_dtype, row.mpi, row.collective, row.returns
     outputs = row.outputs or (lambda first, *_: [first])
-    event, never, size, reenters = row.event, bool(row.exact), row.size, row.reenters
+    event, event_of, never, size, reenters = row.event, row.event_of, bool(row.exact), row.size, row.reenters
     sending = stat_op == "send" if row.stat_op is not None else None
     run_native, count, perf_counter, capture = native.run, native.count, time.perf_counter, _capture.state
     local = _local
@@ -173,9 +174,12 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
             return run_native(dim, stat_op, nbytes, torch_fn, args)
         # compress: the row's collective, under the call's dimension, with torch calls passing through
         coalescing = _coalescing(group)
+        ev, name = None, event if event_of is None else event_of(*args)
         enter(st)
         try:
-            with dimension(dim), _profiled(event):
+            with dimension(dim), _profiled(name):
+                if torch.autograd._profiler_enabled():  # the backend's event of the caller's call (events)
+                    ev = _events.begin(name, tensor, group)
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
                 call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
@@ -183,11 +187,17 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
                     h = collective(call, *args)
                 else:
                     h = _outside_coalescing(coalescing, collective, call, args)
+        except BaseException:
+            if ev is not None:
+                ev.end()
+            raise
         finally:
             local.busy = False
         # epilogue
-        if async_op:
-            return async_result(h, dim, outputs(*args))
+        if async_op and h is not None:
+            return async_result(h, dim, outputs(*args), ev)  # its first wait() ends the event
+        if ev is not None:
+            ev.end()
         return h if returns else None
 
     return handle
@@ -393,10 +403,13 @@ def _p2p_row(name: str) -> Row:
         return peer is not None or group_peer is not None
 
     # a receiver decides as its sender did, whether or not it names the sender (see anysource)
+    def recv_event(tensor, peer, group, tag, group_peer):  # torch's receive from any source is its own op
+        return "c10d::recv_any_source_" if peer is None and group_peer is None else "c10d::recv_"
+
     return Row("send_recv", f"tensor, {peer}=None, group=None, tag=0, {group_peer}=None", collective,
                async_op=str(is_async), compressible=known_peer if sending else None,
                stat_op="send" if sending else "recv", reenters=True, returns=True,
-               event="c10d::send" if sending else "c10d::recv_")
+               event="c10d::send" if sending else "c10d::recv_", event_of=None if sending else recv_event)
 
 
 _ALL_GATHER = Row("all_gather", "output_tensor, input_tensor, group=None, async_op=False", _all_gather,
