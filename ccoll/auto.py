@@ -2,7 +2,8 @@
 
 DDP's reducer (C++) and FSDP2's collectives never call the ``torch.distributed`` functions the patch
 wraps, so under ``ccoll-run`` they would run uncompressed. While installed (``ccoll.patch.install`` calls
-:func:`install`), this module:
+:func:`install`), the adapters of ccoll/frameworks (``ddp``, ``fsdp2``, ``hf``: which methods, when, through
+the one table of patches) call this module, which decides what each model gets:
 
 - DDP: wraps ``DistributedDataParallel.__init__`` to number each instance (0, 1, ... in order of
   construction, the same in a resumed run) and build a :class:`ccoll.ddp.CompressionState` from the
@@ -17,11 +18,8 @@ wraps, so under ``ccoll-run`` they would run uncompressed. While installed (``cc
   (:class:`ccoll.fsdp.CompressedReduceScatter`, the policy's ``dp`` reduce_scatter rule), and its
   all-gather where the policy compresses ``dp`` all_gather. A custom comm set by the user is left alone.
 - ``attach: {ddp: false}`` / ``{fsdp: false}`` in the policy turns either off.
-- Hugging Face Trainer: wraps ``transformers.trainer.Trainer.__init__`` (when the process imports it;
-  ccoll never imports transformers) to put :class:`ccoll.hf.CcollCallback` first among the new Trainer's
-  callbacks, so ccoll's figures reach Trainer's logs and its ``report_to`` integrations. Why wrap the
-  constructor: Trainer builds its callback list there and offers no other place to join it, and the
-  callback must come before the integrations to reach them; it only adds keys to the logs dict.
+- Hugging Face Trainer: ccoll/frameworks/hf.py wraps ``transformers.trainer.Trainer.__init__`` (when the
+  process imports it) to put :class:`ccoll.hf.CcollCallback` first among the new Trainer's callbacks.
 
 Error-feedback state of every attached model is part of :func:`ccoll.patch.state_dict` under
 ``"auto"`` (``{"ddp": {index: ...}, "fsdp": {index: ...}}``); :func:`ccoll.patch.load_state_dict` hands
@@ -32,12 +30,10 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
-import sys
 import threading
 import weakref
 from typing import Any, Callable
 
-from ._activate.ccoll_after_import import AfterImport
 from .errors import PolicyError
 from .log import tell
 
@@ -64,13 +60,13 @@ class _Installed:
     """The policy models built from now on are attached with (None: ccoll.patch is not installed)."""
 
     policy = None
+    exit_hook = False  # _release_ddp_models registered with atexit
 
 
 _installed = _Installed()
 _models: list[Attached] = []
 _by_ddp: "weakref.WeakKeyDictionary[Any, Attached]" = weakref.WeakKeyDictionary()
 _pending: dict[tuple[str, int], dict] = {}  # loaded state of models not attached yet
-_originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to put back at uninstall
 _counts = {"ddp": 0, "fsdp": 0}
 
 
@@ -121,11 +117,9 @@ def _user_hook(entry: Attached, name: str) -> None:
           "by ccoll)", entry.index, name)
 
 
-def _wrap_ddp() -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    init, register, builtin = DDP.__init__, DDP.register_comm_hook, DDP._register_builtin_comm_hook
-
+def ddp_methods(init: Callable, register: Callable, builtin: Callable) -> tuple[Callable, Callable, Callable]:
+    """DDP's ``__init__``, ``register_comm_hook`` and ``_register_builtin_comm_hook`` as ccoll replaces them
+    (ccoll/frameworks/ddp.py puts them in place), given torch's."""
     @functools.wraps(init)  # frameworks read DDP's signature (inspect follows __wrapped__)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
@@ -165,10 +159,7 @@ def _wrap_ddp() -> None:
             entry.user_hook = (self.process_group, python[comm_hook_type])
         _user_hook(entry, str(comm_hook_type))
 
-    for name, fn, orig in (("__init__", __init__, init), ("register_comm_hook", register_comm_hook, register),
-                           ("_register_builtin_comm_hook", _register_builtin_comm_hook, builtin)):
-        _originals.append((DDP, name, orig))
-        setattr(DDP, name, fn)
+    return __init__, register_comm_hook, _register_builtin_comm_hook
 
 
 def _ddp_attach_cancel(entry: Attached) -> None:
@@ -203,40 +194,13 @@ def _on_ddp(ddp: Any, register: Callable) -> None:
 
 
 # --- FSDP2 ----------------------------------------------------------------------------------------------
-def _wrap_fsdp() -> None:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-
-    lazy_init = FSDPState._lazy_init
-
-    def _lazy_init(self) -> None:
-        first = self._is_root is None
-        lazy_init(self)
-        if first and self._is_root and _installed.policy is not None:
-            _on_fsdp_root(self._modules[0])
-
-    _originals.append((FSDPState, "_lazy_init", lazy_init))
-    FSDPState._lazy_init = _lazy_init
-
-
-def _place_fsdp_groups(root: Any, fsdp_module: type) -> None:
-    """FSDP2's shard (and HSDP's replicate) groups are ``dp`` for the patch too: its own calls through
-    torch.distributed (parameter all-gathers the policy keeps native) are then counted and ruled as dp,
-    not as ``default`` when the mesh has no dim names. Placed whether or not ccoll attaches its comms."""
-    from .resolvers import place_group
-
-    for sub in root.modules():
-        if isinstance(sub, fsdp_module):
-            for group in sub._get_fsdp_state()._fsdp_param_groups:
-                info = group.mesh_info
-                for attr in ("shard_process_group", "replicate_process_group"):
-                    place_group(getattr(info, attr, None), "dp", "FSDP2")
-
-
-def _on_fsdp_root(root: Any) -> None:
+def on_fsdp_root(root: Any) -> None:
+    """At an FSDP2 root's first forward (ccoll/frameworks/fsdp2.py, which has placed its groups): give each
+    FSDP module that still has torch's default reduce-scatter ccoll's, and its all-gather where the policy
+    compresses dp all_gather."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-    _place_fsdp_groups(root, FSDPModule)
     pol = _installed.policy
     rs, ag = pol.rule("dp", "reduce_scatter"), pol.rule("dp", "all_gather")
     if not pol.attach["fsdp"]:
@@ -276,36 +240,6 @@ def _on_fsdp_root(root: Any) -> None:
         tell("ccoll: FSDP2 model #%d: custom reduce-scatter left alone on %s", entry.index, ", ".join(theirs))
 
 
-# --- Hugging Face Trainer -------------------------------------------------------------------------------
-_TRAINER = "transformers.trainer"
-
-
-def _wrap_trainer() -> None:
-    from transformers.trainer import Trainer
-
-    init = Trainer.__init__
-
-    @functools.wraps(init)  # frameworks read Trainer's signature (inspect follows __wrapped__)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if _installed.policy is not None:
-            from .hf import attach
-
-            attach(self)
-
-    _originals.append((Trainer, "__init__", init))
-    Trainer.__init__ = __init__
-
-
-def _when_imported(module: str, wrap: Callable[[], None]) -> None:
-    """``wrap()`` now if ``module`` is imported, else right after the process imports it (never before:
-    importing FSDP2 costs ~1 s, transformers more, and most processes never do)."""
-    if module in sys.modules:
-        wrap()
-    elif not any(isinstance(f, AfterImport) and f.name == module for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterImport(module, wrap))
-
-
 def _release_ddp_models() -> None:
     """At exit, while the interpreter is whole: drop each DDP model's reducer, logger and process group
     reference, so a group the script already destroyed is freed now. Left to interpreter teardown, the
@@ -320,55 +254,25 @@ def _release_ddp_models() -> None:
 
 
 def install(policy: Any) -> None:
-    """Called by ``ccoll.patch.install``: wrap DDP, FSDP2 and HF Trainer (once) and use ``policy`` for models
-    built from now on. FSDP2 and Trainer are wrapped when the process imports them."""
+    """Called by ``ccoll.patch.install``: use ``policy`` for models built from now on (the methods that see
+    them are replaced by ccoll/frameworks' adapters)."""
     with _lock:
+        if _installed.policy is None and not _installed.exit_hook:
+            atexit.register(_release_ddp_models)
+            _installed.exit_hook = True
         _installed.policy = policy
-        if _originals:
-            return
-        atexit.register(_release_ddp_models)
-        try:
-            _wrap_ddp()
-        except (ImportError, AttributeError) as e:  # a torch without DDP's hook API: nothing to attach to
-            from .log import logger
-
-            logger.debug("ccoll.auto: DDP not wrapped (%s)", e)
-        _when_imported(_FSDP_STATE, _wrap_fsdp_safely)
-        _when_imported(_TRAINER, _wrap_trainer_safely)
 
 
-_FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
-
-
-def _once(owner: str, wrap: Callable[[], None], what: str) -> Callable[[], None]:
-    """``wrap()`` run once per installation, when its module is imported (``owner``: the class it replaces a
-    method of); a framework version without the API it needs leaves it unwrapped, said at debug level."""
-    def run() -> None:
-        with _lock:
-            if _installed.policy is None or any(o.__name__ == owner for o, _, _ in _originals):
-                return
-            try:
-                wrap()
-            except (ImportError, AttributeError) as e:  # torch < 2.7 (no FSDP2 custom comms), a Trainer-less transformers
-                from .log import logger
-
-                logger.debug("ccoll.auto: %s not wrapped (%s)", what, e)
-
-    return run
-
-
-_wrap_fsdp_safely = _once("FSDPState", _wrap_fsdp, "FSDP2")
-_wrap_trainer_safely = _once("Trainer", _wrap_trainer, "transformers Trainer")
+def installed() -> bool:
+    """Whether models built now are attached (``ccoll.patch`` is installed)."""
+    return _installed.policy is not None
 
 
 def uninstall() -> None:
-    """Put DDP's, FSDP2's and Trainer's methods back; models (and Trainers) already attached keep their
-    hooks (callbacks)."""
+    """Models built from now on are left alone; models (and Trainers) already attached keep their hooks
+    (callbacks)."""
     with _lock:
         _installed.policy = None
-        for owner, name, orig in reversed(_originals):
-            setattr(owner, name, orig)
-        _originals.clear()
 
 
 def reset() -> None:

@@ -18,12 +18,15 @@ only at modules already in ``sys.modules``.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
+from . import frameworks as _frameworks
 from .errors import PolicyError
+from .frameworks.devicemesh import MESH_DIMS  # noqa: F401  (re-exported: torch DeviceMesh dim names)
+from .frameworks.fsdp2 import place_group  # noqa: F401  (re-exported: groups of what ccoll attached to)
+from .frameworks.megatron import DESCS as MEGATRON_CORE_GROUPS  # noqa: F401  (re-exported)
 
 Resolver = Callable[[Any, str], "str | None"]
 
@@ -171,93 +174,21 @@ class MpuResolver:
 
 
 # --- automatic resolution ---------------------------------------------------------------------------------
-#: torch DeviceMesh dimension names (torchtitan's spelling) -> policy dimension. Other names (cp, ...) have
-#: no policy dimension and stay unplaced.
-MESH_DIMS = {"dp": "dp", "dp_replicate": "dp", "dp_shard": "dp", "fsdp": "dp", "dp_shard_cp": "dp", "dp_cp": "dp",
-             "tp": "tp", "pp": "pp", "ep": "ep"}
-
-#: Megatron-core ``parallel_state`` group_desc -> policy dimension (the groups its initialize_model_parallel
-#: builds; combined groups such as MODEL_PARALLEL_GROUP or EMBEDDING_GROUP stay unplaced)
-MEGATRON_CORE_GROUPS = {
-    "DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp",
-    "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp",
-    "INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp", "EXPERT_DATA_PARALLEL_GROUP": "dp",
-    "EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
-    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "EXPERT_TENSOR_PARALLEL_GROUP": "tp",
-    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
-    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
-}
+# What each framework places, and how, is its adapter's (ccoll/frameworks/*.py); the resolver loops over them.
 
 #: what AutoResolver looks for, in the order it trusts them (named in the "nothing resolved" warning)
-AUTO_SOURCES = (
-    "group_desc names (Megatron-core parallel_state, torch DeviceMesh 'mesh_<dim>')",
-    "DeviceMesh dims spanning all ranks (meshes built while ccoll.patch is installed)",
-    "GPT-NeoX/Megatron 'megatron.mpu' (model_parallel_is_initialized, get_topology)",
-    "DeepSpeed 'deepspeed.utils.groups' (mpu / PipelineParallelGrid topology, expert groups, DP world group)",
-    "the process groups of FSDP2 modules ccoll attached to (dp)",
-)
+AUTO_SOURCES = _frameworks.SOURCES
 
 UNPLACED = "default"
-_MODULES = sys.modules  # read per call: one global lookup instead of two
-
-class _MeshTracker:
-    """DeviceMeshes built while tracking is on, by creation number (weak: a mesh the user drops is
-    forgotten; ordered: every rank reads them in the same order). Needed for one case only: a mesh dim
-    spanning all ranks reuses the default group, whose group_desc does not name the dim."""
-
-    def __init__(self) -> None:
-        self.meshes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
-        self.version = 0  # meshes built so far: part of AutoResolver's cache signature
-        self.init_original: Callable | None = None  # DeviceMesh.__init__ while tracking, else None
-
-
-_MESHES = _MeshTracker()
-
-
-class _AttachedGroups:
-    """Process groups whose dimension ccoll knows from what it attached to: FSDP2 shards (and, for HSDP,
-    replicates) a module's parameters over its mesh's groups, so those are ``dp`` -- also for the calls
-    FSDP2 makes through torch.distributed itself (its parameter all-gathers when the policy keeps them
-    native), which the automatic resolver could not place when the mesh has no dim names (``fully_shard``'s
-    default mesh over all ranks). Placed at the root module's first forward, which every rank runs before
-    any of those calls, so every rank decides alike."""
-
-    def __init__(self) -> None:
-        self.groups: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
-        self.version = 0  # part of AutoResolver's cache signature
-
-
-_ATTACHED = _AttachedGroups()
-
-
-def place_group(group: Any, dim: str, source: str) -> None:
-    """Place ``group`` on ``dim`` for every automatic resolver (``source`` names who knows, for the
-    "nothing compressed" diagnosis)."""
-    if group is None or _ATTACHED.groups.get(group) == (dim, source):
-        return
-    _ATTACHED.groups[group] = (dim, source)
-    _ATTACHED.version += 1
+_signature = _frameworks.signature
+_DESCS = _frameworks.DESCS
 
 
 def track_device_meshes(on: bool) -> None:
     """Record every torch DeviceMesh built from now on (``ccoll.patch.install`` turns this on)."""
-    from torch.distributed import device_mesh
+    from .frameworks import devicemesh
 
-    cls = device_mesh.DeviceMesh
-    tracker = _MESHES
-    if on and tracker.init_original is None:
-        original = tracker.init_original = cls.__init__
-
-        @functools.wraps(original)
-        def __init__(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            tracker.version += 1
-            tracker.meshes[tracker.version] = self
-
-        cls.__init__ = __init__
-    elif not on and tracker.init_original is not None:
-        cls.__init__ = tracker.init_original
-        tracker.init_original = None
+    devicemesh.track(on)
 
 
 def _c10d_state() -> tuple[Any, int]:
@@ -324,10 +255,7 @@ class AutoResolver:
         default_pg, group_count = _c10d_state()
         if default_pg is None:
             return UNPLACED  # before init_process_group: nothing can be placed yet (not cached)
-        ds = _MODULES.get("deepspeed.utils.groups")
-        sig = ((group_count, id(default_pg), _MESHES.version, _ATTACHED.version) if ds is None else
-               (group_count, id(default_pg), _MESHES.version, _ATTACHED.version, id(ds.mpu),
-                id(getattr(ds, "_WORLD_GROUP", None))))
+        sig = (group_count, id(default_pg), _signature())
         if sig != self._signature:
             self._refresh(sig, default_pg)
         if group is None:
@@ -343,13 +271,10 @@ class AutoResolver:
 
     def _lookup(self, g: Any) -> str:
         dim = None
-        desc = getattr(g, "group_desc", "") or ""
-        if desc.startswith("mesh_") and desc[5:] in MESH_DIMS:
-            dim = MESH_DIMS[desc[5:]]
-            self.found.add("DeviceMesh")
-        elif desc in MEGATRON_CORE_GROUPS:
-            dim = MEGATRON_CORE_GROUPS[desc]
-            self.found.add("megatron.core.parallel_state")
+        named = _DESCS.get(getattr(g, "group_desc", "") or "")
+        if named is not None:
+            dim = named[0]
+            self.found.add(named[1])
         if dim is None:
             try:
                 dim = self._by_group.get(g)
@@ -368,90 +293,16 @@ class AutoResolver:
 
     # --- when the frameworks' state changed -----------------------------------------------------------
     def _refresh(self, sig: tuple, default_pg: Any) -> None:
-        by_group: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-        by_ranks: dict[frozenset[int], str] = {}
-        found: set[str] = set()
+        placer = _Placer()
         pipe_stages = 1
-
-        def add(dim: str, source: str, groups=(), rank_sets=()) -> None:
-            for grp in groups:
-                if grp is not None:
-                    try:
-                        by_group.setdefault(grp, dim)
-                    except TypeError:
-                        pass
-                    rank_sets = list(rank_sets) + [_ranks(grp)]
-            for ranks in rank_sets:
-                key = frozenset(int(r) for r in ranks)
-                if len(key) > 1:
-                    by_ranks.setdefault(key, dim)
-                    found.add(source)
-
-        def add_topology(topo: Any, source: str) -> int:
-            axes = set(topo.get_axis_names())
-            for dim in _DIMS:
-                for axis, d in AXES.items():
-                    if d == dim and axis in axes:
-                        add(dim, source, rank_sets=topo.get_axis_comm_lists(axis))
-            return topo.get_dim("pipe") if "pipe" in axes else 1
-
-        # DeviceMesh dims (all of them; group_desc already names the ones that are not the default group)
-        for _, mesh in sorted(_MESHES.meshes.items()):
-            names = getattr(mesh, "mesh_dim_names", None) or ()
-            for name in names:
-                dim = MESH_DIMS.get(name)
-                if dim is None:
-                    continue
-                try:
-                    grp = mesh.get_group(name)
-                except Exception:  # noqa: BLE001 - a mesh this rank is not part of, or being torn down
-                    continue
-                add(dim, "DeviceMesh", groups=[grp])
-                if dim == "pp" and _ranks(grp) == _ranks(default_pg):
-                    pipe_stages = max(pipe_stages, 2)
-
-        # GPT-NeoX / Megatron (legacy) mpu
-        mpu = sys.modules.get("megatron.mpu")
-        if mpu is not None and _call(mpu, "model_parallel_is_initialized"):
-            topo = _call(mpu, "get_topology")
-            if topo is not None:
-                pipe_stages = max(pipe_stages, add_topology(topo, "megatron.mpu"))
-            else:
-                add("dp", "megatron.mpu", groups=[_call(mpu, "get_data_parallel_group")])
-                add("tp", "megatron.mpu", groups=[_call(mpu, "get_model_parallel_group")])
-                pipe = _call(mpu, "get_pipe_parallel_group")
-                if pipe is not None:
-                    add("pp", "megatron.mpu", groups=[pipe])
-                    pipe_stages = max(pipe_stages, len(_ranks(pipe)))
-
-        # DeepSpeed
-        ds = sys.modules.get("deepspeed.utils.groups")
-        if ds is not None:
-            ds_mpu = getattr(ds, "mpu", None)
-            if ds_mpu is not None:
-                topo = getattr(ds_mpu, "_topo", None) or _call(ds_mpu, "get_topology")
-                if topo is not None and hasattr(topo, "get_axis_comm_lists"):
-                    pipe_stages = max(pipe_stages, add_topology(topo, "deepspeed"))
-                else:
-                    add("dp", "deepspeed", groups=[_call(ds_mpu, "get_data_parallel_group")])
-                    add("tp", "deepspeed", groups=[_call(ds_mpu, "get_model_parallel_group")])
-            elif getattr(ds, "_WORLD_GROUP", None) is not None:
-                add("dp", "deepspeed", groups=[ds._WORLD_GROUP])  # no mpu: DeepSpeed's DP is every rank
-            add("ep", "deepspeed", groups=list(getattr(ds, "_EXPERT_PARALLEL_GROUP", {}).values()),
-                rank_sets=list(getattr(ds, "_EXPERT_PARALLEL_GROUP_RANKS", {}).values()))
-            add("dp", "deepspeed", groups=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP", {}).values()),
-                rank_sets=list(getattr(ds, "_EXPERT_DATA_PARALLEL_GROUP_RANKS", {}).values()))
-
-        # groups of what ccoll attached to (FSDP2 modules), after the frameworks' own placements
-        for grp, (dim, source) in list(_ATTACHED.groups.items()):
-            add(dim, source, groups=[grp])
-
+        for adapter in _frameworks.ADAPTERS:  # in the order they are trusted: the first placement stands
+            pipe_stages = max(pipe_stages, adapter.place(placer, default_pg))
         with self._lock:
-            self._by_group = by_group
-            self._by_ranks = by_ranks
+            self._by_group = placer.by_group
+            self._by_ranks = placer.by_ranks
             self._p2p_on_world = "pp" if pipe_stages > 1 else UNPLACED
             self._cache = {}
-            self.found |= found
+            self.found |= placer.found
             self._signature = sig
 
     def tried(self) -> str:
@@ -459,12 +310,36 @@ class AutoResolver:
         return "; ".join(AUTO_SOURCES)
 
 
-def _call(obj: Any, name: str) -> Any:
-    """``obj.name()`` or None when the accessor is missing or asserts that it is not initialised."""
-    fn = getattr(obj, name, None)
-    if fn is None:
-        return None
-    try:
-        return fn()
-    except (AssertionError, RuntimeError, AttributeError, TypeError, KeyError):
-        return None
+class _Placer:
+    """What the adapters' ``place`` fills: group -> dim and rank set -> dim (the first placement stands),
+    and the sources that placed a group."""
+
+    def __init__(self) -> None:
+        self.by_group: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self.by_ranks: dict[frozenset[int], str] = {}
+        self.found: set[str] = set()
+        self.ranks = _ranks
+
+    def add(self, dim: str, source: str, groups=(), rank_sets=()) -> None:
+        for grp in groups:
+            if grp is not None:
+                try:
+                    self.by_group.setdefault(grp, dim)
+                except TypeError:
+                    pass
+                rank_sets = list(rank_sets) + [_ranks(grp)]
+        for ranks in rank_sets:
+            key = frozenset(int(r) for r in ranks)
+            if len(key) > 1:
+                self.by_ranks.setdefault(key, dim)
+                self.found.add(source)
+
+    def topology(self, topo: Any, source: str) -> int:
+        """Every axis of a DeepSpeed / Megatron ProcessTopology (data -> dp, model -> tp, pipe -> pp), in
+        dp, tp, pp order; returns its pipeline stages."""
+        axes = set(topo.get_axis_names())
+        for dim in _DIMS:
+            for axis, d in AXES.items():
+                if d == dim and axis in axes:
+                    self.add(dim, source, rank_sets=topo.get_axis_comm_lists(axis))
+        return topo.get_dim("pipe") if "pipe" in axes else 1

@@ -84,8 +84,19 @@ def _no_policy() -> None:
                       f"(mpirun: -x CCOLL_POLICY; DeepSpeed's multi-node launcher: CCOLL_POLICY=... in .deepspeed_env)")
 
 
+def _after_import_class():
+    """ccoll/frameworks/after_import.py's AfterImport, loaded by its path: importing the ``ccoll`` package
+    would import torch. Its ``sys.meta_path`` entries below are ``ccoll-run`` rows of ccoll/frameworks'
+    table."""
+    path = os.path.join(os.path.dirname(_HERE), "frameworks", "after_import.py")
+    spec = importlib.util.spec_from_file_location("_ccoll_run_after_import", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AfterImport
+
+
 def _activate() -> None:
-    from ccoll_after_import import AfterImport  # this directory is on sys.path: no ccoll import yet
+    AfterImport = _after_import_class()  # noqa: N806
 
     if not os.environ.get("CCOLL_POLICY"):
         if any(v in os.environ for v in _RANK_VARS):

@@ -112,7 +112,10 @@ def honour(config: Any) -> None:
 
 
 def wrap_initialize(module: Any) -> None:
-    """Make ``module.initialize`` (deepspeed's) honour the ccoll block first. Idempotent."""
+    """Make ``module.initialize`` (deepspeed's) honour the ccoll block first, for the life of the process
+    (a ``ccoll-run`` row of ccoll/frameworks' table: ``ccoll.patch.uninstall`` leaves it). Idempotent."""
+    from ..frameworks import replace
+
     original: Callable = module.initialize
     if getattr(original, "__ccoll_original__", None) is not None:
         return
@@ -123,4 +126,4 @@ def wrap_initialize(module: Any) -> None:
         return original(*args, **kwargs)
 
     initialize.__ccoll_original__ = original
-    module.initialize = initialize
+    replace(module, "initialize", initialize)

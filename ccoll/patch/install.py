@@ -1,38 +1,28 @@
 """install / uninstall / installed: put the wrappers in torch.distributed's place and take them out.
 
-``isend``, ``irecv`` and ``batch_isend_irecv`` are replaced in both ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (torch's ``P2POp`` checks its op against the latter by identity).
-Functions frameworks cached before install are rebound (:func:`_rebind_cached`), so the import order does
-not matter.
+What is replaced where (torch.distributed and distributed_c10d, the functions DeepSpeed and Megatron
+cached before install, DeviceMesh, DDP, FSDP2, Trainer) is ccoll/frameworks' table, and every replacement
+and its undoing goes through it: install runs every adapter's ``install``, uninstall puts every original back.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 
-from .. import auto as _auto, report as _report  # zero code: DDP/FSDP2 hooks, user lines
+from .. import auto as _auto, frameworks as _frameworks, report as _report  # zero code: DDP/FSDP2 hooks, user lines
 from ..errors import PolicyError
-from ..log import logger, warn_once
+from ..frameworks.megatron import CACHED as MEGATRON_CACHED  # noqa: F401  (re-exported)
+from ..frameworks.torch_distributed import C10D_TOO  # noqa: F401  (re-exported)
+from ..log import logger
 from ..policy import Policy, load as _load_policy
 from . import batch, fingerprint, wrap
 from .state import SLOT, State, advance
 
 #: torch.distributed attribute -> policy op
 WRAPPED = {**{name: row.op for name, row in wrap.ROWS.items()}, "batch_isend_irecv": "send_recv"}
-
-#: names also replaced in ``torch.distributed.distributed_c10d``: ``P2POp`` checks its op against
-#: ``distributed_c10d.isend/irecv`` by identity and ``batch_isend_irecv`` picks the peer keyword by
-#: identity, so ``P2POp(dist.isend, ...)`` needs the same object in both modules
-C10D_TOO = ("isend", "irecv", "batch_isend_irecv")
-
-#: module-level names Megatron(-core) binds to torch.distributed functions at import
-#: (tensor_parallel/mappings.py, distributed/param_and_grad_buffer.py, ...)
-MEGATRON_CACHED = ("dist_all_gather_func", "dist_reduce_scatter_func")
-
 
 def _wrapper(name: str, orig: Callable) -> Callable:
     if name == "batch_isend_irecv":
@@ -42,37 +32,8 @@ def _wrapper(name: str, orig: Callable) -> Callable:
     return wrap.make(name, orig)
 
 
-def _rebind_cached(table_from: dict[str, Callable], table_to: dict[str, Callable]) -> None:
-    """Where a framework holds one of ``table_from``'s functions, put ``table_to``'s in its place:
-    DeepSpeed's TorchBackend (``all_gather_function``, ``reduce_scatter_function``, cached at
-    construction) and every imported ``megatron.*`` module's :data:`MEGATRON_CACHED` names (bound at
-    import). Modules imported while the patch is installed bind the wrappers by themselves; this covers
-    the ones imported before install (and puts the originals back at uninstall), so the import order
-    does not matter. Looks only at modules already in sys.modules."""
-    by_id = {id(f): name for name, f in table_from.items()}
-
-    def swap(obj: Any, attr: str) -> None:
-        fn = getattr(obj, attr, None)
-        name = by_id.get(id(fn)) if fn is not None else None
-        if name is not None and name in table_to:
-            setattr(obj, attr, table_to[name])
-
-    comm = sys.modules.get("deepspeed.comm.comm")
-    cdb = getattr(comm, "cdb", None) if comm is not None else None
-    if cdb is not None:
-        for attr in ("all_gather_function", "reduce_scatter_function"):
-            swap(cdb, attr)
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is not None and (mod_name == "megatron" or mod_name.startswith("megatron.")):
-            for attr in MEGATRON_CACHED:
-                swap(mod, attr)
-
-
-def _bind(name: str, fn: Callable) -> None:
-    """Set ``torch.distributed.<name>`` (and, for :data:`C10D_TOO`, ``distributed_c10d.<name>``)."""
-    setattr(dist, name, fn)
-    if name in C10D_TOO:
-        setattr(dist.distributed_c10d, name, fn)
+def _wrapping() -> _frameworks.Wrapping:
+    return _frameworks.Wrapping(_wrapper, SLOT.originals, SLOT.wrappers)
 
 
 def _auto_resolver() -> Callable:
@@ -99,19 +60,8 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
         resolver = _auto_resolver()
     with SLOT.lock:
         if not SLOT.originals:
-            for name in list(WRAPPED) + ["init_process_group"]:
-                orig = getattr(dist, name, None)
-                if orig is None:
-                    continue
-                SLOT.originals[name] = orig
-                SLOT.wrappers[name] = _wrapper(name, orig)
-                # what ccoll's own transports call, so moving ccoll's payloads never re-enters the patch
-                SLOT.wrappers[name].__ccoll_original__ = orig
-                _bind(name, SLOT.wrappers[name])
-            _rebind_cached(SLOT.originals, SLOT.wrappers)
-            from ..resolvers import track_device_meshes
-
-            track_device_meshes(True)
+            _auto.install(pol)  # before the adapters: an FSDP2 / Trainer already imported is wrapped now
+            _frameworks.install(_wrapping())  # torch.distributed, DeepSpeed, Megatron, DeviceMesh, DDP, FSDP2, Trainer
         st = State(pol, resolver, step_counter)
         if SLOT.current is not None:
             st.steps = SLOT.current.steps
@@ -132,7 +82,9 @@ def install(policy: "Policy | str | os.PathLike[str]", resolver: Callable | None
 
 
 def uninstall() -> None:
-    """Restore the original torch.distributed functions (and DeepSpeed's cached ones). Idempotent."""
+    """Restore everything ccoll replaced (ccoll/frameworks' table: torch.distributed's functions, DeepSpeed's
+    and Megatron's cached ones, DeviceMesh, DDP, FSDP2, Trainer; an attribute someone replaced on top of
+    ccoll's is left, with a warning). Idempotent."""
     with SLOT.lock:
         SLOT.current = None
         _auto.uninstall()  # zero code: models built from now on are left alone
@@ -141,16 +93,7 @@ def uninstall() -> None:
             SLOT.step_hook = None
         if not SLOT.originals:
             return
-        _rebind_cached(SLOT.wrappers, SLOT.originals)
-        from ..resolvers import track_device_meshes
-
-        track_device_meshes(False)
-        for name, orig in SLOT.originals.items():
-            if getattr(dist, name, None) is SLOT.wrappers[name]:
-                _bind(name, orig)
-            else:  # someone wrapped on top of us: leave theirs; ours is now a plain pass-through
-                warn_once(f"ccoll-uninstall-{name}", "ccoll: torch.distributed.%s was replaced after ccoll "
-                          "installed; leaving it (ccoll's wrapper below it now passes through)", name)
+        _frameworks.uninstall(_wrapping())
         SLOT.originals.clear()
         SLOT.wrappers.clear()
 

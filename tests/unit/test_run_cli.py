@@ -9,9 +9,11 @@ import pathlib
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
+import ccoll.frameworks as frameworks
 import ccoll.patch as patch
 from ccoll.errors import PolicyError
 from ccoll.patch import dsconfig
@@ -103,11 +105,21 @@ def test_given_ccoll_blocks_when_reading_expect_name_path_beside_json_mapping_or
 
 
 def test_given_installed_policy_when_ds_block_agrees_or_not_expect_kept_or_policy_error():
-    class Module:
-        @staticmethod
-        def initialize(*args, **kwargs):
-            return "engine", kwargs
+    def initialize(*args, **kwargs):
+        return "engine", kwargs
 
+    Module = types.ModuleType("deepspeed")  # noqa: N806 - stands for the real module (a row of ccoll/frameworks)
+    Module.initialize = initialize
+    try:
+        _honours_the_block(Module)
+        patch.uninstall()
+        assert Module.initialize is not initialize  # a ccoll-run row: patch.uninstall leaves it
+    finally:
+        frameworks.restore(when=(frameworks.CCOLL_RUN,))
+    assert Module.initialize is initialize
+
+
+def _honours_the_block(Module) -> None:  # noqa: N803
     dsconfig.wrap_initialize(Module)
     dsconfig.wrap_initialize(Module)  # idempotent: not wrapped twice
     assert Module.initialize.__ccoll_original__.__name__ == "initialize"

@@ -2,8 +2,10 @@
 
 Why a hook instead of importing the module: ccoll must act as soon as a heavy module exists (torch for
 ``ccoll-run``; FSDP2's state module for zero-code FSDP2) without importing it in processes that never
-do. Importable without ccoll (``sitecustomize`` uses it before ccoll may be imported): it imports only
-the standard library."""
+do. Standard library only, and importable without ccoll: ``ccoll-run``'s ``sitecustomize`` loads this file
+by its path before ccoll may be imported (importing the ``ccoll`` package imports torch); inside ccoll,
+:func:`ccoll.frameworks.when_imported` is the one place that puts it on ``sys.meta_path`` (a row of the
+table in ``ccoll/frameworks/__init__.py``)."""
 import importlib.util
 import sys
 
