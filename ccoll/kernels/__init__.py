@@ -142,26 +142,57 @@ def _deps(name: str) -> list[Path]:
     return [source(module_source(name)), *KERNEL_DIR.glob("*.cuh")]
 
 
+def normalised_options(options) -> tuple[str, ...]:
+    """``options`` with the include path of the kernel sources written as the relative ``-Ikernels``: what a
+    build depends on is the sources' bytes (hashed beside), not where they are (a checkout, an installed
+    wheel)."""
+    return tuple("-Ikernels" if o == f"-I{KERNEL_DIR}" else o for o in options)
+
+
+def content_key(name: str, options, *compiler) -> str:
+    """The key of a build of source or module ``name``: its options (``normalised_options``), the compiler's
+    identity (``compiler``: a version) and every source it depends on, by bytes -- never by mtime, so a
+    checkout, a copy, a wheel's sources or a tree edited back and forth share one cache entry per content."""
+    key = hashlib.sha256(repr((compiler, normalised_options(options))).encode())
+    for dep in sorted(_deps(name), key=lambda p: p.name):
+        key.update(dep.name.encode() + b"\0" + dep.read_bytes())
+    return key.hexdigest()[:20]
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version() -> str:
+    """``nvcc --version``'s last line (the release and build), part of every nvcc build's key."""
+    proc = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else "unknown"
+
+
+def _host_command(name: str, out: Path) -> list[str]:
+    return [
+        _nvcc(), "-O3", "-std=c++17", "-DCCOLL_HOST", f"-I{KERNEL_DIR}",
+        # -ffp-contract=off: no a*b+c contraction on a host with FMA instructions (as the GPU's --fmad=false)
+        "-Xcompiler", "-fPIC,-O3,-fopenmp,-ffp-contract=off", "-shared", "-lgomp", "-o", str(out), str(source(name)),
+    ]
+
+
 def host_library_path(name: str) -> Path:
-    return BUILD_DIR / "host" / f"libccoll_{name}.so"
+    """Where the host build of kernels/<name>.cu for the current sources, options and nvcc is (or will be):
+    ``libccoll_<name>-<content_key>.so``."""
+    key = content_key(name, _host_command(name, Path("OUT"))[1:-3], nvcc_version())
+    return BUILD_DIR / "host" / f"libccoll_{name}-{key}.so"
 
 
 def build_host(name: str) -> Path:
-    """Build kernels/<name>.cu for the host if the .so is missing or older than its sources.
-    A file lock makes concurrent ranks build once."""
+    """Build kernels/<name>.cu for the host unless a build of the same content exists (``host_library_path``:
+    keyed by the sources' bytes, the options and nvcc's version). A file lock makes concurrent ranks build
+    once."""
     out = host_library_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    newest = max(p.stat().st_mtime for p in _deps(name))
     with open(out.parent / f".{name}.lock", "w") as lockf:
         fcntl.flock(lockf, fcntl.LOCK_EX)
-        if out.exists() and out.stat().st_mtime >= newest:
+        if out.exists():
             return out
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [
-            _nvcc(), "-O3", "-std=c++17", "-DCCOLL_HOST", f"-I{KERNEL_DIR}",
-            # -ffp-contract=off: no a*b+c contraction on a host with FMA instructions (as the GPU's --fmad=false)
-            "-Xcompiler", "-fPIC,-O3,-fopenmp,-ffp-contract=off", "-shared", "-lgomp", "-o", str(tmp), str(source(name)),
-        ]
+        cmd = _host_command(name, tmp)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelError(f"host build of {name}.cu failed:\n{' '.join(cmd)}\n{proc.stderr}")
@@ -366,26 +397,60 @@ def device_target(capability: tuple[int, int]) -> str:
     return f"compute_{max(older)}"
 
 
+def _cache_path(name: str, arch: str, kind: str, verbose: bool = False) -> Path:
+    """build/nvrtc/<name>-<arch>[-v]-<content_key>.<kind>: NVRTC's output for the sources' bytes, the module's
+    options (include path normalised) and this NVRTC's version."""
+    options = module_options(name, arch) + ((PTXAS_VERBOSE,) if verbose else ())
+    return BUILD_DIR / "nvrtc" / f"{name}-{arch}{'-v' if verbose else ''}-{content_key(name, options, nvrtc().version)}.{kind}"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` by rename (concurrent writers of one key write the same bytes); nothing if the
+    cache directory is read-only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _cached_build(name: str, arch: str) -> bytes:
-    """The module image for kernels/<name>.cu on ``arch``, cached under build/nvrtc/ keyed by the sources,
-    the options and the NVRTC version (ranks of one job then compile once). Uncached if build/ is read-only."""
-    key = hashlib.sha256(repr((nvrtc().version, module_options(name, arch))).encode())
-    for dep in sorted(_deps(name)):
-        key.update(dep.name.encode() + b"\0" + dep.read_bytes())
-    path = BUILD_DIR / "nvrtc" / f"{name}-{arch}-{key.hexdigest()[:20]}.bin"
+    """The module image for kernels/<name>.cu on ``arch``, cached under build/nvrtc/ keyed by content
+    (``_cache_path``: ranks of one job, and every checkout or installed copy of the same sources sharing the
+    cache, compile once). Uncached if build/ is read-only."""
+    path = _cache_path(name, arch, "bin")
     try:
         return path.read_bytes()
     except OSError:
         pass
     image = compile_nvrtc(name, arch).image
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(image)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    _write_atomically(path, image)
     return image
+
+
+def cached_nvrtc(name: str, arch: str, verbose: bool = False, compile: bool = True) -> NvrtcBuild | None:
+    """``compile_nvrtc(name, arch, verbose)``, its PTX, cubin and log cached by content (``_cache_path``), so
+    `make kernels-check` and its test recompile only what changed: a check's verdict then depends on the
+    work to do, not on how fast the machine does it. ``compile=False``: None instead of compiling a miss."""
+    import json
+
+    path = _cache_path(name, arch, "json", verbose)
+    options = module_options(name, arch) + ((PTXAS_VERBOSE,) if verbose else ())
+    try:
+        data = json.loads(path.read_text())
+        cubin = path.with_suffix(".cubin").read_bytes() if data["cubin"] else None
+        return NvrtcBuild(name, arch, options, data["ptx"], cubin, data["log"])
+    except (OSError, ValueError, KeyError):
+        pass
+    if not compile:
+        return None
+    build = compile_nvrtc(name, arch, verbose)
+    if build.cubin is not None:
+        _write_atomically(path.with_suffix(".cubin"), build.cubin)
+    _write_atomically(path, json.dumps({"ptx": build.ptx, "log": build.log, "cubin": build.cubin is not None}).encode())
+    return build
 
 
 # --------------------------------------------------------------------------------------------------
@@ -402,8 +467,7 @@ def bundle_key(name: str, arch: str) -> str:
     as the relative "kernels", since the checkout's path differs between machines) and every source's bytes.
     Any edit to a .cu/.cuh file or to the options gives a new key, so a stale cubin is never loaded. The
     NVRTC version is not in the key: a cubin for sm_XY runs on any sm_XY device whose driver loads it."""
-    options = tuple("-Ikernels" if o == f"-I{KERNEL_DIR}" else o for o in module_options(name, arch))
-    key = hashlib.sha256(repr(options).encode())
+    key = hashlib.sha256(repr(normalised_options(module_options(name, arch))).encode())
     for dep in sorted(_deps(name)):
         key.update(dep.name.encode() + b"\0" + dep.read_bytes())
     return key.hexdigest()[:20]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ..errors import KernelError
 from . import (
-    CHECK_ARCHS, KERNEL_DIR, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, compile_nvrtc,
-    kernel_names, module_of, module_options, module_source, modules_of, nvrtc, source,
+    CHECK_ARCHS, KERNEL_DIR, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, cached_nvrtc,
+    kernel_names, module_of, module_options, module_source, modules_of, normalised_options, nvcc_version, nvrtc,
+    source,
 )
 
 
@@ -76,23 +77,55 @@ PTX_FORBIDDEN = {"zfp": (r"ccoll_zfp_encode_tiles_\w+", r"\b(?:atom|red)\.[\w.]+
 _FLUSHING = re.compile(r"\b[a-z]+(?:\.\w+)*\.ftz(?:\.\w+)*")
 
 
-def check_compile(name: str, arch: str = NVCC_TARGET) -> frozenset[str]:
-    """Compile kernels/<name>.cu with nvcc for ``arch`` (device code to PTX, and the host pass; every warning an
-    error, e.g. #128-D, an unreachable loop) so that what only nvcc rejects fails in CI too, with CuPy's
-    -ftz=true so that the PTX it keeps shows which instructions such a build flushes (KernelError unless they
-    are within ``FTZ_ALLOWED``); returns them."""
+def _nvcc_ptx(name: str, arch: str, compile: bool = True) -> str | None:
+    """The PTX nvcc keeps for kernels/<name>.cu (``check_compile``'s options), cached under build/check/ by
+    content (the source's and headers' bytes, the options, nvcc's version): only a compile that succeeded is
+    cached, so a source is recompiled until it passes, and an unchanged one is never recompiled.
+    ``compile=False``: None instead of compiling a miss."""
     import tempfile
 
+    options = ["-std=c++17", f"-arch={arch}", f"-code={arch}", "-ftz=true", "-Werror", "all-warnings",
+               f"-I{KERNEL_DIR}", "-c"]
+    import hashlib
+
+    key = hashlib.sha256(repr((nvcc_version(), normalised_options(options))).encode())
+    for dep in (source(name), *sorted(KERNEL_DIR.glob("*.cuh"))):  # source(): tests point it at their own files
+        key.update(dep.name.encode() + b"\0" + dep.read_bytes())
+    from .. import kernels  # BUILD_DIR read at call time: whoever moves the cache moves it here too
+
+    cached = kernels.BUILD_DIR / "check" / f"nvcc-{name}-{arch}-{key.hexdigest()[:20]}.ptx"
+    try:
+        return cached.read_text()
+    except OSError:
+        if not compile:
+            return None
     with tempfile.TemporaryDirectory(prefix=f"ccoll-nvcc-{name}-") as keep:
-        proc = subprocess.run([_nvcc(), "-std=c++17", f"-arch={arch}", f"-code={arch}", "-ftz=true", "-Werror",
-                               "all-warnings", "--keep", "--keep-dir", keep,
-                               f"-I{KERNEL_DIR}", "-c", "-o", os.devnull, str(source(name))],
+        proc = subprocess.run([_nvcc(), *options, "--keep", "--keep-dir", keep, "-o", os.devnull, str(source(name))],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelError(f"{name}.cu does not compile with nvcc for {arch}:\n{proc.stderr}")
         ptx = "".join(p.read_text() for p in sorted(Path(keep).glob("*.ptx")))
     if ".entry" not in ptx:
         raise KernelError(f"{name}.cu: nvcc --keep left no PTX with entry points in {keep}")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(ptx)
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return ptx
+
+
+def check_compile(name: str, arch: str = NVCC_TARGET, compile: bool = True) -> frozenset[str] | None:
+    """Compile kernels/<name>.cu with nvcc for ``arch`` (device code to PTX, and the host pass; every warning an
+    error, e.g. #128-D, an unreachable loop) so that what only nvcc rejects fails in CI too, with CuPy's
+    -ftz=true so that the PTX it keeps shows which instructions such a build flushes (KernelError unless they
+    are within ``FTZ_ALLOWED``); returns them. The PTX is cached by content (``_nvcc_ptx``); ``compile=False``:
+    None where it is not cached."""
+    ptx = _nvcc_ptx(name, arch, compile)
+    if ptx is None:
+        return None
     flushing = frozenset(_FLUSHING.findall(ptx))
     extra = flushing - FTZ_ALLOWED.get(name, frozenset())
     if extra:
@@ -106,13 +139,14 @@ def verify_nvrtc_build(build: NvrtcBuild) -> None:
     of the build, no instruction of its PTX flushes subnormals (``.ftz``) and, for a cubin with ptxas's
     resource report, every kernel keeps to the source's ``RESOURCE_LIMITS``."""
     src = module_source(build.name)
+    entries = build.entries  # a scan of the whole PTX: once, not per launched kernel
     problems = [
         f"no entry point matches {pattern!r} (launched by ccoll.codecs.{src})"
         for pattern in launched_kernels(src, module=build.name)
-        if not any(re.fullmatch(pattern, entry) for entry in build.entries)
+        if not any(re.fullmatch(pattern, entry) for entry in entries)
     ]
     # a module built from part of a source holds only its own kernels (else the split saves no compile time)
-    problems += [f"entry point {e} belongs to module {module_of(src, e)}" for e in sorted(build.entries)
+    problems += [f"entry point {e} belongs to module {module_of(src, e)}" for e in sorted(entries)
                  if module_of(src, e) != build.name]
     ftz = sorted(set(_FLUSHING.findall(build.ptx)))
     if ftz:
@@ -198,7 +232,7 @@ def _job(job: tuple[str, ...]):
     import time
 
     start = time.perf_counter()
-    result = check_compile(job[1]) if job[0] == "nvcc" else compile_nvrtc(job[0], job[1], verbose=True)
+    result = check_compile(job[1]) if job[0] == "nvcc" else cached_nvrtc(job[0], job[1], verbose=True)
     return result, time.perf_counter() - start
 
 
@@ -211,16 +245,25 @@ def check(names: list[str]) -> int:
     Every nvcc pass and every (module, arch) NVRTC build is its own job in a pool of one process per core
     (NVRTC compiles in one thread of a process at a time), nvcc passes first (quant.cu's is among the longest
     jobs, ~70 s). 2 cores: ~3m50s, ~400 s of CPU (make kernels-check prints each job's seconds); the suite's
-    slowest test."""
+    slowest test. Every job's output is cached by content (``cached_nvrtc``, ``_nvcc_ptx``): a rerun with
+    unchanged sources compiles nothing and re-verifies the cached outputs in seconds."""
     import concurrent.futures
     import multiprocessing
 
     jobs = [("nvcc", n) for n in names] + [(m, a) for n in names for m in modules_of(n) for a in CHECK_ARCHS]
-    workers = max(1, min(os.cpu_count() or 1, len(jobs)))
-    # spawn: the parent may hold libnvrtc (ctypes) and threads; a fresh interpreter per worker is ~1 s
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {job: pool.submit(_job, job) for job in jobs}
-        concurrent.futures.wait(futures.values())
+    futures = {}
+    for job in jobs:  # cached outputs here, without a pool (its interpreters' start-up is most of a cached check)
+        cached = check_compile(job[1], compile=False) if job[0] == "nvcc" else cached_nvrtc(*job, True, False)
+        if cached is not None:
+            futures[job] = concurrent.futures.Future()
+            futures[job].set_result((cached, 0.0))
+    missing = [job for job in jobs if job not in futures]
+    workers = max(1, min(os.cpu_count() or 1, len(missing)))
+    if missing:
+        # spawn: the parent may hold libnvrtc (ctypes) and threads; a fresh interpreter per worker is ~1 s
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures.update({job: pool.submit(_job, job) for job in missing})
+            concurrent.futures.wait(futures.values())
     status, seconds = 0, {}
     for name in names:
         try:
@@ -237,7 +280,7 @@ def check(names: list[str]) -> int:
             status = 1
             continue
         _report(name, flushing, builds)
-    print(f"compile seconds ({workers} processes): " + ", ".join(
+    print(f"compile seconds ({workers} processes; {len(jobs) - len(missing)} of {len(jobs)} jobs cached): " + ", ".join(
         f"{' '.join(job)} {t:.0f}" for job, t in sorted(seconds.items(), key=lambda kv: -kv[1])))
     return status
 
