@@ -6,6 +6,7 @@ the runtime catches what it claims to: bad shuffle masks, a lane exiting before 
 shuffles, a shuffle against a barrier, a misaligned 16-byte vector access, out-of-bounds writes."""
 import itertools
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -74,12 +75,14 @@ def _simt_rows(codec, op: str, *args, order: str, record: list) -> None:
 
 
 def _check_codec(codec_spec: str, dtype: torch.dtype, rows: int, row_numel: int, feedback: bool, misalign: int,
-                 salt: int, seed: int, record: list) -> None:
+                 salt: int, seed: int, record: list, numel: int | None = None) -> None:
     """encode_rows, decode_rows and decode_sum: simt (both orders, the codec's cupy launch geometry) ==
-    emulated == torch, payloads, residuals and outputs byte for byte."""
+    emulated == torch, payloads, residuals and outputs byte for byte. ``numel``: the tensor's values (default:
+    the last of several rows a third padding)."""
     em = ccoll.get_codec(codec_spec, backend="emulated")
     tc = ccoll.get_codec(codec_spec, backend="torch")
-    numel = rows * row_numel - (row_numel // 3 if rows > 1 else 0)  # the last row partly padding
+    if numel is None:
+        numel = rows * row_numel - (row_numel // 3 if rows > 1 else 0)  # the last row partly padding
     x = _values(numel, dtype, seed)
     nbytes = em.encoded_nbytes(row_numel, dtype)
     fb0 = (torch.randn(rows * row_numel, generator=torch.Generator().manual_seed(seed + 1)) * 0.1) if feedback else None
@@ -278,11 +281,15 @@ def test_zfp_tile_launch_gives_the_runs_the_kernel_codes():
 
 
 def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_path):
-    """encode_tiles without the __syncwarp between coding (phase 1) and assembling (phase 2): lanes
-    assemble words from lane buffers other lanes have not written yet, and the simt comparison with the
-    emulated bytes fails -- in forward order; reverse order happens to hide it here (lane l's word needs
-    blocks >= l, already coded when lanes run 31..0), which is why every simt comparison runs both
-    orders. The real kernel on the same launches passes in both."""
+    """encode_tiles without the __syncwarp between coding (phase 1) and assembling (phase 2): lanes assemble
+    words from lane buffers other lanes have not written yet, and the comparison with the emulated bytes fails
+    in both thread orders. At 64 bits per block (rate 16) lane l stores words l and l + 32, of blocks l / 2
+    and 16 + l / 2: one is coded by a lane that runs later in forward order, the other in reverse. At 21 bits
+    (rate 5.3) lane l's word needs blocks >= l only, so reverse order hides it there -- which is why every
+    simt comparison runs both orders and the matrices hold rates above and below 32 bits per block. Each launch
+    codes other values (the lane buffers are shared memory, which simt does not re-poison between launches: a
+    buffer left by the previous launch of the same values would hide the missing barrier). The real kernel on
+    the same launches passes in both."""
     from ccoll import kernels
 
     text = kernels.source("zfp").read_text()
@@ -291,22 +298,22 @@ def test_zfp_tiles_negative_control_a_missing_syncwarp_between_the_phases(tmp_pa
     bad = tmp_path / "zfp_nosync.cu"
     # its own kernel names, so the launches below say which library they mean
     bad.write_text(text.replace(sync, "    assemble_tile_lane(").replace("ccoll_zfp", "nosync_zfp"))
-    em = ccoll.get_codec("zfp:rate=5.3", backend="emulated")  # 21 bits per block: words span lanes
     n = 4 * 32 * 3 + 5
-    x = _values(n, torch.float32, 11)
-    nbytes = em.encoded_nbytes(n, torch.float32)
-    ref = em.encode_rows(x, torch.empty(1, nbytes, dtype=torch.uint8), n)
-    src = _guarded_copy(x)
     equal = {}
-    for module in (bad, "zfp"):
-        for order in ORDERS:
+    for rate, maxbits in ((5.3, 21), (16, 64)):
+        em = ccoll.get_codec(f"zfp:rate={rate}", backend="emulated")
+        assert em.maxbits(torch.float32) == maxbits
+        nbytes = em.encoded_nbytes(n, torch.float32)
+        for seed, (module, order) in enumerate(itertools.product((bad, "zfp"), ORDERS)):
+            x = _values(n, torch.float32, 11 + seed + 10 * maxbits)
+            ref = em.encode_rows(x, torch.empty(1, nbytes, dtype=torch.uint8), n)
             out = _guarded_like(ref, 0xA5)
             simt.launch(module, f"{'nosync' if module is bad else 'ccoll'}_zfp_encode_tiles_f32", 1, 128,
-                        (src, np.uint64(n), np.uint64(n), np.int32(1), np.int32(1), np.int32(21),
+                        (_guarded_copy(x), np.uint64(n), np.uint64(n), np.int32(1), np.int32(1), np.int32(maxbits),
                          np.uint64(nbytes // 8), None, out), order=order)
-            equal[module, order] = torch.equal(out, ref)
-    assert equal == {(bad, "forward"): False, (bad, "reverse"): True, ("zfp", "forward"): True,
-                     ("zfp", "reverse"): True}
+            equal[maxbits, module == "zfp", order] = torch.equal(out, ref)
+    assert equal == {(21, False, "forward"): False, (21, False, "reverse"): True, (64, False, "forward"): False,
+                     (64, False, "reverse"): False, **{(b, True, o): True for b in (21, 64) for o in ORDERS}}, equal
 
 
 @pytest.mark.parametrize("dname", sorted(DTYPES))
@@ -317,6 +324,126 @@ def test_lossless_kernels_match_emulated_and_torch(dname):
                      int(i == 2), salt=0, seed=200 + i, record=record)
     CALLS[f"lossless {dname}"] = len(record)
     assert record
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sizes at the kernels' own indexing bounds: every unit a kernel indexes by (a block, a team's or a thread's
+# values, a tile, a CTA's values) -- taken from the launch table (ccoll/kernels/call.py: threads per CTA), the
+# codec's own launch geometry and the kernel source's constants, never hand-picked -- at u - 1, u and u + 1
+# values in one row, and a tensor that ends u - 1, u, u + 1 values into its last row (a partial last row whose
+# end sits at, before and one past a unit: the "whole tile" and "partial tile" bounds).
+
+
+def _source_constant(name: str, pattern: str) -> int:
+    """An integer constant of kernels/<name>.cu (``pattern``'s group 1): the sizes follow the source."""
+    m = re.search(pattern, ccoll.kernels.source(name).read_text(), flags=re.MULTILINE)
+    assert m, f"kernels/{name}.cu: no match for {pattern!r}"
+    return int(m.group(1))
+
+
+def _around(units) -> list[int]:
+    """u - 1, u and u + 1 for every unit u (>= 1), ascending, without repeats."""
+    return sorted({n for u in units for n in (u - 1, u, u + 1) if n >= 1})
+
+
+def _quant_units(codec, dtype: torch.dtype) -> dict[str, int]:
+    """The quant kernels' indexing units in values: a block (one scale); plain kernels: an encode CTA
+    (threads / team blocks, the team from the codec's own _encode_team), a decode thread's q group
+    (CQ_GROUP_WORDS words; decode_sum's own group) and a decode CTA's groups; rotate=hadamard: a CTA of
+    teams (one team per block)."""
+    B = codec.block
+    if codec.rotate:
+        threads = kernel_call.kernel("quant", codec.kernel_format, codec._op("encode_rows"), dtype).threads
+        return {"block": B, "CTA of teams": threads // codec._team() * B}
+    assert codec.GROUP_WORDS == _source_constant("quant", r"^#define CQ_GROUP_WORDS (\d+)")
+    threads = {op: kernel_call.kernel("quant", codec.kernel_format, op, dtype).threads
+               for op in ("encode_rows", "decode_rows", "decode_sum")}
+    group, sum_group = codec.GROUP_WORDS * 32 // codec.bits, codec._sum_group_words * 32 // codec.bits
+    return {"block": B, "encode CTA": threads["encode_rows"] // codec._encode_team(dtype) * B,
+            "decode_rows group": group, "decode_sum group": sum_group,
+            "decode_rows CTA": threads["decode_rows"] * group, "decode_sum CTA": threads["decode_sum"] * sum_group}
+
+
+def _zfp_units(codec, dtype: torch.dtype) -> dict[str, int]:
+    """zfp's units in values: a block (4^dims), a tile (TILE blocks: one warp of encode_tiles), the tile
+    encoder's CTA (its warps' tiles) and the per-block kernels' CTA (a block per thread)."""
+    S = 4 ** codec.dims
+    tile = _source_constant("zfp", r"^const int TILE = (\d+);") * S
+    tiles = kernel_call.kernel("zfp", "zfp", "encode_tiles", dtype).threads // 32
+    return {"block": S, "tile": tile, "tile CTA": tiles * tile,
+            "block CTA": kernel_call.kernel("zfp", "zfp", "decode_rows", dtype).threads * S}
+
+
+def _lossless_units(codec, dtype: torch.dtype) -> dict[str, int]:
+    """lossless: a block (one exponent base), a thread's group of 32 values, a CTA's groups."""
+    group = 32  # kernels/lossless.cu: one thread per (row, group of 32 values); the codec launches ceil(n / 32)
+    assert "groups = (row_numel + 31) / 32" in ccoll.kernels.source("lossless").read_text()
+    return {"block": codec.block, "group": group,
+            "CTA": kernel_call.kernel("lossless", "lossless", "pack", dtype).threads * group}
+
+
+def _bound_cases(units: dict[str, int]) -> list[tuple[int, int, int]]:
+    """(rows, row_numel, numel): one row of u - 1, u, u + 1 values per unit; and two rows of 2 u values of which
+    the tensor fills u - 1, u, u + 1 of the second (its end before, at and one past a unit inside a row whose
+    whole units reach past it)."""
+    cases = [(1, n, n) for n in _around(units.values())]
+    cases += [(2, 2 * u, 2 * u + k) for u in sorted(set(units.values())) for k in (u - 1, u, u + 1) if k >= 1]
+    return cases
+
+
+#: (spec, dtype) of the boundary matrix: one of each geometry -- 8-bit and 4-bit q words, a word of 16 and of 8
+#: input bytes (f32 / 16-bit: the encode's team), small and default blocks, rotate=hadamard; zfp dims 1 and 2
+#: in every storage width; lossless in 32- and 16-bit
+BOUND_SPECS = [("int8:block=64", "f32"), ("int8:block=64,round=stochastic,seed=3", "bf16"),
+               ("int4:block=256", "f32"), ("fp8:format=e4m3,block=32", "f16"),
+               ("int8:block=256,rotate=hadamard,rotate_seed=2", "bf16"),
+               ("zfp:rate=5.3,dims=1", "f32"), ("zfp:rate=16,dims=1", "bf16"), ("zfp:rate=8,dims=2", "f32"),
+               ("zfp:rate=12,dims=1", "f64"), ("lossless:block=64", "f32"), ("lossless:block=64", "bf16")]
+BOUND_SIZES: dict[str, list] = {}
+
+
+@pytest.mark.parametrize("spec, dname", BOUND_SPECS)
+def test_kernels_at_their_indexing_bounds(spec, dname):
+    """Every kernel the codec launches at the sizes of its own indexing bounds (``_bound_cases`` of the units
+    above), simt both orders == emulated (== torch), with buffers against guard pages: an index one past a
+    bound reads or writes outside the tensor (a fault, a canary, or bytes that differ). The zfp encoders run
+    both ops (tiles and per-block); the tile encoder's whole-tile test (no range checks) meets a tensor
+    ending one value short of, at, and one past a tile."""
+    dtype = DTYPES.get(dname, torch.float64)
+    em = ccoll.get_codec(spec, backend="emulated")
+    family = spec.split(":")[0]
+    units = {"zfp": _zfp_units, "lossless": _lossless_units}.get(family, _quant_units)(em, dtype)
+    cases = _bound_cases(units)
+    BOUND_SIZES[f"{spec} {dname}"] = cases
+    record: list = []
+    for i, (rows, row_numel, numel) in enumerate(cases):
+        if dtype == torch.float64:
+            _check_zfp_bound(em, rows, row_numel, numel, i, record, both_encoders=True)
+            continue
+        _check_codec(spec, dtype, rows, row_numel, False, 0, salt=i, seed=500 + i, record=record, numel=numel)
+        if family == "zfp":
+            _check_zfp_bound(em, rows, row_numel, numel, i, record, both_encoders=False, dtype=dtype)
+    CALLS[f"bounds {spec} {dname}"] = len(record)
+
+
+def _check_zfp_bound(em, rows, row_numel, numel, seed, record, both_encoders, dtype=torch.float64):
+    """zfp's encoders at one size: encode_rows (the per-block kernel; and encode_tiles when
+    ``both_encoders``), both orders, into 0xA5-filled guarded output == the emulated bytes; fp64 decodes too."""
+    x = _values(numel, dtype, 700 + seed) if dtype != torch.float64 else \
+        torch.randn(numel, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    ref = em.encode_rows(x, torch.zeros(rows, em.encoded_nbytes(row_numel, dtype), dtype=torch.uint8), row_numel)
+    ops = ("encode_tiles", "encode_rows") if both_encoders else ("encode_rows",)
+    for op, order in itertools.product(ops, ORDERS):
+        out = _guarded_like(ref, 0xA5)
+        with kernel_call.cupy_on_simt(order=order, record=record):
+            em._encode_rows_kernel("cupy", _guarded_copy(x), out, row_numel, None, op=op)
+        assert torch.equal(out, ref), f"{em} {dtype} rows={rows} row_numel={row_numel} numel={numel} {op} {order}"
+    if both_encoders:
+        y_ref = em.decode_rows(ref, torch.empty(numel, dtype=dtype), row_numel)
+        for order in ORDERS:
+            y = _guarded_like(y_ref, 0)
+            _simt_rows(em, "decode_rows", _guarded_copy(ref), y, row_numel, order=order, record=record)
+            assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8)), f"{em} f64 {numel} {order}"
 
 
 def test_huge_grid_top_ctas_past_2_pow_32():
@@ -672,3 +799,5 @@ def test_zz_counts(capsys):
     with capsys.disabled():
         total = sum(CALLS.values())
         print(f"\nsimt kernel launches compared: {total} " + ", ".join(f"{k}: {v}" for k, v in sorted(CALLS.items())))
+        for key, cases in sorted(BOUND_SIZES.items()):
+            print(f"bound sizes {key} (rows, row_numel, numel): {cases}")
