@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check sass-estimate gpu-check gpu-expected gpu-bundle clean
+.PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check sass-estimate gpu-check gpu-expected gpu-bundle mutants clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ sass-estimate: venv
 # kernels-check (sm_80/sm_90 compile) runs inside the suite: tests/unit/test_kernels_build.py
 test: venv kernels-host
 	$(PY) -m pytest -q -ra --durations=20 tests
+
+# realistic bugs (kernel bounds, device-only rounding, NaN rules, barriers, stream hand-offs, chunk bounds), each
+# applied to a temporary copy of the tree and run against only the tests that should catch it: a table of
+# mutation, caught, by which test (tools/mutants.py; minutes, not in CI). MUTANTS_ARGS="--only zfp --baseline"
+mutants: venv kernels-host
+	$(PY) tools/mutants.py $(MUTANTS_ARGS)
 
 test-fast: venv kernels-host
 	$(PY) -m pytest -q -ra tests/unit
