@@ -6,7 +6,11 @@ directory outside the checkout, with no PYTHONPATH:
   check's digests (and every ccoll package of the checkout);
 - ``ccoll-run`` (the fresh environment's console script) with ``CCOLL_POLICY=hybrid`` (a bare shipped name)
   launches a plain 2-rank DDP script under torchrun (gloo) and dp is compressed (the stats files);
-- every NVRTC module compiles for sm_90 from the installed sources and include path, into a fresh cache dir;
+- the installed sources compile: one real NVRTC compile for sm_90 of the smallest module (lossless) from the
+  installed sources and include path, equal to the suite's cached build; every other module (quant, quant_rot, zfp)
+  a hit in the suite's cache, whose keys are the sources' bytes, the options (include path normalised) and the NVRTC
+  version -- a hit proves the installed sources are byte-identical to those the suite compiled (and
+  ``make kernels-check`` verified), without compiling them a second time;
 - the GPU check's CPU self-test runs from the installed package (``python -m ccoll.gpucheck --cpu-selftest``);
 - ``python -m ccoll info`` reports the installed kernels and policies.
 
@@ -18,13 +22,18 @@ copy (asserted: ``ccoll.__file__`` is under the fresh environment). The wheel is
 environment's pip, ``--no-index --no-deps --ignore-installed`` (the dependencies are the ones on that path; pip
 must not see the dev environment's ccoll as "already installed", nor try to remove it).
 
-Slow: building and installing take ~10 s; the DDP launch ~20-40 s; NVRTC of every module for sm_90 ~90 s on
-2 cores (quant_rot alone ~60 s); the self-test builds the host libraries with nvcc into the fresh cache first
-(skipped without nvcc: it falls back to the torch backend, still from the installed package)."""
+The kernel cache (``CCOLL_BUILD_DIR``) is the suite's own (``ccoll.kernels.BUILD_DIR``: the checkout's build/):
+every build there is keyed by content (host libraries by the sources' bytes, the options and nvcc's version; NVRTC
+and simt likewise), so the installed package's builds are the checkout's where the sources are the same, and each
+compile happens once per suite. Slow: building and installing take ~10 s; the DDP launch ~20-40 s; NVRTC of the
+modules for sm_90 (~90 s on 2 cores, quant_rot ~60 s) only where the suite has not compiled them yet; the self-test
+builds host libraries with nvcc only where the suite has not (skipped without nvcc: it falls back to the torch
+backend, still from the installed package)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,18 +67,20 @@ print(f"rank {rank} done", flush=True)
 dist.destroy_process_group()
 '''
 
-NVRTC_ALL = '''
+NVRTC_INSTALLED = '''
 import sys, time
-from concurrent.futures import ThreadPoolExecutor
 from ccoll import kernels
 arch = sys.argv[1]
-def one(m):
-    t = time.perf_counter()
-    image = kernels._cached_build(m, arch)  # what the cupy backend loads: NVRTC with module_options, cached
-    return m, len(image), time.perf_counter() - t
-with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL
-    for m, n, s in pool.map(one, kernels.module_names()):
-        print(m, n, f"{s:.1f}", flush=True)
+t = time.perf_counter()
+real = kernels.compile_nvrtc("lossless", arch, verbose=True)  # NVRTC on the installed sources, really
+cached = kernels.cached_nvrtc("lossless", arch, verbose=True)
+print("REAL", len(real.cubin), f"{time.perf_counter() - t:.1f}", int(real.cubin == cached.cubin))
+def no_compile(name, *args, **kw):
+    raise SystemExit(f"MISS {name}: the installed sources or options differ from those the suite compiled")
+kernels.compile_nvrtc = no_compile  # every other module must come from the suite's cache
+for m in kernels.module_names():
+    b = kernels.cached_nvrtc(m, arch, verbose=True)
+    print("HIT", m, len(b.cubin), len(b.entries), flush=True)
 print("KERNEL_DIR", kernels.KERNEL_DIR)
 print("BUILD_DIR", kernels.BUILD_DIR)
 print("OPTIONS", " ".join(kernels.module_options("quant", arch)))
@@ -96,7 +107,9 @@ class Installed:
         self.root = root
         self.work = root / "work"  # the working directory of every command: outside the checkout
         self.work.mkdir()
-        self.cache = root / "cache"  # CCOLL_BUILD_DIR: a fresh kernel cache
+        from ccoll import kernels
+
+        self.cache = kernels.BUILD_DIR  # CCOLL_BUILD_DIR: the suite's cache, keyed by content (see the docstring)
         self.timings: dict[str, float] = {}
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("CCOLL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
@@ -190,20 +203,30 @@ def test_given_ccoll_run_with_a_bare_policy_name_when_torchrun_ddp_expect_dp_com
         assert dump["summary"]["compressed"] is True
 
 
-def test_given_the_installed_sources_expect_every_nvrtc_module_to_compile_for_sm90(installed):
+def test_given_the_installed_sources_expect_lossless_to_compile_and_every_module_to_be_the_suites_build(installed):
+    """One real NVRTC compile (lossless, sm_90) from the installed sources and include path, equal to the build the
+    suite cached; every module then a cache hit with compiling forbidden: the installed sources are the ones the
+    suite compiled, byte for byte. The suite's builds are made here first where missing (the same key as `make
+    kernels-check`'s, so test_kernels_build.py finds them too): each compile once per suite."""
     pytest.importorskip("nvidia", reason="NVRTC comes from the nvidia-cuda-nvrtc wheel (ccoll[dev])")
+    from ccoll import kernels
+
     t = time.perf_counter()
-    out = installed.run(installed.python, "-c", NVRTC_ALL, "sm_90", timeout=1800)
-    installed.timings["nvrtc sm_90, every module"] = time.perf_counter() - t
-    lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
-    kernel_dir = Path(lines["KERNEL_DIR"])
-    assert kernel_dir.is_relative_to(installed.site) and Path(lines["BUILD_DIR"]) == installed.cache
-    assert f"-I{kernel_dir}" in lines["OPTIONS"].split()
-    modules = [m for m in lines if m not in ("KERNEL_DIR", "BUILD_DIR", "OPTIONS")]
-    assert {"quant", "quant_rot", "zfp", "lossless"} <= set(modules), out
-    cached = sorted(p.name for p in (installed.cache / "nvrtc").glob("*.bin"))
-    assert len(cached) == len(modules) and all(c.split("-")[0] in modules for c in cached), cached
-    assert all((installed.cache / "nvrtc" / c).read_bytes()[:4] == b"\x7fELF" for c in cached)  # sm_90 cubins
+    for m in kernels.module_names():
+        kernels.cached_nvrtc(m, "sm_90", verbose=True)
+    installed.timings["nvrtc sm_90 into the suite's cache"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = installed.run(installed.python, "-c", NVRTC_INSTALLED, "sm_90")
+    installed.timings["installed: nvrtc lossless + cache hits"] = time.perf_counter() - t
+    lines = [line.split(" ") for line in out.strip().splitlines()]
+    values = {w[0]: w[1:] for w in lines if w[0] in ("REAL", "KERNEL_DIR", "BUILD_DIR")}
+    kernel_dir = Path(values["KERNEL_DIR"][0])
+    assert kernel_dir.is_relative_to(installed.site) and Path(values["BUILD_DIR"][0]) == installed.cache
+    assert f"-I{kernel_dir}" in out.split("OPTIONS ", 1)[1].split()
+    assert int(values["REAL"][0]) > 0 and values["REAL"][2] == "1", out  # the real compile == the suite's cubin
+    hits = {w[1]: int(w[3]) for w in lines if w[0] == "HIT"}
+    assert set(hits) == set(kernels.module_names()) and {"quant", "quant_rot", "zfp", "lossless"} <= set(hits), out
+    assert all(n > 0 for n in hits.values()), hits
 
 
 def test_given_the_installed_package_expect_the_gpu_checks_cpu_selftest_to_pass(installed):
@@ -212,5 +235,7 @@ def test_given_the_installed_package_expect_the_gpu_checks_cpu_selftest_to_pass(
                         timeout=1800)
     installed.timings["gpu-check cpu self-test"] = time.perf_counter() - t
     assert "# cpu-selftest passed" in out, out[-3000:]
+    if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):  # the installed sources' host builds
+        assert "device column = emulated backend" in out, out[-3000:]  # (the suite's, where the bytes are equal)
     report = json.loads((installed.root / "gc" / "run" / "gpu_check.json").read_text())
     assert report["exit_code"] == 0 and report["phases"]["bytes"]["equal"] == report["phases"]["bytes"]["cases"] > 0
