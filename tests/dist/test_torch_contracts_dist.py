@@ -78,7 +78,8 @@ def _job_p2pop(rank: int, world: int):
         for r in dist.batch_isend_irecv(early):  # P2POps built before install still batch (and compress)
             r.wait()
         out["early"] = got_early
-        # every compressed async spelling: a Work-shaped handle whose future's value is [output]
+        # every compressed async spelling: a Work-shaped handle whose future's value is torch's: [output], and for
+        # the all-gathers one view of ``output`` per rank (what gloo's all_gather_into_tensor future holds)
         futures_ok = {}
         for name, output, args in (
             ("all_gather_into_tensor", torch.empty(2 * 4096), (mine,)), ("all_gather_single", torch.empty(2 * 4096), (mine,)),
@@ -88,7 +89,13 @@ def _job_p2pop(rank: int, world: int):
         ):
             h = getattr(dist, name)(output, *args, async_op=True)
             value = h.get_future().wait()
-            futures_ok[name] = len(value) == 1 and value[0] is output and h.is_completed() and h.wait()
+            if "all_gather" in name:
+                chunk = output.numel() // 2
+                shaped = len(value) == 2 and all(v.data_ptr() == output[i * chunk:].data_ptr() and v.numel() == chunk
+                                                 for i, v in enumerate(value))
+            else:
+                shaped = len(value) == 1 and value[0] is output
+            futures_ok[name] = shaped and h.is_completed() and h.wait()
         out["futures_ok"] = futures_ok
         t = mine.clone()
         h = dist.all_reduce(t, async_op=True)
