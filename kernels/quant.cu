@@ -1405,6 +1405,10 @@ struct CqDecodeRows {
             else for (int k = 0; k < G; ++k) v[j * G + k] = 0.0f;
         }
         rot.inverse<G>(v, nw, t, len == g.block);
+        // a NaN block's values went through the butterflies' adds, subtracts and sign flips: one NaN pattern
+        // again (x86 keeps an operand's sign, PTX returns its canonical NaN), as the plain decode stores
+#pragma unroll
+        for (int i = 0; i < nw * G; ++i) v[i] = cq_canonical_nan(v[i]);
 #pragma unroll
         for (int j = 0; j < nw; ++j) {
             const cq_i64 w = t.lane + (cq_i64)j * t.size;

@@ -282,6 +282,9 @@ class QuantTorchBackend:
         self._scale(v, scales)
         if self.rotate:
             self._unrotate(v)
+            # a NaN block's values went through the butterflies' adds, subtracts and sign flips: one NaN pattern
+            # again, as kernels/quant.cu's decode_rows stores after its inverse (x86 keeps an operand's sign)
+            canonical_nan_(v)
 
     def _unpack_scratch(self, numel: int) -> torch.Tensor | None:
         return None if self.bits == 8 else _scratch("dec.unpack", 2 * numel, torch.int16).view(2, numel)
