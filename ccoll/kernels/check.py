@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import KernelError
 from . import (
-    CHECK_ARCHS, KERNEL_DIR, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, build_host, cached_nvrtc,
+    CHECK_ARCHS, KERNEL_DIR, PTXAS_VERBOSE, NvrtcBuild, Resources, _nvcc, _write_atomically, build_host, cached_nvrtc,
     kernel_names, module_of, module_options, module_source, modules_of, normalised_options, nvcc_version, nvrtc,
     source,
 )
@@ -107,13 +107,7 @@ def _nvcc_ptx(name: str, arch: str, compile: bool = True) -> str | None:
         ptx = "".join(p.read_text() for p in sorted(Path(keep).glob("*.ptx")))
     if ".entry" not in ptx:
         raise KernelError(f"{name}.cu: nvcc --keep left no PTX with entry points in {keep}")
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(ptx)
-        os.replace(tmp, cached)
-    except OSError:
-        pass
+    _write_atomically(cached, ptx.encode())
     return ptx
 
 
