@@ -174,12 +174,11 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
             return run_native(dim, stat_op, nbytes, torch_fn, args)
         # compress: the row's collective, under the call's dimension, with torch calls passing through
         coalescing = _coalescing(group)
-        ev, name = None, event if event_of is None else event_of(*args)
+        ev, profiling = None, torch.autograd._profiler_enabled()  # the one check per call when nothing listens
         enter(st)
         try:
-            with dimension(dim), _profiled(name):
-                if torch.autograd._profiler_enabled():  # the backend's event of the caller's call (events)
-                    ev = _events.begin(name, tensor, group)
+            with dimension(dim), (_profiled(event if event_of is None else event_of(*args), tensor, group)
+                                  if profiling else _NOT_PROFILED) as ev:
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
                 call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
@@ -237,12 +236,18 @@ def _names(params: str) -> list[str]:
     return [p.split("=")[0].strip() for p in params.split(",")]
 
 
-def _profiled(event: str):
-    """torch's profiler event for the call, so a profile of a compressed run shows the same operation
-    (the payload traffic inside it shows torch's own events too); nothing when no profiler runs."""
-    if torch.autograd._profiler_enabled():
-        return torch.autograd.profiler.record_function(event)
-    return contextlib.nullcontext()
+#: what a compressed call enters when no profiler runs (reusable: it holds nothing)
+_NOT_PROFILED = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _profiled(event: str, tensor: Any, group: Any):
+    """While a profiler runs: torch's dispatcher event for the call, so a profile of a compressed run shows
+    the same operation (its payload traffic records no torch events: events.py), and the backend's event of
+    the caller's call, which the caller ends (an async call's at its first wait). Entered only when
+    profiling: no generator on the hot path."""
+    with torch.autograd.profiler.record_function(event):
+        yield _events.begin(event, tensor, group)
 
 
 def _busy(fn: Callable) -> Callable:
