@@ -8,6 +8,9 @@ STAMP := $(VENV)/.ccoll-installed
 export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
+# JIT-built torch extensions (GPT-NeoX's, DeepSpeed's) live in this checkout: nothing left in ~/.cache by another
+# run, killed mid-build, can hold a lock this one waits on
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
 .PHONY: venv demo test test-fast bench bench-shaped tune-shaped bench-nodes bench-two-transports e2e-shaped convergence convergence-znaive rate-distortion model kernels-host kernels-check sass-estimate gpu-check gpu-expected gpu-bundle mutants clean
 
@@ -17,8 +20,11 @@ $(STAMP): pyproject.toml
 	# CPU build of torch from local disk first, so later dependency ranges are already satisfied
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,mpi,neox]' -c <(echo torch==2.13.0)
-	# DeepSpeed's sdist imports torch at build time: build it against the torch above, not an isolated (CUDA) one
-	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
+	# DeepSpeed's sdist imports torch at build time: build it against the torch above, not an isolated (CUDA) one.
+	# Its CPU shared-memory comm op is compiled into the wheel (DS_BUILD_SHM_COMM=1): otherwise every rank's
+	# init_distributed JIT-builds it under a lock file that a rank killed mid-build leaves behind, and every later
+	# DeepSpeed start waits on that file forever (what timed a CI run out). --no-cache-dir: a cached wheel lacks it.
+	DS_BUILD_SHM_COMM=1 $(PY) -m pip install -q --no-cache-dir --no-build-isolation deepspeed==0.19.8
 	touch $@
 
 venv: $(STAMP)

@@ -193,7 +193,7 @@ def build_host(name: str) -> Path:
             return out
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         cmd = _host_command(name, tmp)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise KernelError(f"host build of {name}.cu failed:\n{' '.join(cmd)}\n{proc.stderr}")
         os.replace(tmp, out)
