@@ -8,6 +8,8 @@
   nodes, hierarchical vs flat all_reduce.
 - :mod:`.rd` (rate-distortion on captured tensors), :mod:`.lossless_bench` (the lossless codec and the
   variable-size collectives), :mod:`.two_transports` (gloo + MPI in one job), :mod:`.plot`.
+- ``python -m ccoll.bench.hooks``: one DDP model trained with each of torch's DDP comm hooks and ccoll's
+  (:mod:`.hooks`): step time, wire ratio, held-out loss and the wall time to a target loss.
 
 Rank processes are started and ended by :mod:`ccoll.launch`.
 """
