@@ -2,7 +2,7 @@
 ratio, held-out loss and the wall time to a target loss.
 
     python -m ccoll.bench.hooks [--ranks 2] [--size-mb 20] [--bucket-mb 25] [--steps 30] [--target-step N]
-        [--rounds 2] [--hooks none,fp16,bf16,powersgd,batched_powersgd] [--powersgd-ranks 1,4]
+        [--max-steps M] [--rounds 2] [--hooks none,fp16,bf16,powersgd,batched_powersgd] [--powersgd-ranks 1,4]
         [--batched-ranks 1] [--codecs int8:block=64 int4:block=64] [--policy hybrid]
         [--rate 100mbit [--delay 1ms]] [--json out.json] [--plot out.png]
 
@@ -28,8 +28,8 @@ chosen so its fp32 gradients come closest to ``--size-mb`` MiB; He-initialised, 
 variant of every round starts from the same weights (``--seed``) and sees the same batches (per rank and
 step); the held-out set is the same 512 samples on every rank.
 
-Rounds are interleaved: round r runs every variant once, in the variant order rotated by r, so drift in
-the machine's load hits every variant alike.
+Rounds are interleaved: round r runs every variant once, in the variant order (none first) rotated by r,
+so drift in the machine's load hits every variant alike.
 
 Reported per variant (the table; ``--json`` has every run's curves too):
 
@@ -52,8 +52,12 @@ Reported per variant (the table; ``--json`` has every run's curves too):
   held-out loss is <= the target, the time to target is where the straight line between (wall time at
   step k-1, loss after step k-1) and (wall time at step k, loss after step k) crosses the target (step 0:
   wall time 0, the initial loss), so a loss that misses the target by 1e-5 at one step does not cost a
-  whole step (:func:`time_to_target`); median over rounds, "-" when a round never reaches it within S
-  steps; ``@k``: that step, round 1.
+  whole step (:func:`time_to_target`); median over rounds, "-" when a round never reaches it; ``@k``: that
+  step, round 1. A run that has not reached the target after S steps goes on until it does or until
+  ``--max-steps`` (default 2S): a variant that is cheap per step but slower per step to converge (PowerSGD)
+  gets its chance. Those extra steps count for this column only (s/step, wire and held-out are of steps
+  1..S). The none variant runs first in round 1, so every later run knows the target (none's runs are
+  bit-identical from round to round: same seed, same data, gloo's sums of two ranks).
 
 Also: the machine's load average (``os.getloadavg``) at start and end, in the header and the JSON; a
 PNG (``--plot``): held-out loss against that wall time, one curve per variant (round 1), the target
@@ -135,6 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     ap.add_argument("--target-step", type=int, default=None,
                     help="N: the target is none's held-out loss after step N (default 3/4 of --steps)")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="a run that has not reached the target after --steps goes on until it does or until "
+                         "this step (default 2 x --steps)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--hooks", type=_names, default=list(TORCH_HOOKS),
                     help=f"torch variants, among {','.join(TORCH_HOOKS)} (none is the reference: required)")
@@ -168,6 +175,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.target_step = max(1, args.steps * 3 // 4)
     if not 1 <= args.target_step <= args.steps:
         _fail(f"--target-step must be within 1..--steps ({args.steps}), got {args.target_step}")
+    if args.max_steps is None:
+        args.max_steps = 2 * args.steps
+    if args.max_steps < args.steps:
+        _fail(f"--max-steps must be at least --steps ({args.steps}), got {args.max_steps}")
     bad = [h for h in args.hooks if h not in TORCH_HOOKS]
     if bad:
         _fail(f"unknown --hooks {','.join(bad)}; choose among {','.join(TORCH_HOOKS)}")
@@ -217,6 +228,8 @@ def variants(args: argparse.Namespace) -> list[Variant]:
             out.append(Variant(h))
     out += [Variant("ccoll", c) for c in args.codecs]
     out += [Variant("policy", p) for p in args.policy]
+    # none first: round 1 runs it first, so the target is known to every run after it
+    out.sort(key=lambda v: v.kind != "none")
     return list(dict.fromkeys(out))
 
 
@@ -265,7 +278,7 @@ def make_data(cfg: dict, rank: int):
         return centers[y] + torch.randn(n, IN_DIM, generator=gen), y
 
     batches = [sample(BATCH, torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1009 + rank))
-               for step in range(cfg["steps"])]
+               for step in range(cfg["max_steps"])]
     return batches, sample(HELDOUT, torch.Generator().manual_seed(cfg["seed"] + 104729))
 
 
@@ -335,11 +348,15 @@ def _digest(model) -> str:
     return h.hexdigest()[:16]
 
 
-def _run_variant(v: Variant, cfg: dict, batches, heldout) -> dict:
+def _run_variant(v: Variant, cfg: dict, batches, heldout, target: float | None) -> dict:
+    """``cfg["steps"]`` steps of ``v``, then more (up to ``cfg["max_steps"]``) while the held-out loss has not
+    reached ``target`` (None: stop at ``cfg["steps"]``)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..callctx import internal
 
     ctx = contextlib.nullcontext()
     if v.kind == "policy":
@@ -377,7 +394,10 @@ def _run_variant(v: Variant, cfg: dict, batches, heldout) -> dict:
         with torch.no_grad():
             held0 = float(F.cross_entropy(model(xh), yh))
         dist.barrier()
-        for x, y in batches:
+        reached = False
+        for step, (x, y) in enumerate(batches):
+            if step >= cfg["steps"] and (target is None or reached):
+                break
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(ddp(x), y)
@@ -388,7 +408,13 @@ def _run_variant(v: Variant, cfg: dict, batches, heldout) -> dict:
             sent_bytes.append(sent.step())
             with torch.no_grad():
                 held.append(float(F.cross_entropy(model(xh), yh)))
-            dist.barrier()  # the evaluation's skew between ranks stays out of the next step's clock
+            # every rank goes on alike (replicas are equal, but a disagreement would hang the next step); a
+            # sync point too: the evaluation's skew between ranks stays out of the next step's clock.
+            # internal(): under ccoll.patch this all_reduce is not counted as the variant's traffic.
+            flag = torch.tensor([float(target is not None and held[-1] <= target)])
+            with internal():
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            reached = reached or bool(flag.item())
         digest = _digest(model)
         del ddp, opt
     return {"variant": v.name, "grad_bytes": grad_bytes, "step_s": times, "train_loss": train, "heldout_loss": held,
@@ -405,22 +431,27 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict] | None:
     batches, heldout = make_data(cfg, rank)
     vs = [Variant(k, a) for k, a in cfg["variants"]]
     runs = []
+    target = None  # none's held-out loss at the target step, from round 1 (none runs first there)
     for r in range(cfg["rounds"]):
         k = r % len(vs)
         for v in vs[k:] + vs[:k]:
-            run = _run_variant(v, cfg, batches, heldout)
+            run = _run_variant(v, cfg, batches, heldout, target)
             run["round"] = r
+            if v.kind == "none" and target is None:
+                target = run["heldout_loss"][cfg["target_step"] - 1]
             runs.append(run)
             gc.collect()
             if rank == 0:
-                print(f"# round {r + 1}/{cfg['rounds']} {v.name}: {statistics.median(_timed(run['step_s'])):.3f} "
-                      f"s/step, held-out loss {run['heldout_loss'][-1]:.4f}, load {os.getloadavg()[0]:.1f}",
+                print(f"# round {r + 1}/{cfg['rounds']} {v.name}: {statistics.median(_timed(run['step_s'], cfg['steps'])):.3f} "
+                      f"s/step, held-out loss {run['heldout_loss'][cfg['steps'] - 1]:.4f} after step {cfg['steps']}, "
+                      f"{len(run['step_s'])} steps, load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
     return runs if rank == 0 else None
 
 
-def _timed(step_s: list[float]) -> list[float]:
-    return step_s[1:] if len(step_s) > 1 else step_s
+def _timed(step_s: list[float], steps: int) -> list[float]:
+    """The step times s/step is the median of: steps 2..``steps``."""
+    return step_s[1:steps] if steps > 1 else step_s[:1]
 
 
 def _worker(cfg_path: str) -> int:
@@ -474,18 +505,18 @@ def time_to_target(step_s: list[float], initial: float, losses: list[float], tar
     return None
 
 
-def summarize(runs: list[dict], names: list[str], target_step: int) -> tuple[list[dict], dict]:
+def summarize(runs: list[dict], names: list[str], target_step: int, steps: int) -> tuple[list[dict], dict]:
     """Per variant, the figures of the table (see the module docstring); and the target per round."""
     by = {(run["variant"], run["round"]): run for run in runs}
     rounds = sorted({run["round"] for run in runs})
     targets = {r: by[("none", r)]["heldout_loss"][target_step - 1] for r in rounds}
-    none_step = statistics.median(statistics.median(_timed(by[("none", r)]["step_s"])) for r in rounds)
-    none_loss = by[("none", rounds[0])]["heldout_loss"][-1]
+    none_step = statistics.median(statistics.median(_timed(by[("none", r)]["step_s"], steps)) for r in rounds)
+    none_loss = by[("none", rounds[0])]["heldout_loss"][steps - 1]
     rows = []
     for name in names:
         mine = [by[(name, r)] for r in rounds]
         first = mine[0]
-        step_s = statistics.median(statistics.median(_timed(run["step_s"])) for run in mine)
+        step_s = statistics.median(statistics.median(_timed(run["step_s"], steps)) for run in mine)
         hits = [time_to_target(run["step_s"], run["heldout_loss_initial"], run["heldout_loss"],
                                targets[run["round"]]) for run in mine]
         reached = all(h is not None for h in hits)
@@ -494,14 +525,15 @@ def summarize(runs: list[dict], names: list[str], target_step: int) -> tuple[lis
             "variant": name,
             "step_s": step_s,
             "speedup": none_step / step_s if step_s > 0 else None,
-            "wire_ratio": g / first["sent_bytes"][-1],
-            "wire_ratio_run": g * len(first["sent_bytes"]) / sum(first["sent_bytes"]),
-            "heldout_loss": first["heldout_loss"][-1],
-            "heldout_vs_none": first["heldout_loss"][-1] / none_loss - 1,
+            "wire_ratio": g / first["sent_bytes"][steps - 1],
+            "wire_ratio_run": g * steps / sum(first["sent_bytes"][:steps]),
+            "heldout_loss": first["heldout_loss"][steps - 1],
+            "heldout_vs_none": first["heldout_loss"][steps - 1] / none_loss - 1,
             "time_to_target_s": statistics.median(h[0] for h in hits) if reached else None,
             "step_at_target": hits[0][1] if hits[0] is not None else None,
             "time_to_target_per_round_s": [h[0] if h else None for h in hits],
-            "step_s_per_round": [statistics.median(_timed(run["step_s"])) for run in mine],
+            "step_s_per_round": [statistics.median(_timed(run["step_s"], steps)) for run in mine],
+            "steps_run": [len(run["step_s"]) for run in mine],
             "identical_across_rounds": all(run["heldout_loss"] == first["heldout_loss"] and
                                            run["digest"] == first["digest"] for run in mine),
         })
@@ -563,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
 
     vs = variants(args)
     h = hidden_width(args.size_mb)
-    cfg = {"ranks": args.ranks, "hidden": h, "bucket_mb": args.bucket_mb, "steps": args.steps, "rounds": args.rounds,
+    cfg = {"ranks": args.ranks, "hidden": h, "bucket_mb": args.bucket_mb, "steps": args.steps,
+           "max_steps": args.max_steps, "target_step": args.target_step, "rounds": args.rounds,
            "variants": [(v.kind, v.arg) for v in vs], "powersgd_start": args.powersgd_start,
            "min_bytes": args.min_bytes, "lr": args.lr, "seed": args.seed, "timeout": args.timeout}
     load0 = os.getloadavg()
@@ -582,17 +615,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ccoll.bench.hooks: error: {e}", file=sys.stderr)
         return 1
     load1 = os.getloadavg()
-    rows, target = summarize(runs, [v.name for v in vs], args.target_step)
+    rows, target = summarize(runs, [v.name for v in vs], args.target_step, args.steps)
     grad_bytes = runs[0]["grad_bytes"]
     meta = {"date": started.isoformat(timespec="seconds"), "ranks": args.ranks, "link": link,
             "hidden": h, "params": grad_bytes // 4, "grad_mib": grad_bytes / (1 << 20), "bucket_mb": args.bucket_mb,
-            "steps": args.steps, "rounds": args.rounds, "lr": args.lr, "seed": args.seed,
+            "steps": args.steps, "max_steps": args.max_steps, "target_step": args.target_step,
+            "rounds": args.rounds, "lr": args.lr, "seed": args.seed,
             "powersgd_start": args.powersgd_start, "load_average_start": list(load0), "load_average_end": list(load1),
             "cpus": os.cpu_count(), "command": " ".join([PROG] + list(sys.argv[1:] if argv is None else argv))}
     doc = {"meta": meta, "target": target, "variants": rows, "runs": runs}
     print(f"# {args.ranks} gloo ranks, {link}; MLP {IN_DIM}-{h}x{HIDDEN_LAYERS}-{CLASSES}, {grad_bytes // 4} params = "
-          f"{meta['grad_mib']:.1f} MiB fp32 gradients, DDP buckets {args.bucket_mb:g} MB; {args.steps} steps x "
-          f"{args.rounds} interleaved rounds; target = none's held-out loss at step {args.target_step} "
+          f"{meta['grad_mib']:.1f} MiB fp32 gradients, DDP buckets {args.bucket_mb:g} MB; {args.steps} steps (up to "
+          f"{args.max_steps} to reach the target) x {args.rounds} interleaved rounds; target = none's held-out loss "
+          f"at step {args.target_step} "
           f"({target['heldout_loss_per_round'][0]:.4f}); load average {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} "
           f"at end")
     print("\n".join(table(rows)), flush=True)

@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VARIANTS = ["none", "fp16", "powersgd r1", "ccoll int8:block=64"]
 ROW_KEYS = {"variant", "step_s", "speedup", "wire_ratio", "wire_ratio_run", "heldout_loss", "heldout_vs_none",
             "time_to_target_s", "step_at_target", "time_to_target_per_round_s", "step_s_per_round",
-            "identical_across_rounds"}
+            "steps_run", "identical_across_rounds"}
 RUN_KEYS = {"variant", "round", "grad_bytes", "step_s", "train_loss", "heldout_loss", "heldout_loss_initial",
             "sent_bytes", "digest"}
 
@@ -46,7 +46,7 @@ def _powersgd_ratio(hidden: int, rank: int) -> float:
 
 def test_given_tiny_run_when_comparing_hooks_expect_table_json_exact_ratios_and_identical_rounds(tmp_path):
     out, png = tmp_path / "hooks.json", tmp_path / "hooks.png"
-    r = _hooks("--size-mb", "0.3", "--steps", "6", "--target-step", "4", "--rounds", "2", "--hooks", "none,fp16,powersgd",
+    r = _hooks("--size-mb", "0.3", "--steps", "6", "--target-step", "4", "--max-steps", "8", "--rounds", "2", "--hooks", "none,fp16,powersgd",
                "--powersgd-ranks", "1", "--codecs", "int8:block=64", "--min-bytes", "0", "--json", str(out),
                "--plot", str(png))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -67,13 +67,19 @@ def test_given_tiny_run_when_comparing_hooks_expect_table_json_exact_ratios_and_
     for row in rows.values():
         assert set(row) == ROW_KEYS, row["variant"]
         assert row["step_s"] > 0 and math.isfinite(row["heldout_loss"]) and len(row["step_s_per_round"]) == 2
-    # every variant of every round: six steps, finite losses, rounds in the rotated order
+    # every variant of every round: six steps, then more (up to 8) only while the target is not reached;
+    # finite losses; rounds in the rotated order
     assert len(doc["runs"]) == 2 * len(VARIANTS)
     assert [run["variant"] for run in doc["runs"]] == VARIANTS + VARIANTS[1:] + VARIANTS[:1]
+    target = doc["target"]["heldout_loss_per_round"][0]
     for run in doc["runs"]:
         assert set(run) == RUN_KEYS
-        assert len(run["step_s"]) == len(run["heldout_loss"]) == len(run["sent_bytes"]) == 6
+        k = len(run["step_s"])
+        assert 6 <= k <= 8 and len(run["heldout_loss"]) == len(run["sent_bytes"]) == len(run["train_loss"]) == k
+        if k > 6:
+            assert min(run["heldout_loss"][:k - 1]) > target
         assert all(math.isfinite(x) for x in run["heldout_loss"] + run["train_loss"])
+    assert [len(run["step_s"]) for run in doc["runs"] if run["variant"] == "none"] == [6, 6]
 
     # wire ratios, exactly
     hidden, grad_bytes = meta["hidden"], doc["runs"][0]["grad_bytes"]
@@ -106,6 +112,7 @@ def test_given_tiny_run_when_comparing_hooks_expect_table_json_exact_ratios_and_
 @pytest.mark.parametrize("args, says", [
     (["--steps", "0"], "--steps"),
     (["--steps", "10", "--target-step", "11"], "--target-step"),
+    (["--steps", "10", "--max-steps", "9"], "--max-steps"),
     (["--hooks", "fp16,fp32"], "fp32"),
     (["--hooks", "fp16"], "include none"),
     (["--codecs", "int9:block=64"], "int9"),
