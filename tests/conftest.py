@@ -32,3 +32,11 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+    # The kernels check first: it compiles every module in a pool of one process per core and caches each build by
+    # content, so later tests that need a build (the wheel's installed sources, simt) find it instead of compiling it
+    # on one core (about a minute and a half of sequential NVRTC otherwise).
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != KERNELS_CHECK)
+
+
+#: the test module whose first test fills the kernel build cache for the whole session
+KERNELS_CHECK = "tests/unit/test_kernels_build.py"
