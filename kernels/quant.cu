@@ -252,7 +252,10 @@ registers (capped by __launch_bounds__(256, 4): 4 CTAs = 32 warps per SM, 50% oc
 
 Host (-DCCOLL_HOST, the "emulated" backend): extern "C" ccoll_host_* entry points loop over blocks / words
 with OpenMP and call exactly the same per-word functions; only the warp reduction differs (a serial max,
-which is exact: max is associative).
+which is exact: max is associative). The int formats' unrotated ops take the host's own streaming paths
+(bottom of this file, "the CPU's streaming paths": the same fp32 operations as loops the compiler
+vectorises, whole blocks; anything else falls back to the per-block functions), which make the host build
+the default CPU backend of int8 / int4 (ccoll/codecs/quant.py _cpu_backend).
 */
 #ifndef __CUDACC_RTC__
 #include <cmath>
@@ -1678,6 +1681,14 @@ CQ_ALL_FORMATS(CQ_GLOBALS_ROT)
 // host build: the "emulated" backend (OpenMP over the same blocks / words; teams of one)
 
 #ifdef CCOLL_HOST
+#include <omp.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+// work below this many values runs on the calling thread: a parallel region costs more than it saves
+#define CQ_HOST_PARALLEL_MIN (1 << 15)
+
 template <class Op>
 static void cq_host_teams(const Op& op) {
     const cq_i64 units = op.nunits();
@@ -1702,13 +1713,306 @@ static void cq_host_groups(const CqDecodeRows<Tr, F>& op) {  // row by row: no d
     }
 }
 
+// ---- the CPU's streaming paths (host build only; the GPU kernels above are not involved) -------------
+// The per-block / per-word functions above are written for a GPU lane: a value at a time with its tests. On
+// a CPU core that is ~10x slower than memory. The int formats' plain (unrotated) ops are restated here as
+// loops over a block's values with no per-value branch, which the compiler vectorises, in ONE pass per
+// phase: encode_rows reads x (and the residuals) for the absmax, then again from L1 to quantize, store the
+// q bytes and the new residuals; decode_sum adds each payload row into an L1-sized tile of the output. The
+// fp32 operations are the same ones in the same order as CqEncodeRows / CqDecodeRows / CqDecodeSum (round
+// to nearest by adding 1.5 * 2^23, exact for |v| < 2^22, as the torch backend does), so the bytes are the
+// same: tests/unit/test_quant_rows.py compares them. Blocks these loops do not take -- stochastic rounding,
+// a block cut by the end of a row or of the tensor -- run the general per-block code above.
+
+// an input type's conversions written without branches (selects), so that loops over them vectorise; the
+// same bits as the Tr functions (kernels/common.cuh)
+template <class Tr>
+struct CqCpu {
+    static constexpr bool OK = false;
+};
+template <>
+struct CqCpu<CqF32> {
+    static constexpr bool OK = true;
+    static inline float to_f(cq_u32 b) { return cq_u2f(b); }
+    static inline float round(float f) { return f; }
+    static inline cq_u32 from_f(float f) { return cq_f2u(f); }
+};
+template <>
+struct CqCpu<CqBF16> {
+    static constexpr bool OK = true;
+    static inline float to_f(cq_u16 b) { return cq_u2f((cq_u32)b << 16); }
+    static inline cq_u32 bits16(float f) {  // ccoll_conv::f32_to_bf16
+        const cq_u32 u = cq_f2u(f);
+        const cq_u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        return (u & 0x7fffffffu) > 0x7f800000u ? (cq_u32)ccoll_conv::BF16_NAN : r;
+    }
+    static inline float round(float f) { return cq_u2f(bits16(f) << 16); }
+    static inline cq_u16 from_f(float f) { return (cq_u16)bits16(f); }
+};
+
+template <>
+struct CqCpu<CqF16> {
+    static constexpr bool OK = true;
+    static inline float to_f(cq_u16 h) {  // ccoll_conv::f16_to_f32_int
+        const cq_u32 sign = ((cq_u32)h & 0x8000u) << 16, a = (cq_u32)h & 0x7fffu;
+        // a normal half's exponent and mantissa moved to fp32's places read as 2^-112 of its value: times
+        // 2^112, exact; a subnormal one is m * 2^-24, exact (the value selected never comes from an fp32
+        // subnormal operand, so a denormals-are-zero setting cannot change it); Inf / NaN (exponent 31) keep
+        // their payload bits
+        const cq_u32 normal = cq_f2u(cq_mul(cq_u2f(a << 13), 5.192296858534828e+33f));  // 2^112
+        const cq_u32 sub = cq_f2u(cq_mul((float)(int)a, 5.9604644775390625e-08f));     // 2^-24
+        return cq_u2f(sign | (a >= 0x7c00u ? 0x7f800000u | (a & 0x3ffu) << 13 : a >= 0x400u ? normal : sub));
+    }
+    static inline cq_u16 from_f(float f) {  // ccoll_conv::f32_to_f16_int
+        const cq_u32 u = cq_f2u(f), a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+        // subnormal halves (|f| < 2^-14): f + 0.5 rounds |f| to a multiple of 2^-24 (the fp32 spacing on
+        // [0.5, 1)), to nearest even, and that multiple is the low bits of the sum
+        const cq_u32 sub = cq_f2u(cq_add(cq_u2f(a), 0.5f)) - 0x3f000000u;
+        const cq_u32 r = a - (112u << 23);
+        const cq_u32 normal = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+        const cq_u32 h = a > 0x7f800000u   ? 0x7e00u | ((a >> 13) & 0x3ffu)
+                         : a >= 0x477ff000u ? 0x7c00u
+                         : a >= 0x38800000u ? normal
+                                            : sub;
+        return (cq_u16)(sign | h);
+    }
+    static inline float round(float f) { return to_f(from_f(f)); }
+};
+
+#define CQ_ROUND_MAGIC 12582912.0f  // 1.5 * 2^23: v + it rounds v to an integer, ties to even (|v| < 2^22)
+#define CQ_ROUND_MAGIC_BITS 0x4B400000
+
+// values per inner loop: q codes of a chunk are held in a small array, then packed (int4) and stored
+#define CQ_CPU_CHUNK 64
+
+template <class Tr, int BITS>
+struct CqCpuEncode {
+    typedef CqEncodeRows<Tr, CqInt<BITS>, false> Op;
+    typedef typename Tr::storage S;
+    typedef CqCpu<Tr> C;
+    static constexpr int QMAX = CqInt<BITS>::QMAX;
+
+    // block b of row `row`, whole and inside the tensor; nearest rounding. FB: with error feedback
+    template <bool FB>
+    static void block(const Op& op, cq_i64 row, cq_i64 b) {
+        const cq_i64 B = op.g.block, start = b * B, e0 = row * op.g.row_numel + start;
+        const S* x = op.x + e0;
+        float* r = FB ? op.feedback + e0 : nullptr;
+        // pass 0: absmax of what is encoded (c = x + r rounded to the input type, or x), on the bit patterns
+        cq_u32 amax = 0;
+        for (cq_i64 k = 0; k < B; ++k) {
+            const float s = FB ? C::round(cq_add(C::to_f(x[k]), r[k])) : C::to_f(x[k]);
+            const cq_u32 a = cq_abs_bits(s);
+            amax = a > amax ? a : amax;
+        }
+        const CqBlock bp = CqInt<BITS>::params(amax);
+        cq_u8* payload = op.out + row * op.g.row_nbytes();
+        cq_u32* qwords = reinterpret_cast<cq_u32*>(payload + op.g.scale_nbytes());
+        CqInt<BITS>::store_scale(payload, b, bp);
+        if (b == op.g.blocks_per_row - 1) op.g.zero_padding(payload, qwords, b, start, B);
+        cq_u8* q = reinterpret_cast<cq_u8*>(qwords) + start * BITS / 8;
+        if (!bp.finite) {  // a NaN / Inf block: q = 0, and its residuals (c - NaN) are not finite: 0
+            memset(q, 0, (size_t)(B * BITS / 8));
+            if (FB) memset(r, 0, (size_t)B * sizeof(float));
+            return;
+        }
+        // pass 1 (the block is in L1): q = clamp(rint(s * enc)), then r = c - decode rounded to the input type
+        const float enc = bp.enc, scale = bp.scale;
+        for (cq_i64 k0 = 0; k0 < B; k0 += CQ_CPU_CHUNK) {
+            const int n = (int)cq_min(CQ_CPU_CHUNK, B - k0);  // a multiple of 8
+            int qi[CQ_CPU_CHUNK];
+            for (int k = 0; k < n; ++k) {
+                const float c = FB ? cq_add(C::to_f(x[k0 + k]), r[k0 + k]) : C::to_f(x[k0 + k]);
+                const float s = FB ? C::round(c) : c;
+                const float t = cq_add(cq_mul(s, enc), CQ_ROUND_MAGIC);
+                int v = (int)cq_f2u(t) - CQ_ROUND_MAGIC_BITS;
+                v = v < -QMAX ? -QMAX : v > QMAX ? QMAX : v;
+                qi[k] = v;
+                if (FB) {
+                    const float d = C::round(cq_mul((float)v, scale));
+                    const float rr = cq_sub(c, d);
+                    r[k0 + k] = cq_abs_bits(rr) >= CQ_INF_BITS ? 0.0f : rr;
+                }
+            }
+            if (BITS == 8) {
+                for (int k = 0; k < n; ++k) q[k0 + k] = (cq_u8)qi[k];
+            } else {
+                for (int j = 0; j < n / 2; ++j)
+                    q[k0 / 2 + j] = (cq_u8)((qi[2 * j] & 0xf) | (qi[2 * j + 1] & 0xf) << 4);
+            }
+        }
+    }
+
+    static void run(const Op& op) {
+        const cq_i64 units = op.nunits(), bpr = op.g.blocks_per_row;
+        const CqTeam t = {0, 1};
+        const bool fb = op.feedback != nullptr;
+#pragma omp parallel for schedule(static) if (units * op.g.block >= CQ_HOST_PARALLEL_MIN)
+        for (cq_i64 u = 0; u < units; ++u) {
+            const cq_i64 row = u / bpr, b = u - row * bpr;
+            const cq_i64 start = b * op.g.block;
+            const bool whole = start + op.g.block <= op.g.row_numel &&
+                               row * op.g.row_numel + start + op.g.block <= op.g.numel;
+            if (!whole || op.stochastic) op.team_block(u, t);
+            else if (fb) block<true>(op, row, b);
+            else block<false>(op, row, b);
+        }
+    }
+};
+
+// the `n` values of one block at q value index i0 (even for int4) decoded (q * scale) and passed to
+// put(k, value): one loop without a temporary array, vectorised with what put does
+template <int BITS, class Put>
+static inline void cq_cpu_decode(const cq_u8* qbytes, cq_i64 i0, cq_i64 n, float scale, const Put& put) {
+    if (BITS == 8) {
+        const signed char* q = reinterpret_cast<const signed char*>(qbytes) + i0;
+        for (cq_i64 k = 0; k < n; ++k) put(k, cq_mul((float)q[k], scale));
+    } else {
+        const cq_u8* q = qbytes + i0 / 2;
+        for (cq_i64 j = 0; j < n / 2; ++j) {  // a byte: the even value in the low nibble
+            put(2 * j, cq_mul((float)(((int)(q[j] & 0xf) ^ 8) - 8), scale));
+            put(2 * j + 1, cq_mul((float)(((int)(q[j] >> 4) ^ 8) - 8), scale));
+        }
+        if (n % 2) put(n - 1, cq_mul((float)(((int)(q[n / 2] & 0xf) ^ 8) - 8), scale));
+    }
+}
+
+// outputs of at least this many bytes are written with streaming (non-temporal) stores: they cannot stay in
+// cache anyway, and a plain store first reads each line it writes (its cost is that of a copy's read)
+#define CQ_CPU_STREAM_MIN_BYTES (8 << 20)
+
+// o[k] = v[k] for k < n (n a multiple of 4, o and v 16-byte aligned): streaming stores where the host has them
+static inline void cq_cpu_stream(float* o, const float* v, cq_i64 n) {
+#if defined(__SSE2__)
+    for (cq_i64 k = 0; k < n; k += 4) _mm_stream_ps(o + k, _mm_load_ps(v + k));
+#else
+    for (cq_i64 k = 0; k < n; ++k) o[k] = v[k];
+#endif
+}
+
+// the streaming stores of this thread ordered before whatever the caller does next (another thread reads them)
+static inline void cq_cpu_stream_fence() {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+// values of an fp32 piece held in L1 (decode_sum's tile of the output, decode_rows' streamed piece)
+#define CQ_CPU_SUM_TILE 2048
+
+// decode_rows: each block of each row decoded straight into the output, rounded to its type
+template <class Tr, int BITS>
+static void cq_cpu_decode_rows(const CqDecodeRows<Tr, CqInt<BITS>>& op) {
+    typedef CqCpu<Tr> C;
+    typedef typename Tr::storage S;
+    const cq_i64 rows = op.nrows(), bpr = op.g.blocks_per_row, B = op.g.block;
+    const cq_i64 units = rows * bpr;
+    // fp32 output of a large tensor: streaming stores (the int4 start index of a piece stays even: B is)
+    const bool stream = sizeof(S) == 4 && op.g.numel * 4 >= CQ_CPU_STREAM_MIN_BYTES;
+#pragma omp parallel if (units * B >= CQ_HOST_PARALLEL_MIN)
+    {
+#pragma omp for schedule(static)
+    for (cq_i64 u = 0; u < units; ++u) {
+        const cq_i64 row = u / bpr, b = u - row * bpr, start = b * B, e0 = row * op.g.row_numel + start;
+        const cq_i64 len = cq_min(cq_min(B, op.g.row_numel - start), op.g.numel - e0);
+        if (len <= 0) continue;
+        const cq_u8* payload = op.payloads + row * op.g.row_nbytes();
+        const cq_u8* q = payload + op.g.scale_nbytes();
+        const float scale = CqInt<BITS>::load_scale(payload, b);
+        S* y = op.y + e0;
+        if (!stream || (reinterpret_cast<cq_u64>(y) & 15u) != 0) {
+            cq_cpu_decode<BITS>(q, start, len, scale, [y](cq_i64 k, float v) { y[k] = C::from_f(v); });
+            continue;
+        }
+        for (cq_i64 k0 = 0; k0 < len; k0 += CQ_CPU_SUM_TILE) {  // fp32 output: through an L1 piece, streamed
+            const cq_i64 n = cq_min(CQ_CPU_SUM_TILE, len - k0), whole = n / 4 * 4;
+            alignas(64) float v[CQ_CPU_SUM_TILE];
+            cq_cpu_decode<BITS>(q, start + k0, n, scale, [&v](cq_i64 k, float x) { v[k] = x; });
+            float* o = reinterpret_cast<float*>(y + k0);
+            cq_cpu_stream(o, v, whole);
+            for (cq_i64 k = whole; k < n; ++k) o[k] = v[k];
+        }
+    }
+    if (stream) cq_cpu_stream_fence();  // (the loop's implicit barrier waits for every thread after this)
+    }
+}
+
+// decode_sum: the output in tiles of CQ_CPU_SUM_TILE values (L1-resident); each row's decode of the tile,
+// rounded to the input type, added in row order from +0.0 (row 0: 0.0 + its decode, so -0.0 becomes +0.0 as
+// in the general code); NaN sums stored canonical
+template <class Tr, int BITS>
+static void cq_cpu_decode_sum(const CqDecodeSum<Tr, CqInt<BITS>>& op) {
+    typedef CqCpu<Tr> C;
+    const cq_i64 numel = op.numel, B = op.block;
+    const cq_i64 tiles = (numel + CQ_CPU_SUM_TILE - 1) / CQ_CPU_SUM_TILE;
+    const bool stream = numel * 4 >= CQ_CPU_STREAM_MIN_BYTES && (reinterpret_cast<cq_u64>(op.out) & 15u) == 0;
+#pragma omp parallel if (numel * op.p >= CQ_HOST_PARALLEL_MIN)
+    {
+#pragma omp for schedule(static)
+        for (cq_i64 ti = 0; ti < tiles; ++ti) {
+            const cq_i64 j0 = ti * CQ_CPU_SUM_TILE, j1 = cq_min(numel, j0 + CQ_CPU_SUM_TILE);
+            alignas(64) float acc[CQ_CPU_SUM_TILE];
+            if (op.p == 0)
+                for (cq_i64 k = 0; k < j1 - j0; ++k) acc[k] = 0.0f;
+            for (cq_i64 r = 0; r < op.p; ++r) {
+                const cq_u8* row = op.payloads + r * op.row_nbytes;
+                for (cq_i64 s0 = j0; s0 < j1;) {  // the tile's pieces of one block each (s0 even: B and the tile are)
+                    const cq_i64 b = s0 / B, s1 = cq_min(j1, (b + 1) * B);
+                    float* a = acc + (s0 - j0);
+                    const cq_u8* q = row + op.scale_nbytes;
+                    const float scale = CqInt<BITS>::load_scale(row, b);
+                    if (r == 0)
+                        cq_cpu_decode<BITS>(q, s0, s1 - s0, scale, [a](cq_i64 k, float v) { a[k] = cq_add(0.0f, C::round(v)); });
+                    else
+                        cq_cpu_decode<BITS>(q, s0, s1 - s0, scale, [a](cq_i64 k, float v) { a[k] = cq_add(a[k], C::round(v)); });
+                    s0 = s1;
+                }
+            }
+            for (cq_i64 k = 0; k < j1 - j0; ++k) acc[k] = cq_canonical_nan(acc[k]);
+            float* o = op.out + j0;
+            const cq_i64 whole = stream ? (j1 - j0) / 4 * 4 : 0;
+            cq_cpu_stream(o, acc, whole);
+            for (cq_i64 k = whole; k < j1 - j0; ++k) o[k] = acc[k];
+        }
+        if (stream) cq_cpu_stream_fence();
+    }
+}
+
+// the entry points' dispatch: the CPU paths where they exist (int formats, f32 / bf16), else the general code
+template <class Tr, class F>
+static void cq_host_encode_rows(const CqEncodeRows<Tr, F, false>& op) {
+    if constexpr (CqCpu<Tr>::OK && (F::BITS == 8 || F::BITS == 4) && F::SCALE_BYTES == 4)
+        CqCpuEncode<Tr, F::BITS>::run(op);
+    else
+        cq_host_teams(op);
+}
+template <class Tr, class F>
+static void cq_host_decode_rows(const CqDecodeRows<Tr, F>& op) {
+    if constexpr (CqCpu<Tr>::OK && (F::BITS == 8 || F::BITS == 4) && F::SCALE_BYTES == 4)
+        cq_cpu_decode_rows<Tr, F::BITS>(op);
+    else
+        cq_host_groups(op);
+}
+template <class Tr, class F>
+static void cq_host_decode_sum(const CqDecodeSum<Tr, F>& op) {
+    if constexpr (CqCpu<Tr>::OK && (F::BITS == 8 || F::BITS == 4) && F::SCALE_BYTES == 4)
+        cq_cpu_decode_sum<Tr, F::BITS>(op);
+    else
+        cq_host_groups(op);
+}
+
+// the calling thread's OpenMP team size for the entry points below (ccoll/codecs/quant_kernels.py passes
+// torch.get_num_threads(): the caller's own budget of cores)
+extern "C" void ccoll_host_quant_set_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
+
 #define CQ_HOST(FMT, F, NAME, TR)                                                                         \
     extern "C" void ccoll_host_##FMT##_encode_rows_##NAME(const void* x, cq_i64 numel, cq_i64 rows,       \
                                                           cq_i64 row_numel, cq_i64 block, int stochastic, \
                                                           cq_u32 seed, void* feedback, void* out) {       \
-        cq_host_teams(CqEncodeRows<TR, F, false>(static_cast<const TR::storage*>(x), numel, rows, row_numel, \
-                                                 block, stochastic, seed, static_cast<float*>(feedback),  \
-                                                 static_cast<cq_u8*>(out), 0u));                          \
+        cq_host_encode_rows(CqEncodeRows<TR, F, false>(static_cast<const TR::storage*>(x), numel, rows,   \
+                                                       row_numel, block, stochastic, seed,                \
+                                                       static_cast<float*>(feedback),                     \
+                                                       static_cast<cq_u8*>(out), 0u));                    \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_encode_rows_rot_##NAME(const void* x, cq_i64 numel, cq_i64 rows,   \
                                                               cq_i64 row_numel, cq_i64 block,             \
@@ -1721,8 +2025,8 @@ static void cq_host_groups(const CqDecodeRows<Tr, F>& op) {  // row by row: no d
     extern "C" void ccoll_host_##FMT##_decode_rows_##NAME(const void* payloads, cq_i64 rows,              \
                                                           cq_i64 row_numel, cq_i64 numel, cq_i64 block,   \
                                                           void* y) {                                      \
-        cq_host_groups(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel, numel,    \
-                                          block, static_cast<TR::storage*>(y), 0u));                      \
+        cq_host_decode_rows(CqDecodeRows<TR, F>(static_cast<const cq_u8*>(payloads), rows, row_numel,      \
+                                               numel, block, static_cast<TR::storage*>(y), 0u));          \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_rows_rot_##NAME(const void* payloads, cq_i64 rows,          \
                                                               cq_i64 row_numel, cq_i64 numel,             \
@@ -1733,8 +2037,8 @@ static void cq_host_groups(const CqDecodeRows<Tr, F>& op) {  // row by row: no d
     extern "C" void ccoll_host_##FMT##_decode_sum_##NAME(const void* payloads, cq_i64 p,                  \
                                                          cq_i64 row_nbytes, cq_i64 numel, cq_i64 block,   \
                                                          void* out) {                                     \
-        cq_host_groups(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,       \
-                                         block, static_cast<float*>(out), 0u));                           \
+        cq_host_decode_sum(CqDecodeSum<TR, F>(static_cast<const cq_u8*>(payloads), p, row_nbytes, numel,   \
+                                             block, static_cast<float*>(out), 0u));                       \
     }                                                                                                     \
     extern "C" void ccoll_host_##FMT##_decode_sum_rot_##NAME(const void* payloads, cq_i64 p,              \
                                                              cq_i64 row_nbytes, cq_i64 numel,             \

@@ -123,7 +123,10 @@ class Codec:
     Backends: "torch" (CPU tensors; libzfp via zfpy, vectorised torch ops), "cupy" (CUDA tensors,
     kernels/*.cu through CuPy), "emulated" (CPU tensors, the same kernels/*.cu built for the host), "simt"
     (CPU tensors, the cupy path's own launches of the ``__global__`` kernels run by ccoll.simt; a test backend).
-    "auto" picks "cupy" for CUDA tensors and "torch" otherwise.
+    "auto" picks "cupy" for CUDA tensors and, for CPU tensors, the codec's ``_cpu_backend()``: "torch" unless
+    the codec has a faster CPU path that writes the same bytes (the block quantizers: the host build, when
+    it is built). ``CCOLL_CPU_BACKEND=torch`` (or ``emulated``) overrides that choice for the codecs that
+    have both.
     """
 
     name: ClassVar[str] = ""
@@ -276,9 +279,13 @@ class Codec:
             names = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
             raise CodecError(f"codec {self.spec!r} does not take {dtype}; it takes {names}")
 
+    def _cpu_backend(self) -> str:
+        """The backend "auto" runs on CPU tensors; codecs with a faster CPU path of the same bytes override."""
+        return "torch"
+
     def resolve_backend(self, device: torch.device) -> str:
         if self.backend == "auto":
-            return "cupy" if device.type == "cuda" else "torch"
+            return "cupy" if device.type == "cuda" else self._cpu_backend()
         want_cuda = self.backend == "cupy"
         if want_cuda != (device.type == "cuda"):
             raise CodecError(

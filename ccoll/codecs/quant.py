@@ -52,12 +52,14 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import ClassVar
 
 import torch
 
 from ..errors import CodecError, CodecSpecError
+from ..kernels import host_build_ready
 from ..kernels.call import cuda_kernels
 from .base import CODECS, Codec, Param, _fmt
 from .buffers import canonical_nan_, round16
@@ -139,6 +141,26 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
     @property
     def align_numel(self) -> int:
         return self.block
+
+    #: the formats whose host build has the CPU's streaming paths (kernels/quant.cu "the CPU's streaming
+    #: paths": one vectorised pass per phase, OpenMP over the caller's torch.get_num_threads() cores)
+    CPU_STREAMING_FORMATS: ClassVar[tuple[str, ...]] = ("int8", "int4")
+
+    def _cpu_backend(self) -> str:
+        """"emulated" (the host build of kernels/quant.cu) on CPU tensors where it has the streaming paths --
+        int8 / int4 without rotation -- and is already built (``make kernels-host``; never built here: a
+        first build takes minutes); else "torch". Both write the same bytes (tests/unit/test_quant_rows.py);
+        the host build is the faster: one fused pass per phase and no temporaries, where the torch backend
+        makes a dozen passes over cache-sized pieces (python -m ccoll.bench.cpu_codec measures both).
+        ``CCOLL_CPU_BACKEND=torch|emulated`` overrides the choice."""
+        forced = os.environ.get("CCOLL_CPU_BACKEND")
+        if forced in ("torch", "emulated"):
+            return forced
+        if forced:
+            raise CodecSpecError(f"CCOLL_CPU_BACKEND={forced!r}: expected torch or emulated (or unset)")
+        if self.kernel_format in self.CPU_STREAMING_FORMATS and not self.rotate and host_build_ready("quant"):
+            return "emulated"
+        return "torch"
 
     # --- declared properties (base.Codec): determinism and the documented error bound ---------------
     @property

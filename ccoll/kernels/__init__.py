@@ -166,18 +166,56 @@ def nvcc_version() -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else "unknown"
 
 
+#: host compiler options of one source's host build beyond the common ones. quant: -fno-trapping-math lets
+#: the compiler turn the selects of its CPU streaming loops (kernels/quant.cu "the CPU's streaming paths")
+#: into vector blends: without it g++ will not evaluate both sides of a select holding an fp32 operation
+#: (either might raise a floating-point flag) and leaves those loops scalar ("control flow in loop"). It
+#: changes no result: the operations and their rounding are the same, only when they are evaluated (no
+#: reassociation, contraction, reciprocal or finite-math assumption comes with it).
+HOST_OPTIONS = {"quant": ("-fno-trapping-math",)}
+#: sources whose host build targets this machine's CPU (-march=native: its widest vectors; AVX-512 doubles the
+#: quant streaming loops' rate over the x86-64 baseline's SSE2). Only where :func:`native_target` can say what
+#: that means here: the build's key then includes it, so a cache shared by machines of different CPUs (a
+#: home directory on NFS) keeps one build per CPU and never loads one built for another. Results do not
+#: depend on it: IEEE operations rounded alike at any width, no contraction (-ffp-contract=off).
+HOST_NATIVE = ("quant",)
+
+
+@functools.lru_cache(maxsize=None)
+def native_target() -> str | None:
+    """The target options the host compiler's ``-march=native`` stands for on this CPU (its driver's expansion:
+    ``-march=<cpu> -mavx2 -mno-avx512er ... --param ...``), or None when the compiler cannot be asked (then no
+    host build uses -march=native)."""
+    cc = shutil.which("g++") or shutil.which("c++")
+    if cc is None:
+        return None
+    try:
+        proc = subprocess.run([cc, "-march=native", "-E", "-v", "-x", "c++", "-"], input="", capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in proc.stderr.splitlines():
+        if "cc1" in line and "-march=" in line:
+            return " ".join(tok for tok in line.split() if tok.startswith(("-m", "--param")))
+    return None
+
+
 def _host_command(name: str, out: Path) -> list[str]:
+    native = ("-march=native",) if name in HOST_NATIVE and native_target() else ()
     return [
         _nvcc(), "-O3", "-std=c++17", "-DCCOLL_HOST", f"-I{KERNEL_DIR}",
         # -ffp-contract=off: no a*b+c contraction on a host with FMA instructions (as the GPU's --fmad=false)
-        "-Xcompiler", "-fPIC,-O3,-fopenmp,-ffp-contract=off", "-shared", "-lgomp", "-o", str(out), str(source(name)),
+        "-Xcompiler", ",".join(("-fPIC", "-O3", "-fopenmp", "-ffp-contract=off", *HOST_OPTIONS.get(name, ()), *native)),
+        "-shared", "-lgomp", "-o", str(out), str(source(name)),
     ]
 
 
 def host_library_path(name: str) -> Path:
     """Where the host build of kernels/<name>.cu for the current sources, options and nvcc is (or will be):
     ``libccoll_<name>-<content_key>.so``."""
-    key = content_key(name, _host_command(name, Path("OUT"))[1:-3], nvcc_version())
+    command = _host_command(name, Path("OUT"))
+    target = (native_target(),) if "-march=native" in command[6] else ()
+    key = content_key(name, command[1:-3], nvcc_version(), *target)
     return BUILD_DIR / "host" / f"libccoll_{name}-{key}.so"
 
 
@@ -198,6 +236,18 @@ def build_host(name: str) -> Path:
             raise KernelError(f"host build of {name}.cu failed:\n{' '.join(cmd)}\n{proc.stderr}")
         os.replace(tmp, out)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def host_build_ready(name: str) -> bool:
+    """Whether the host build of kernels/<name>.cu for the current sources, options and nvcc is already in the
+    cache (``make kernels-host``, or an earlier ``emulated`` call): never builds, and False without nvcc. The
+    codecs' ``auto`` backend asks it (once per process) before preferring the host build on CPU tensors: a
+    first build takes minutes, which a training step must not wait for."""
+    try:
+        return host_library_path(name).exists()
+    except (KernelError, OSError):
+        return False
 
 
 @functools.lru_cache(maxsize=None)

@@ -163,7 +163,42 @@ def host_function(k: Kernel):
     return fn
 
 
+class _HostThreads(threading.local):
+    """The OpenMP team size this thread last gave the host builds (``ccoll_host_quant_set_threads``), and per
+    family whether the current one was given (a library without the setter is not asked again)."""
+
+    n = 0
+
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+
+
+_host_threads = _HostThreads()
+
+
+def host_threads(n: int, family: str = "quant") -> None:
+    """Run this thread's host-build calls on ``n`` OpenMP threads. Why: OpenMP's default is every core of the
+    machine whatever the caller allows, so ranks that share a node (each told ``torch.set_num_threads(1)``,
+    as ccoll's launchers and the tests do) would each start a team of all cores and oversubscribe them. The
+    launch passes ``torch.get_num_threads()`` -- the caller's own budget of intra-op cores -- so the host
+    build uses the cores the caller leaves to torch and no more. One call into ``family``'s library when it
+    changes (the team size is per calling thread in OpenMP, hence thread-local here). kernels/quant.cu
+    exports the setter; the other host builds link the same OpenMP runtime, so once it ran their calls from
+    this thread follow it too."""
+    state = _host_threads
+    if state.done.get(family) != n:
+        from . import host_library  # through the module: tests count and replace host libraries there
+
+        setter = getattr(host_library(family), "ccoll_host_quant_set_threads", None)
+        if setter is not None:
+            setter.argtypes, setter.restype = [ctypes.c_int], None
+            setter(n)
+            state.n = n
+        state.done[family] = n
+
+
 def _launch_host(k: Kernel, device: torch.device, nthreads: int, args: tuple) -> None:
+    host_threads(torch.get_num_threads(), k.family)
     host_function(k)(*(_address(a) if kind == "p" else int(a)
                        for kind, a in zip(k.kinds, args) if not kind.startswith("~")))
 

@@ -18,6 +18,7 @@ import ccoll
 from ccoll import kernels
 from ccoll.codecs import quant
 from ccoll.codecs.base import Codec
+from ccoll.errors import CodecSpecError
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -35,6 +36,37 @@ def _mixed(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x = torch.where(special < 0.002, torch.tensor(math.nan), x)
     x = torch.where((special > 0.998), torch.tensor(math.inf) * x.sign(), x)
     return x.to(dtype)
+
+
+def _blocks_of_every_kind(n: int, dtype: torch.dtype, seed: int, block: int) -> torch.Tensor:
+    """Whole blocks each of one kind, so that every kind reaches the host build's streaming paths (which take
+    whole blocks; kernels/quant.cu "the CPU's streaming paths") as one block: gradient-like values, all zeros,
+    -0.0, tiny (absmax below qmax 2^-126: the smallest normal scale), absmax within an ulp of FLT_MAX (the
+    lowered scale and the clamp), one NaN, one +-Inf, a single nonzero value, exact half steps (ties)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp(2 * torch.randn(n, generator=g))
+    nb = -(-n // block)
+    kind = torch.randint(0, 9, (nb,), generator=g).repeat_interleave(block)[:n]
+    pos = torch.arange(n) % block
+    flt_max = torch.finfo(torch.float32).max
+    x = torch.where(kind == 1, torch.zeros(()), x)
+    x = torch.where(kind == 2, torch.full((), -0.0), x)
+    x = torch.where(kind == 3, x.clamp(-1, 1) * 1e-38, x)
+    x = torch.where(kind == 4, torch.where(pos == 0, torch.full((), flt_max), x.clamp(-1, 1) * 1e38), x)
+    x = torch.where((kind == 5) & (pos == 3), torch.tensor(math.nan), x)
+    x = torch.where((kind == 6) & (pos == 1), torch.tensor(-math.inf), x)
+    x = torch.where(kind == 7, torch.where(pos == 2, torch.full((), 3.5), torch.zeros(())), x)
+    x = torch.where(kind == 8, (pos % 15 - 7).float() * 0.5, x)  # absmax 3.5: ties of int4's step 0.5
+    return x.to(dtype)
+
+
+#: the inputs the backend comparisons run: ``mixed`` (values of every kind in blocks of 8, so most quant
+#: blocks hold several kinds) and ``blocks`` (whole blocks of one kind each, ``_blocks_of_every_kind``)
+DATA = ("mixed", "blocks")
+
+
+def _data(kind: str, n: int, dtype: torch.dtype, seed: int, block: int) -> torch.Tensor:
+    return _mixed(n, dtype, seed) if kind == "mixed" else _blocks_of_every_kind(n, dtype, seed, block)
 
 
 def _feedback(rows: int, row_numel: int, seed: int) -> torch.Tensor:
@@ -68,9 +100,9 @@ def _assert_same_values(a: torch.Tensor, b: torch.Tensor) -> None:
         f"{int((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8)).sum())} bytes differ"
 
 
-def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed=0, reference=True):
+def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed=0, reference=True, data="mixed"):
     ct, ce = _codecs(spec)
-    src = _mixed(numel, dtype, seed)
+    src = _data(data, numel, dtype, seed, ct.block)
     fb = _feedback(rows, row_numel, seed) if with_feedback else None
     pt, ft = _encode(ct, src, rows, row_numel, fb, salt)
     pe, fe = _encode(ce, src, rows, row_numel, fb, salt)
@@ -100,8 +132,9 @@ def _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=0, seed
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_feedback", [False, True])
+@pytest.mark.parametrize("data", DATA)
 def test_given_rows_of_every_shape_when_encoding_expect_backends_and_reference_byte_identical(
-    name, rounding, dtype, with_feedback
+    name, rounding, dtype, with_feedback, data
 ):
     spec = f"{name}:block=24,round={rounding},seed=5"
     shapes = [  # (numel, rows, row_numel)
@@ -113,17 +146,51 @@ def test_given_rows_of_every_shape_when_encoding_expect_backends_and_reference_b
         (301, 2, 151),   # odd row length: int4 rows end in a half byte
     ]
     for i, (numel, rows, row_numel) in enumerate(shapes):
-        _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=12345 + i, seed=i)
+        _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=12345 + i, seed=i, data=data)
+
+
+@pytest.mark.parametrize("spec", ["int8:block=256", "int4:block=64", "int8:block=8", "int4:block=4096"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_feedback", [False, True])
+@pytest.mark.parametrize("data", DATA)
+def test_given_the_policies_blocks_when_encoding_expect_streaming_paths_byte_identical(spec, dtype, with_feedback, data):
+    """The block sizes the shipped policies use (int8 256, int4 64) and the extremes, on rows of whole blocks
+    and rows ending in a partial block or in the tensor's end: the host build's streaming paths (whole
+    blocks, round to nearest) and its general code (the rest) against the torch backend, byte for byte --
+    payloads, residuals, decode_rows and, below, decode_sum of the rows."""
+    block = ccoll.get_codec(spec).block
+    for i, (numel, rows, row_numel) in enumerate([
+        (8 * block, 2, 4 * block),               # whole blocks only
+        (5 * block + 13, 3, 2 * block + 8),      # each row ends in a partial block; the tensor ends mid-block
+        (3 * block, 1, 3 * block),               # one row
+    ]):
+        src, pt, _ = _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=i, seed=40 + i,
+                                 reference=block <= 256, data=data)
+        ct, ce = _codecs(spec)
+        for codec in (ct, ce):
+            got = codec.decode_sum(pt, row_numel, dtype)
+            if codec is ct:
+                expected = got
+            else:
+                _assert_same_values(expected, got)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
 def test_given_rows_larger_than_a_torch_piece_expect_identical_bytes(name):
-    """Long rows split into several pieces, and many short rows grouped into several pieces (torch vs
-    emulated only: the reference loop would take as long as the rest of this file)."""
+    """Long rows split into several pieces, many short rows grouped into several pieces, and outputs large
+    enough for the host build's streaming stores (torch vs emulated only: the reference loop would take as
+    long as the rest of this file)."""
     _check_rows(f"{name}:block=64", torch.float32, (1 << 20) + 3000, 2, (1 << 20) + 2000, True, salt=3,
                 reference=False)
     _check_rows(f"{name}:block=64,round=stochastic,seed=9", torch.bfloat16, 1100 * 1000 - 7, 1100, 1000, True,
                 salt=4, reference=False)
+    # fp32 outputs of >= 8 MiB: the host build's decodes write them with streaming stores
+    row_numel = (1 << 21) + 40
+    _, payloads, _ = _check_rows(f"{name}:block=64", torch.float32, 2 * row_numel - 9, 2, row_numel, True, salt=5,
+                                 reference=False, data="blocks")
+    ct, ce = _codecs(f"{name}:block=64")
+    _assert_same_values(ct.decode_sum(payloads, row_numel, torch.float32),
+                        ce.decode_sum(payloads, row_numel, torch.float32))
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
@@ -219,11 +286,13 @@ def test_given_misaligned_payload_buffers_expect_same_bytes():
     fill=st.floats(0.01, 1.0),
     with_feedback=st.booleans(),
     seed=st.integers(0, 2**16),
+    data=st.sampled_from(DATA),
 )
-def test_property_rows_backends_identical(name, block, rounding, dtype, rows, row_numel, fill, with_feedback, seed):
+def test_property_rows_backends_identical(name, block, rounding, dtype, rows, row_numel, fill, with_feedback, seed,
+                                          data):
     numel = max(1, int(rows * row_numel * fill))
     _check_rows(f"{name}:block={block},round={rounding},seed={seed}", dtype, numel, rows, row_numel,
-                with_feedback, salt=seed * 7919, seed=seed)
+                with_feedback, salt=seed * 7919, seed=seed, data=data)
 
 
 def test_cuda_kernels_list_names_every_entry_point():
@@ -460,3 +529,48 @@ def test_plain_encode_team_spreads_block_work_over_lanes_words_and_keeps_half_a_
     per_load = 2 if word_nbytes == 8 else 1  # the kernel's V: a lane loads 16 bytes at once
     assert got * 16 >= 64 or got >= words // per_load  # half a line per team load, or a lane per load
     assert codec._team() == min(32, 1 << (words - 1).bit_length())
+
+
+def test_given_cpu_tensors_when_backend_auto_expect_host_build_for_the_unrotated_int_formats(monkeypatch):
+    """"auto" runs the int8 / int4 codecs without rotation on the host build where it is built (its streaming
+    paths), everything else on the torch backend; CCOLL_CPU_BACKEND overrides; an explicit backend stays."""
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("CCOLL_CPU_BACKEND", raising=False)
+    monkeypatch.setattr(quant, "host_build_ready", lambda name: name == "quant")
+    for spec in ("int8:block=256", "int4:block=64", "int4:block=64,round=stochastic"):
+        assert ccoll.get_codec(spec).resolve_backend(cpu) == "emulated", spec
+    for spec in ("int8:block=64,rotate=hadamard", "fp8:format=e4m3,block=32", "bf16", "zfp:rate=8"):
+        assert ccoll.get_codec(spec).resolve_backend(cpu) == "torch", spec
+    assert ccoll.get_codec("int8:block=256", backend="torch").resolve_backend(cpu) == "torch"
+    monkeypatch.setenv("CCOLL_CPU_BACKEND", "torch")
+    assert ccoll.get_codec("int8:block=256").resolve_backend(cpu) == "torch"
+    monkeypatch.setenv("CCOLL_CPU_BACKEND", "emulated")
+    assert ccoll.get_codec("int8:block=64,rotate=hadamard").resolve_backend(cpu) == "emulated"
+    monkeypatch.setenv("CCOLL_CPU_BACKEND", "gpu")
+    with pytest.raises(CodecSpecError, match="CCOLL_CPU_BACKEND"):
+        ccoll.get_codec("int8:block=256").resolve_backend(cpu)
+    monkeypatch.delenv("CCOLL_CPU_BACKEND")
+    monkeypatch.setattr(quant, "host_build_ready", lambda name: False)  # no nvcc, or not built yet
+    assert ccoll.get_codec("int8:block=256").resolve_backend(cpu) == "torch"
+
+
+def test_given_torch_threads_when_the_host_build_runs_expect_its_team_follows_and_the_same_bytes():
+    """The host build's OpenMP team is the caller's torch.get_num_threads() (kernels/call.py host_threads), and
+    the bytes do not depend on it."""
+    from ccoll.kernels import call
+
+    c = ccoll.get_codec("int4:block=64", backend="emulated")
+    src, n = _mixed(1 << 18, torch.float32, 3), 1 << 18
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            fb = _feedback(1, n, 5)
+            out = torch.empty(1, c.encoded_nbytes(n, src.dtype), dtype=torch.uint8)
+            c.encode_rows(src, out, n, feedback=fb)
+            assert call._host_threads.n == threads
+            results.append((out, fb, c.decode_sum(torch.cat([out, out]), n, src.dtype)))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(*results))
