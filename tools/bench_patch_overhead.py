@@ -177,42 +177,11 @@ def _size_rows(dist, torch, patch, policy, modes: dict, rank: int, world: int, n
 
 
 def fake_pg_rows(policy_path: str, calls: int) -> list[dict]:
-    """Measurement 3 (see the module docstring), in this process; returns one row per function."""
-    import statistics as st
+    """Measurement 3 (see the module docstring), in this process; returns one row per function. The
+    measurement is ``python -m ccoll.bench.overhead``'s pass-through table (:func:`ccoll.bench.overhead.fake_pg_rows`)."""
+    from ccoll.bench.overhead import fake_pg_rows as rows
 
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    import ccoll.patch as patch
-    from ccoll.patch import fingerprint
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    # the fake group has no second rank to publish a policy fingerprint (and its store stores nothing)
-    check, fingerprint.check = fingerprint.check, lambda state: setattr(state, "checked", True)
-    x, out = torch.ones(NBYTES // 4), torch.empty(2 * NBYTES // 4)
-    fns = {"all_reduce": lambda: dist.all_reduce(x), "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
-           "broadcast": lambda: dist.broadcast(x, src=0), "send": lambda: dist.send(x, 1),
-           "recv": lambda: dist.recv(x, 1), "isend+wait": lambda: dist.isend(x, 1).wait()}
-
-    def per_call_us(fn) -> float:
-        for _ in range(calls // 5):
-            fn()
-        return st.median(_thread_ns(fn, calls) for _ in range(7)) / 1e3
-
-    try:
-        rows = {name: {"op": name, "torch_us": per_call_us(fn)} for name, fn in fns.items()}
-        for key, resolver in (("patched_us", None), ("wrapper_only_us", lambda group, op: None)):
-            patch.install(policy_path, resolver)
-            try:
-                for name, fn in fns.items():
-                    rows[name][key] = per_call_us(fn)
-            finally:
-                patch.uninstall()
-    finally:
-        fingerprint.check = check
-        dist.destroy_process_group()
-    return list(rows.values())
+    return rows(policy_path, calls)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,14 +3,25 @@ cheap and the fixed cost of a call is what decides whether compressing can pay.
 
     python -m ccoll.bench.overhead [--ranks 2] [--sizes 4K,64K,1M] [--codecs int8:block=256,bf16]
         [--ops all_reduce,all_gather_into_tensor,sendrecv] [--calls 200] [--rounds 7]
+        [--patched 1] [--fake-pg 1] [--fake-pg-calls 5000] [--policy hybrid]
         [--sim 8,64,256] [--sim-sizes 4K,64K] [--sim-calls 10] [--sim-rounds 3] [--json out.json]
 
-Three measurements, one table each:
+Five measurements, one table each (0, 0b and 0c in this process: the steadiest on a shared machine):
 
 0. in process (``--in-process 1``): all_reduce and all_gather over a transport that completes every
    exchange at once by local copies, so the time per call (wall and thread CPU) is ccoll's host path alone, the
    codec's time reported beside it (``codec_us``) and subtracted (``host_over_wall``); no peer, no
    wire, no other rank's scheduling, so it is the steadiest figure on a shared machine;
+0b. through the patch (``--patched 1``, :func:`run_patched`): ``torch.distributed.all_reduce`` /
+   ``all_gather_into_tensor`` as a training script calls them, compressed by a policy (every call on "dp",
+   error feedback on), over the same stand-in transport, codec arithmetic removed: the whole host path of
+   a compressed call (wrapper, policy, resolver, router, call skeleton, stats, handle). ``floor_us`` times
+   alone what any such call must run that is not ccoll's (the codec's batched calls, its front end, and the
+   stand-in's exchange of the payload rows); ``ccoll_us`` = the call less that: ccoll's own Python per call
+   (issue 41 item 3's figure; ``tests/dist/test_host_path.py`` keeps its frame count from growing);
+0c. pass-through on torch's fake process group (``--fake-pg 1``, :func:`fake_pg_rows`): per function, torch's
+   own call and what the patch adds with ``--policy`` (default: the shipped hybrid) at 64 B, below every
+   ``min_bytes``: the cost of the patch on the calls it leaves to torch;
 1. real gloo ranks (:func:`ccoll.launch.run_gloo`): per (op, size), every round times a block of
    ``--calls`` calls of each codec and of the native call back to back, the codec order rotating from
    round to round, so load drift and position hit every variant alike. Reported per call, median over
@@ -378,6 +389,197 @@ def run_in_process(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+# --- through the patch: compressed calls in process, pass-through on torch's fake process group -------
+
+@contextlib.contextmanager
+def fake_world():
+    """torch.distributed initialised on torch's fake process group (``torch.testing._internal.distributed.
+    fake_pg``: rank 0 of 2, every call completes at once, nothing is sent) for the block, destroyed after."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _install_alone(policy: Any, resolver: Any, **kwargs: Any) -> None:
+    """``ccoll.patch.install`` in a process that is the only rank, before any process group exists (install
+    compares policy fingerprints across the ranks of an initialised one; the fake group has no second rank to
+    publish one, and its store stores nothing): the fingerprint counts as compared."""
+    import torch.distributed as dist
+
+    from .. import patch
+
+    if dist.is_initialized():
+        raise RuntimeError("the bench installs the patch before initialising torch.distributed")
+    patch.install(policy, resolver, **kwargs)
+    patch.SLOT.current.checked = True
+
+
+def _patched_policy(spec: str) -> Any:
+    """Every call on dimension "dp" compressed with ``spec`` (error feedback on, as the shipped hybrid policy's
+    dp rule: used by all_reduce), every other dimension native."""
+    from ..policy import Policy
+
+    return Policy.from_dict({"version": 1, "default": {"codec": "native"},
+                             "dp": {"codec": spec, "min_bytes": 0, "error_feedback": True}})
+
+
+def run_patched(args: argparse.Namespace) -> list[dict]:
+    """Compressed calls as the patch makes them (``torch.distributed.all_reduce`` / ``all_gather_into_tensor``
+    on a group every call resolves to "dp", compressed by the policy of :func:`_patched_policy`; one
+    ``ccoll.patch.step()`` after each call, as one gradient bucket per step), over :func:`_instant_group`,
+    with the codec's arithmetic removed (:func:`codec_arithmetic_removed`): the wrapper, policy, resolver,
+    router, call skeleton, stats, handle and the codec's front end, nothing else. Per variant, interleaved
+    rounds, thread CPU time per call: ``path_us`` (through the patch), ``path_over_us`` (over native: the
+    stand-in transport's own call on the uncompressed tensor, no ccoll), ``direct_over_us`` (``ccoll.all_reduce`` called
+    directly, over native) and ``patch_us`` (their difference: the patch's share)."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import patch
+    from ..stats import time_codecs
+
+    p = max(2, args.ranks)
+    group = _instant_group(p)
+    time_codecs(False)
+    rows = []
+    try:  # no process group: the group of every call is the stand-in, and the patch needs none to compress
+        for op in SIM_OPS:
+            if op not in args.ops:
+                continue
+            for size in args.sizes:
+                n = max(1, size // 4)
+                x, out = torch.randn(n), torch.empty(n * p)
+                x0 = x.clone()
+                if op == "all_reduce":
+                    def through_patch() -> None:
+                        x.copy_(x0)
+                        dist.all_reduce(x, group=group)
+                        patch.step()
+                else:
+                    def through_patch() -> None:
+                        dist.all_gather_into_tensor(out, x, group=group)
+                        patch.step()
+                tr = group.ccoll_transport
+                if op == "all_reduce":
+                    def native() -> None:  # the stand-in's own call: no ccoll at all
+                        x.copy_(x0)
+                        tr.native_all_reduce(x, "sum")
+                else:
+                    def native() -> None:
+                        tr.native_all_gather(out, x)
+                times: dict[str, list[tuple[float, float, float]]] = {c: [] for c in args.codecs}
+                base: list[float] = []
+                for r in range(args.rounds + 1):  # round 0: warm-up, not kept
+                    nat = _block(native, args.calls, "overhead", time.thread_time)[1]
+                    for spec in _rotated(list(args.codecs), r):
+                        direct = _call(op, 0, p, group, spec, x, out)
+                        floor = _floor(op, spec, tr, x, x0, out)
+                        with codec_arithmetic_removed(spec):
+                            f = _block(floor, args.calls, "overhead", time.thread_time)[1]
+                            d = _block(direct, args.calls, "overhead", time.thread_time)[1]
+                            _install_alone(_patched_policy(spec), lambda g, o: "dp", step_counter="manual")
+                            t = _block(through_patch, args.calls, "overhead", time.thread_time)[1]
+                        x.copy_(x0)
+                        if r:
+                            times[spec].append((t, d, f))
+                    if r:
+                        base.append(nat)
+                    patch.uninstall()
+                for spec, ts in times.items():
+                    rows.append({"world": f"patched p={p}", "op": op, "nbytes": n * 4, "codec": spec,
+                                 "native_us": statistics.median(base),
+                                 "path_us": statistics.median(t for t, _, _ in ts),
+                                 "path_over_us": statistics.median(t - b for (t, _, _), b in zip(ts, base)),
+                                 "direct_over_us": statistics.median(d - b for (_, d, _), b in zip(ts, base)),
+                                 "patch_us": statistics.median(t - d for t, d, _ in ts),
+                                 "floor_us": statistics.median(f for _, _, f in ts),
+                                 "ccoll_us": statistics.median(t - f for t, _, f in ts)})
+    finally:
+        patch.uninstall()
+    return rows
+
+
+def _floor(op: str, spec: str, tr: Any, x: Any, x0: Any, out: Any) -> Callable[[], None]:
+    """What a compressed ``op`` of ``x`` must run whatever runs around it, as one closure over buffers made
+    here once: the codec's batched calls (its front end; the caller removes the arithmetic) and the stand-in
+    transport's exchange of the payload rows (all_reduce of one segment on two ranks: encode, all-gather,
+    decode-and-sum, after the same restore of ``x`` as the other variants; all_gather: encode, all-gather,
+    decode). The patched call's time less this is ccoll's own host path (``ccoll_us``: policy, resolver,
+    router, call skeleton, stats, its buffers)."""
+    import torch
+
+    from ..codecs import get_codec
+
+    c = get_codec(spec)
+    n, p = x.numel(), out.numel() // x.numel()
+    nb = c.payload_nbytes(n, x.dtype)
+    payload = torch.empty(1, nb, dtype=torch.uint8)
+    gathered = torch.empty(p, nb, dtype=torch.uint8)
+    send, recv = payload.view(-1), gathered.view(-1)
+    fb = torch.zeros(n, dtype=c.feedback_dtype(x.dtype)) if c.lossy else None
+    if op == "all_reduce":
+        def floor() -> None:
+            x.copy_(x0)
+            c.encode_rows(x, payload, n, feedback=fb)
+            tr.native_all_gather(recv, send, False)
+            c.decode_sum(gathered, n, x.dtype, out=x)
+    else:
+        def floor() -> None:
+            c.encode_rows(x, payload, n)
+            tr.native_all_gather(recv, send, False)
+            c.decode_rows(gathered, out, n)
+    return floor
+
+
+FAKE_PG_OPS = ("all_reduce", "all_gather_into_tensor", "broadcast", "send", "recv", "isend+wait")
+
+
+def fake_pg_rows(policy: Any, calls: int, nbytes: int = 64) -> list[dict]:
+    """Per function of :data:`FAKE_PG_OPS` on torch's fake process group (:func:`fake_world`), in this process,
+    a tensor of ``nbytes`` (fp32; the default 64 B is below every shipped policy's ``min_bytes``, so every call
+    passes through): thread CPU time per call (median of 7 blocks of ``calls``) of torch's call
+    (``torch_us``), the patched call with the resolver users get by default (``patched_us``:
+    ``AutoResolver``, the call resolved, passed through and counted) and with a resolver that places nothing
+    (``wrapper_only_us``: the wrapper's layers alone). send/recv run two wrapper layers: torch's send calls
+    the wrapped isend."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import patch
+
+    def per_call_us(fn: Callable[[], Any]) -> float:
+        for _ in range(max(1, calls // 5)):
+            fn()
+        samples = []
+        for _ in range(7):
+            t0 = time.thread_time_ns()
+            for _ in range(calls):
+                fn()
+            samples.append((time.thread_time_ns() - t0) / calls)
+        return statistics.median(samples) / 1e3
+
+    x, out = torch.ones(max(1, nbytes // 4)), torch.empty(2 * max(1, nbytes // 4))
+    fns = {"all_reduce": lambda: dist.all_reduce(x), "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
+           "broadcast": lambda: dist.broadcast(x, src=0), "send": lambda: dist.send(x, 1),
+           "recv": lambda: dist.recv(x, 1), "isend+wait": lambda: dist.isend(x, 1).wait()}
+    with fake_world():
+        rows = {name: {"op": name, "torch_us": per_call_us(fn)} for name, fn in fns.items()}
+    for key, resolver in (("patched_us", None), ("wrapper_only_us", lambda group, op: None)):
+        _install_alone(policy, resolver)  # then a fresh fake group: AutoResolver places what exists at call time
+        try:
+            with fake_world():
+                for name, fn in fns.items():
+                    rows[name][key] = per_call_us(fn)
+        finally:
+            patch.uninstall()
+    return list(rows.values())
+
+
 # --- command line ----------------------------------------------------------------------------------
 
 def _table(rows: list[dict], wall: bool) -> list[str]:
@@ -390,6 +592,24 @@ def _table(rows: list[dict], wall: bool) -> list[str]:
             line += (f"{r['wall_us']:>9.1f}{r['over_wall_us']:>10.1f}{r['codec_us']:>9.1f}"
                      f"{r['host_over_wall_us']:>15.1f}{r['path_over_wall_us']:>10.1f}")
         lines.append(line + f"{r['cpu_us']:>9.1f}{r['over_cpu_us']:>9.1f}")
+    return lines
+
+
+def _patched_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'world':<17}{'op':<23}{'bytes':>6} {'codec':<15}{'native_us':>10}{'path_us':>9}{'path_over':>10}"
+             f"{'direct_over':>12}{'patch':>7}{'floor_us':>9}{'ccoll_us':>9}"]
+    for r in rows:
+        lines.append(f"{r['world']:<17}{r['op']:<23}{format_nbytes(r['nbytes'], short=True):>6} {r['codec']:<15}"
+                     f"{r['native_us']:>10.1f}{r['path_us']:>9.1f}{r['path_over_us']:>10.1f}{r['direct_over_us']:>12.1f}"
+                     f"{r['patch_us']:>7.1f}{r['floor_us']:>9.1f}{r['ccoll_us']:>9.1f}")
+    return lines
+
+
+def _fake_pg_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'op':<24}{'torch_us':>10}{'patched_+us':>13}{'wrapper_only_+us':>18}"]
+    for r in rows:
+        lines.append(f"{r['op']:<24}{r['torch_us']:>10.2f}{r['patched_us'] - r['torch_us']:>13.2f}"
+                     f"{r['wrapper_only_us'] - r['torch_us']:>18.2f}")
     return lines
 
 
@@ -410,6 +630,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, default=200, help="calls per timed block")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (every variant once each)")
     ap.add_argument("--in-process", type=int, default=1, help="1: measure the host path alone first (0: skip)")
+    ap.add_argument("--patched", type=int, default=1,
+                    help="1: compressed calls through the patch, in process, without codec arithmetic (0: skip)")
+    ap.add_argument("--fake-pg", type=int, default=1,
+                    help="1: pass-through calls on torch's fake process group, torch vs patched (0: skip)")
+    ap.add_argument("--fake-pg-calls", type=int, default=5000, help="calls per timed block on the fake group")
+    ap.add_argument("--policy", default="hybrid", help="the policy of the fake-group pass-through table")
     ap.add_argument("--sim", type=_ints, default=[8, 64, 256], help="simulated world sizes (empty: skip)")
     ap.add_argument("--sim-sizes", type=parse_nbytes_list, default=parse_nbytes_list("4K,64K"))
     ap.add_argument("--sim-calls", type=int, default=10)
@@ -435,8 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     print(f"# ccoll per-call overhead over native: load average {load0:.2f} at start, {os.cpu_count()} CPUs",
           flush=True)
-    doc = {"load_average": [load0], "cpus": os.cpu_count(), "args": vars(args), "in_process": [], "gloo": [],
-           "simulated": [], "skipped": []}
+    doc = {"load_average": [load0], "cpus": os.cpu_count(), "args": vars(args), "in_process": [], "patched": [],
+           "fake_pg": [], "gloo": [], "simulated": [], "skipped": []}
 
     def save() -> None:
         # after every table, so a later measurement that fails or times out (the simulated world at
@@ -451,6 +677,24 @@ def main(argv: list[str] | None = None) -> int:
               f"path_over = the call without the codec's arithmetic, over native), "
               f"{args.rounds} rounds x {args.calls} calls, median per call, microseconds")
         print("\n".join(_table(doc["in_process"], wall=True)), flush=True)
+        save()
+    if args.patched:
+        doc["patched"] = run_patched(args)
+        print(f"# through the patch, in process: torch.distributed calls compressed by the policy (dp: the codec, "
+              f"error feedback on; one ccoll.patch.step() per call) over the stand-in transport, codec arithmetic "
+              f"removed; {args.rounds} rounds x {args.calls} calls, median thread CPU per call, microseconds; "
+              f"path_over = over the stand-in's own native call; direct_over = ccoll.{{op}} called directly; "
+              f"patch = the patch's share (path less direct); load average {os.getloadavg()[0]:.2f}")
+        print("\n".join(_patched_table(doc["patched"])), flush=True)
+        save()
+    if args.fake_pg:
+        from ..policy import find_policy
+
+        doc["fake_pg"] = fake_pg_rows(find_policy(args.policy), args.fake_pg_calls)
+        print(f"# pass-through on torch's fake process group (64 B, nothing sent), policy {args.policy}, median of 7 "
+              f"blocks x {args.fake_pg_calls} calls, thread CPU per call, microseconds: torch's call, added by the "
+              f"patch (default AutoResolver), added by its wrapper layers alone; load average {os.getloadavg()[0]:.2f}")
+        print("\n".join(_fake_pg_table(doc["fake_pg"])), flush=True)
         save()
     if args.ranks >= 2:
         doc["gloo"] = run_gloo_ranks(args)

@@ -15,7 +15,7 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     out = tmp_path / "o.json"
     r = subprocess.run([sys.executable, "-m", "ccoll.bench.overhead", "--sizes", "4K,8K", "--codecs", "bf16",
                         "--calls", "2", "--rounds", "2", "--sim", "2,4", "--sim-sizes", "4K", "--sim-calls", "1",
-                        "--sim-rounds", "2", "--sim-max-bytes", str(40 * 1024), "--json", str(out)],
+                        "--sim-rounds", "2", "--sim-max-bytes", str(40 * 1024), "--fake-pg-calls", "5", "--json", str(out)],
                        cwd=REPO, env=dict(os.environ, PYTHONWARNINGS="ignore"), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
@@ -25,6 +25,15 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     assert local == {(op, n, c) for op in ("all_reduce", "all_gather_into_tensor") for n in (4096, 8192)
                      for c in ("native", "none", "bf16")}
     assert "# in process" in r.stdout
+    patched = {(x["op"], x["nbytes"], x["codec"]): x for x in res["patched"]}
+    assert set(patched) == {(op, n, "bf16") for op in ("all_reduce", "all_gather_into_tensor") for n in (4096, 8192)}
+    for x in res["patched"]:
+        assert x["world"] == "patched p=2" and x["path_us"] > 0 and x["floor_us"] > 0 and x["native_us"] > 0
+    assert "# through the patch, in process" in r.stdout
+    assert [x["op"] for x in res["fake_pg"]] == ["all_reduce", "all_gather_into_tensor", "broadcast", "send", "recv",
+                                                 "isend+wait"]
+    assert all(x["torch_us"] > 0 and x["patched_us"] > 0 and x["wrapper_only_us"] > 0 for x in res["fake_pg"])
+    assert "# pass-through on torch's fake process group" in r.stdout
     gloo = {(x["op"], x["nbytes"], x["codec"]): x for x in res["gloo"]}
     assert set(gloo) == {(op, n, c) for op in ("all_reduce", "all_gather_into_tensor", "sendrecv")
                          for n in (4096, 8192) for c in ("native", "bf16")}
