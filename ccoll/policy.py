@@ -115,6 +115,9 @@ HIERARCHY_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 #: top-level ``attach:`` keys: which models built while ccoll is installed get its hooks (ccoll.auto)
 ATTACH_KEYS = ("ddp", "fsdp")
 
+_UNDECIDED = object()  # not in Policy._decided (None is an answer: native)
+_DECIDED_MAX = 4096  # distinct (dim, op, shape, dtype) answers kept per policy
+
 
 DTYPES: dict[str, torch.dtype] = units.DTYPES
 _DTYPE_NAMES = units.DTYPE_NAMES
@@ -218,6 +221,10 @@ class Policy:
         self._fingerprint = hashlib.sha256(
             json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
+        #: (dim, op, shape, dtype) -> :meth:`resolve`'s answer for a dense (strided, unquantized) tensor past
+        #: warm-up: the rules are frozen and the answer depends on nothing else, and a training run has few
+        #: distinct shapes, while deciding afresh cost ~2 us of every compressed call
+        self._decided: dict[tuple, Codec | None] = {}
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod
@@ -267,15 +274,19 @@ class Policy:
         (dtype, layout, ``min_bytes``, ...) is :func:`ccoll.collectives.call.decide`'s answer, the
         same function the collectives apply, so the two can never disagree.
         """
-        from .collectives.call import decide
-
         try:
             rule = self._rules[(dim, op)]
         except KeyError:
             rule = self.rule(dim, op)  # raises the PolicyError
-        if not rule.compresses:
+        if not rule.compresses or (step is not None and step < rule.warmup_steps):
             return None
+        dense = None
         if isinstance(tensor, torch.Tensor):
+            if tensor.layout is torch.strided and not tensor.is_quantized:
+                dense = (dim, op, tensor.shape, tensor.dtype)
+                codec = self._decided.get(dense, _UNDECIDED)
+                if codec is not _UNDECIDED:
+                    return codec
             numel, dtype, ndim = tensor.numel(), tensor.dtype, tensor.dim()
         else:
             shape, dtype = tensor
@@ -285,16 +296,24 @@ class Policy:
                 numel, ndim = 1, len(shape)
                 for s in shape:
                     numel *= int(s)
+        codec = self._choose(rule, numel, dtype, ndim, tensor)
+        if dense is not None and len(self._decided) < _DECIDED_MAX:
+            self._decided[dense] = codec
+        return codec
+
+    @staticmethod
+    def _choose(rule: Rule, numel: int, dtype: torch.dtype, ndim: int, tensor: Any) -> Codec | None:
+        """:meth:`resolve` past its rule and warm-up checks (what it caches for dense tensors)."""
         if numel <= 1:
             return None
         codec = rule.codec_obj if not rule.sizes else rule.codec_for(numel * dtype.itemsize)
         if codec is None:
             return None
-        if step is not None and step < rule.warmup_steps:
-            return None
         for ex in rule.exclude:
             if ex.matches(ndim, dtype):
                 return None
+        from .collectives.call import decide
+
         return decide(codec, tensor if isinstance(tensor, torch.Tensor) else (numel, dtype), min_bytes=rule.min_bytes)
 
     def fingerprint(self) -> str:

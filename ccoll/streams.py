@@ -151,26 +151,34 @@ class Call:
         return work if work is None else _SideWork(self, work)
 
 
+class _NoOp:
+    """A reusable context manager that does nothing, without running a Python frame: ``__enter__`` is
+    ``NoneType`` (called with no arguments it returns None, what ``as`` binds) and ``__exit__`` an empty
+    string's ``format`` (takes any arguments, returns a false value, so exceptions go through); as class
+    attributes neither is bound to the instance, so ``with`` calls them as they are.
+    ``contextlib.nullcontext`` runs two Python frames per ``with``, and every CPU collective enters one or
+    two."""
+
+    __slots__ = ()
+    __enter__ = type(None)
+    __exit__ = "".format
+
+
+#: the shared no-op context manager (:class:`_NoOp`)
+NO_OP = _NoOp()
+
+
 class _NullCall:
-    """CPU: no streams; every method is a no-op."""
+    """CPU: no streams; every method is a no-op (the ones called on every collective are C no-ops, as in
+    :class:`_NoOp`: ``keep(*tensors)``, ``finish()``, ``join()``, ``mark_done()`` return "" at once)."""
 
     __slots__ = ()
     device = None
 
-    def on_side(self) -> "contextlib.nullcontext[None]":
-        return _NO_SIDE  # one shared no-op context: no generator built per call (twice per collective)
+    def on_side(self) -> _NoOp:
+        return NO_OP  # one shared no-op context: nothing built per call (twice per collective)
 
-    def keep(self, *tensors: torch.Tensor) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def join(self) -> None:
-        pass
-
-    def mark_done(self) -> None:
-        pass
+    keep = finish = join = mark_done = "".format
 
     def is_done(self) -> bool:
         return True
@@ -182,7 +190,6 @@ class _NullCall:
         return work
 
 
-_NO_SIDE = contextlib.nullcontext()
 NULL = _NullCall()
 
 
@@ -272,4 +279,4 @@ def begin(device: torch.device) -> Call | _NullCall:
     return NULL if api is None else Call(api, device)
 
 
-__all__ = ["Call", "Caller", "CudaApi", "LazySeconds", "NULL", "begin", "caller"]
+__all__ = ["Call", "Caller", "CudaApi", "LazySeconds", "NO_OP", "NULL", "begin", "caller"]

@@ -66,9 +66,10 @@ from ..defaults import DEFAULT_MIN_BYTES  # tensors below it go native unless mi
 from ..errors import PolicyError, TransportError
 from ..feedback import ErrorFeedback
 from ..transports import Handle, for_group, op_name
+from ..transports.base import OPS
 from . import flat, hierarchy as _hierarchy, nodes, small, varsize
 from ..codecs import Codec
-from .call import Run, as_codec, check_tensor, contig, copy_back, decide, nbytes
+from .call import Run, as_codec, check_tensor, contig, copy_back, decide, nbytes, plain
 from .phases import labelled
 
 
@@ -92,13 +93,18 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
     """In-place all-reduce of ``tensor``. ``error_feedback`` (with ``key`` naming the logical tensor)
     compensates both lossy encodes, so every rank stays bit-identical (they all decode the same
     compensated payloads). ``hierarchy="node"``: exact inside a node, compressed between nodes."""
-    check_tensor(tensor, "all_reduce")
-    opn = op_name(op)
+    # the common cases inline (a tensor, a canonical op name, no hierarchy, error feedback with its key): each
+    # check below is a function call only when it can fail; a small compressed call's host path is a few dozen
+    # such frames
+    if not isinstance(tensor, torch.Tensor):
+        check_tensor(tensor, "all_reduce")
+    opn = op if type(op) is str and op in OPS else op_name(op)
     tr = for_group(group)
     if tr.rank < 0:
         return None
-    _check_hierarchy(hierarchy)
-    t = tensor.detach()
+    if hierarchy is not None:
+        _check_hierarchy(hierarchy)
+    t = plain(tensor)
     run = Run("all_reduce", t.device)
     c = decide(codec, t, op=opn, min_bytes=min_bytes, transport=tr)
     if c is None:
@@ -108,10 +114,12 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None, codec: 
     c, tr = labelled(c, tr)
     if c.variable_size:  # exact codecs: nothing to feed back, nothing to gain from a hierarchy
         return varsize.all_reduce(run, c, tr, tensor, opn, async_op)
-    _check_feedback(error_feedback, key, "all_reduce")
-    lay = _layout(hierarchy, group)
-    if lay is not None:
-        return _hierarchy.all_reduce(run, c, lay, tensor, opn, async_op, error_feedback, key, salt)
+    if error_feedback is not None and key is None:
+        _check_feedback(error_feedback, key, "all_reduce")
+    if hierarchy is not None:
+        lay = _layout(hierarchy, group)
+        if lay is not None:
+            return _hierarchy.all_reduce(run, c, lay, tensor, opn, async_op, error_feedback, key, salt)
     algorithm = _all_reduce_algorithm(c, tr.world_size, t.numel(), t.dtype)
     return algorithm.all_reduce(run, c, tr, tensor, opn, async_op, error_feedback, key, salt)
 
@@ -155,7 +163,7 @@ def residual_slots(codec: Codec, p: int, rank: int, numel: int, dtype: torch.dty
 def _pair(op: str, output: torch.Tensor, input: torch.Tensor, p: int, whole: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, input) detached, once the ``whole`` side is known to hold p x the other side, same dtype:
     a mismatch would otherwise surface as a wrong-size message on the wire, on another rank."""
-    out, inp = output.detach(), input.detach()
+    out, inp = plain(output), plain(input)
     big, small, part = (inp, out, "output") if whole == "input" else (out, inp, "input")
     if big.numel() != p * small.numel() or inp.dtype != out.dtype:
         raise TransportError(f"{op}: {whole} must hold {p} x {part} ({small.numel()} x {small.dtype}), "
@@ -198,12 +206,14 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
                            hierarchy: str | None = None) -> Handle | None:
     """``output`` = every rank's ``input`` concatenated in rank order; the caller's own slot is decoded
     from its own payload, so every rank holds the same bytes."""
-    check_tensor(output, "all_gather_into_tensor")
-    check_tensor(input, "all_gather_into_tensor")
+    if not isinstance(output, torch.Tensor) or not isinstance(input, torch.Tensor):
+        check_tensor(output, "all_gather_into_tensor")
+        check_tensor(input, "all_gather_into_tensor")
     tr = for_group(group)
     if tr.rank < 0:
         return None
-    _check_hierarchy(hierarchy)
+    if hierarchy is not None:
+        _check_hierarchy(hierarchy)
     out, inp = _pair("all_gather_into_tensor", output, input, tr.world_size, whole="output")
     run = Run("all_gather", inp.device)
     c = decide(codec, inp, min_bytes=min_bytes, transport=tr)
@@ -214,9 +224,10 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
     c, tr = labelled(c, tr)
     if c.variable_size:
         return varsize.all_gather_into_tensor(run, c, tr, output, input, async_op)
-    lay = _layout(hierarchy, group)
-    if lay is not None:
-        return _hierarchy.all_gather_into_tensor(run, c, lay, output, input, async_op, salt)
+    if hierarchy is not None:
+        lay = _layout(hierarchy, group)
+        if lay is not None:
+            return _hierarchy.all_gather_into_tensor(run, c, lay, output, input, async_op, salt)
     return flat.all_gather_into_tensor(run, c, tr, output, input, async_op, salt)
 
 

@@ -18,7 +18,7 @@ completes, under the stats dimension in effect at the call.
 from __future__ import annotations
 
 import threading
-import time
+from time import perf_counter
 from typing import Any, Callable
 
 import torch
@@ -78,9 +78,9 @@ def decide(codec: Any, tensor: "torch.Tensor | tuple", *, op: str | None = None,
     :data:`~ccoll.defaults.DEFAULT_MIN_BYTES`; 0 compresses everything); dtypes the codec does not take
     (logged once). Depends on (codec, shape, dtype, layout, op, min_bytes, world size) only, so both
     sides of a send/recv and every rank of a collective reach the same answer."""
-    c = as_codec(codec)
-    if c is None:
+    if codec is None:
         return None
+    c = codec if isinstance(codec, Codec) else as_codec(codec)
     if transport is not None and (transport.world_size <= 1 or transport.rank < 0):
         return None
     if isinstance(tensor, torch.Tensor):
@@ -137,6 +137,13 @@ def copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src.view(dst.shape) if src.is_contiguous() else src.reshape(dst.shape))
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without autograd history: ``t`` itself when it has none (gradients, buffers, activations under
+    no_grad: what collectives see), else ``t.detach()``. Either way the same memory, written in place
+    without autograd seeing it; a detach is a torch op (~0.4 us) and the router and each algorithm took one."""
+    return t.detach() if t.requires_grad else t
+
+
 def flat_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a 1-D tensor: ``t`` itself when it is 1-D already (a gradient bucket, a flat shard), else
     ``t.reshape(-1)``. Why not always reshape: each view is a new tensor object (~1 us of host time), and a
@@ -172,11 +179,11 @@ def finish(async_op: bool, works: list, then: Callable[[], Any], outputs: list,
     """Sync: wait for ``works``, run ``then`` now. Async: a handle that does both in ``wait()`` and
     whose future's value is ``outputs`` (torch's convention: the result tensors); ``join`` orders the
     stream of every later ``wait()`` after the results (:meth:`ccoll.streams.Call.join`)."""
-    works = [w for w in works if w is not None]
     if async_op:
-        return Handle(works, then, outputs, join=join)
+        return Handle(works, then, outputs, join=join)  # it drops the None entries itself
     for w in works:
-        w.wait()
+        if w is not None:
+            w.wait()
     then()
     return None
 
@@ -192,7 +199,7 @@ class Run:
 
     def __init__(self, op: str, device: torch.device, phases: list | None = None, quiet: bool = False) -> None:
         self.op = op
-        self.t0 = time.perf_counter()
+        self.t0 = perf_counter()
         self.dim = current_dimension()  # an async wait() may run under another dimension
         self.stream = streams.begin(device)
         self.phases = phases if phases is not None else []  # wire bytes of inner runs
@@ -211,7 +218,8 @@ class Run:
         if self.quiet:
             self.phases.append(wire)
             return
-        record_stats(self.op, codec, raw, wire, self.stream.seconds(self.t0), dim=self.dim)
+        seconds = perf_counter() - self.t0 if self.stream is streams.NULL else self.stream.seconds(self.t0)
+        record_stats(self.op, codec, raw, wire, seconds, dim=self.dim)
 
     def native(self, async_op: bool, work: Any, done: Callable[[], None] | None, raw: int,
                outputs: list) -> Handle | None:
@@ -231,14 +239,18 @@ class Run:
         it, then stats. ``works``: what a handle waits for before ``body`` (sync calls wait for them
         first too); ``wire`` may be a callable when the bytes are only known at completion."""
         def then() -> None:
-            with self.stream.on_side():
+            side = self.stream
+            if side is streams.NULL:  # no device streams (CPU): nothing to order
                 body()
-                self.stream.finish()
-            self.stream.join()
+            else:
+                with side.on_side():
+                    body()
+                    side.finish()
+                side.join()
             self.record(name or codec.spec, raw, wire() if callable(wire) else wire)
 
         return finish(async_op, works, then, outputs, self.stream.join)
 
 
 __all__ = ["REDUCING_OPS", "Run", "as_codec", "check_tensor", "contig", "copy_back", "decide", "feedback_buffer",
-           "finish", "flat_view", "nbytes", "output_flat", "rows"]
+           "finish", "flat_view", "nbytes", "output_flat", "plain", "rows"]

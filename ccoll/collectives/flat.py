@@ -21,7 +21,8 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, rows
+from .phases import is_labelled
 from .salts import OWN, REDUCED, salts
 from .segments import segments, spans
 
@@ -195,7 +196,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
                            async_op: bool, salt: int | None):
     """Every input encoded once; every rank decodes all p payloads, its own too. Pipelined over spans
     of the input: span s's decode overlaps span s+1's all-gather."""
-    out, inp = output.detach(), input.detach()
+    out, inp = plain(output), plain(input)
     p, m = tr.world_size, inp.numel()
     side = run.stream
     salt_of = salts(salt, tr, c)
@@ -203,20 +204,25 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
     wire = 0
     with side.on_side():
         flat, obuf, pieces = _span_buffers(side, c, inp, out, m, p)
+        # a sync call of one span has nothing to overlap its exchange with: issued sync (no request; the side
+        # stream ordered after it, as torch's sync calls order the current stream), unless phases are labelled
+        issue_async = async_op or len(pieces) > 1 or is_labelled(tr)
         for s, (a, span) in enumerate(pieces):
             payload = rows(1, c.payload_nbytes(span, inp.dtype), inp.device)
             src = flat if len(pieces) == 1 else flat[a:a + span]  # one span is the whole input: no slice view
             c.encode_rows(src, payload, span, salt=salt_of(OWN, s))
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
-            gathers.append((a, span, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))))
+            gathers.append((a, span, gathered, payload,
+                            side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), issue_async))))
             if not async_op and len(gathers) > 1:
                 _decode_span(c, gathers.pop(0), obuf, m)
 
     def body() -> None:
         for g in gathers:
             _decode_span(c, g, obuf, m)
-        copy_back(out, obuf)
+        if obuf is not out:
+            copy_back(out, obuf)
 
     works = [g[-1] for g in gathers] if async_op else []
     return run.compressed(async_op, works, body, c, inp.numel() * inp.element_size(), wire, [output])
@@ -228,7 +234,8 @@ def _decode_span(c: Codec, gather, obuf: torch.Tensor, m: int) -> None:
     pipelined input lands in p strided pieces, so it is decoded into scratch and placed by one copy
     (``decode_rows`` writes contiguous rows)."""
     a, span, gathered, payload, handle = gather
-    handle.wait()
+    if handle is not None:  # None: issued sync, done
+        handle.wait()
     p = gathered.shape[0]
     if span == m:
         c.decode_rows(gathered, obuf, span)

@@ -167,6 +167,13 @@ _EXCHANGES = {
 }
 
 
+def is_labelled(tr: Any) -> bool:
+    """Whether ``tr`` is a labelled transport (:func:`labelled` returned a proxy: a profiler or the bench's
+    recorder listens). Algorithms that would issue a lone sync call's exchange sync issue it async and wait
+    for it then, so the phases read as they always have (``ccoll.wait.<op>`` after ``ccoll.exchange.<op>``)."""
+    return type(tr) is _Transport
+
+
 class _Transport:
     """The call's transport with each exchange labelled (``ccoll.exchange.<op>`` around the issue)
     and the returned request's ``wait()`` labelled ``ccoll.wait.<op>``."""

@@ -78,14 +78,14 @@ def salts(salt: int | None, tr: Transport, c: "Codec") -> Callable[[int, int], i
     deterministic codec, which ignores it: its three mixes were ~2 us of every such call's host path).
     The call counter advances either way, so a stochastic call draws the same salts whatever
     deterministic calls ran before it."""
+    if salt is not None and c.deterministic:  # first: the group's state is not even looked up
+        return _unsalted
     group = _groups.of(getattr(tr, "unlabelled", tr))  # a profiled call's transport counts as the group's own
     if salt is None:
         count = next(group.counter)
         if c.deterministic:
             return _unsalted
         base = mix64(count ^ group.group_term)
-    elif c.deterministic:
-        return _unsalted
     else:
         base = mix64(int(salt) & _M64)
     mine = mix64(base ^ group.rank_term)

@@ -27,16 +27,31 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, rows
+from .phases import is_labelled
 from .salts import OWN, salts
+from . import segments
 from .segments import single_segment
 
 
 def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
     """Whether an all_reduce of ``numel`` elements of ``dtype`` over ``p`` ranks runs in one exchange:
     two ranks and a single pipeline segment. Depends on (codec, p, numel, dtype) only, so every rank
-    chooses alike."""
-    return p == 2 and single_segment(numel, p, dtype.itemsize, c.align_numel)
+    chooses alike. Answers are kept per (codec, numel, dtype, segment size): the rule is four frames deep
+    (the codec's alignment, the segment arithmetic) and the router asks it on every two-rank call."""
+    if p != 2:
+        return False
+    k = (id(c), numel, dtype, segments.SEGMENT_BYTES)
+    known = _answers.get(k)
+    if known is not None and known[0] is c:
+        return known[1]
+    one = single_segment(numel, p, dtype.itemsize, c.align_numel)
+    if len(_answers) < 4096:
+        _answers[k] = (c, one)  # the codec kept with its answer: its id cannot be reused while the entry lives
+    return one
+
+
+_answers: dict[tuple, tuple] = {}
 
 
 def residual_slots(c: Codec, p: int, rank: int, numel: int, element_size: int) -> list[tuple[str, int, int, int]]:
@@ -49,27 +64,32 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
                ef: Any, key: Hashable, salt: int | None):
     """One encode (residual key phase "whole"), one all-gather, one fused decode-and-sum of the p rows
     in fp32, rounded once into the caller's dtype."""
-    t = tensor.detach()
+    t = plain(tensor)
     p, n, dtype = tr.world_size, t.numel(), t.dtype
     side = run.stream
     with side.on_side():
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, dtype), t.device)
         fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, t.device, c, side)
-        c.encode_rows(contig(flat_view(t)), payload, n, feedback=fb, salt=salts(salt, tr, c)(OWN, 0))
+        flat = t if t.dim() == 1 and t.is_contiguous() else contig(flat_view(t))
+        c.encode_rows(flat, payload, n, feedback=fb, salt=salts(salt, tr, c)(OWN, 0))
         gathered = rows(p, payload.shape[1], t.device)
-        inner = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True))
+        # one exchange and nothing to overlap it with: a sync call's is issued sync (done when it returns, the
+        # side stream ordered after it, as torch's sync calls order the current stream), no request to wait for;
+        # while phases are labelled, async and waited for, as the trace has always shown it
+        inner = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op or is_labelled(tr)))
     sending = [payload]  # the send buffer lives until the exchange completes
 
     def body() -> None:
-        out = output_flat(t)
+        out = flat if flat is t else output_flat(t)  # a 1-D contiguous tensor decodes into itself
         acc = out if dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=t.device)
         c.decode_sum(gathered, n, dtype, out=acc)
         if opn == "avg":
             acc.div_(p)
         if acc is not out:
             out.copy_(acc)
-        copy_back(t, out)
+        if out is not t:
+            copy_back(t, out)
         del sending[:]
 
     return run.compressed(async_op, [inner], body, c, n * t.element_size(), payload.numel(),

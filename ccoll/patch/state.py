@@ -58,7 +58,8 @@ class State:
 
     def call_key(self, dim: str, op: str, group: Any) -> tuple:
         """The logical name of this call: ``(dim, op, group ranks, n-th call of the step)``."""
-        k = (dim, op, group_key(group))
+        known = None if group is None else _group_keys.get(id(group))  # group_key's first lines, inline
+        k = (dim, op, known[1] if known is not None and known[0]() is group else group_key(group))
         with self.lock:
             n = self.ordinals.get(k, 0)
             self.ordinals[k] = n + 1
@@ -123,7 +124,10 @@ class Installed:
 #: read by every wrapper on every call (``SLOT.current``)
 SLOT = Installed()
 
-_group_keys: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+#: id(group) -> (weak reference, key): one dict read per compressed call (a WeakKeyDictionary read builds a
+#: weak reference each time); the reference proves the entry is this group's, not a dead one's whose address
+#: was reused
+_group_keys: dict[int, tuple[Any, Any]] = {}
 
 
 def group_key(group: Any) -> Any:
@@ -131,10 +135,9 @@ def group_key(group: Any) -> Any:
     the default group)."""
     if group is None:
         return "world"
-    try:
-        return _group_keys[group]
-    except (KeyError, TypeError):
-        pass
+    entry = _group_keys.get(id(group))
+    if entry is not None and entry[0]() is group:
+        return entry[1]
     c10d = dist.distributed_c10d
     if group is c10d.GroupMember.WORLD or (c10d.is_initialized() and group is c10d._get_default_group()):
         key: Any = "world"
@@ -144,8 +147,8 @@ def group_key(group: Any) -> Any:
         except Exception:  # noqa: BLE001 - not a torch group (e.g. an mpi4py communicator)
             key = type(group).__name__
     try:
-        _group_keys[group] = key
-    except TypeError:
+        _group_keys[id(group)] = (weakref.ref(group), key)
+    except TypeError:  # not weak-referenceable: computed each time
         pass
     return key
 

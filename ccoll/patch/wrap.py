@@ -31,14 +31,18 @@ from typing import Any, Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .. import capture as _capture
+from .. import capture as _capture, collectives as _coll
 from ..callctx import Call as _CallCtx, local as _local, set_current, reduce_name
-from ..stats import dimension
+from ..stats import enter_dimension, leave_dimension
+from ..streams import NO_OP
 from . import anysource, events as _events, fingerprint, native
 from .handles import async_result
 from .state import SLOT, State
 
 _SUM = dist.ReduceOp.SUM
+c10d = dist.distributed_c10d
+#: ``Compressed(...)`` without the named tuple's Python ``__new__`` frame (one per compressed call)
+_new_call = tuple.__new__
 
 
 class Compressed(NamedTuple):
@@ -85,9 +89,7 @@ def decide(st: State, dim: str, op: str, tensor: torch.Tensor):
     sees are on native dimensions. The collectives get the rule's ``min_bytes`` with the codec, so
     they reach the same answer rather than being told to skip the check."""
     if _capture.state.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
-    if not st.policy.rule(dim, op).compresses:
-        return None
-    return st.policy.resolve(dim, op, tensor, step=st.steps)
+    return st.policy.resolve(dim, op, tensor, step=st.steps)  # its first test: the rule compresses at all
 
 
 def mpi_comm(rule: Any, group: Any) -> Any:
@@ -99,6 +101,8 @@ def mpi_comm(rule: Any, group: Any) -> Any:
     from ..transports import mpi_comm_for
 
     return mpi_comm_for(group)
+
+
 
 
 def enter(st: State) -> None:
@@ -152,7 +156,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         # decide
         red = None
         if reduces:
-            red = reduce_name(reduce_op)
+            red = "sum" if reduce_op is _SUM else reduce_name(reduce_op)  # torch's default op: no call
             codec = decide(st, dim, op, tensor) if red else None
         elif compressible is None or compressible(*args):
             if sending is not None and capture.active:  # capture samples only what this rank sends
@@ -163,7 +167,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         if same_dtype and codec is not None and args[0].dtype != args[1].dtype:
             codec = None
         rule = st.policy.rule(dim, op) if mpi is not None or codec is not None else None
-        comm = mpi_comm(rule, group) if mpi is not None else None
+        comm = mpi_comm(rule, group) if mpi is not None and rule.transport == "mpi" else None
         # native: torch's function, or the MPI transport's uncompressed call; counted
         if codec is None:
             nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)  # not .nbytes: sparse tensors refuse it
@@ -173,15 +177,21 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
                     return run_native(dim, stat_op, nbytes, via[0], via[1])
             return run_native(dim, stat_op, nbytes, torch_fn, args)
         # compress: the row's collective, under the call's dimension, with torch calls passing through
-        coalescing = _coalescing(group)
+        coalescing = _coalescing(group) if c10d._world._pg_coalesce_state else None
         ev, profiling = None, torch.autograd._profiler_enabled()  # the one check per call when nothing listens
-        enter(st)
+        if not st.checked:
+            fingerprint.check(st)
+        local.busy = True
+        token = enter_dimension(dim)  # stats.dimension(dim), without a context manager's frames
         try:
-            with dimension(dim), (_profiled(event if event_of is None else event_of(*args), tensor, group)
-                                  if profiling else _NOT_PROFILED) as ev:
+            with (_profiled(event if event_of is None else event_of(*args), tensor, group)
+                  if profiling else _NOT_PROFILED) as ev:
                 ef = st.feedback if red and rule.error_feedback and codec.lossy else None
                 key = st.call_key(dim, stat_op, group)
-                call = Compressed(st, dim, rule, codec, group if comm is None else comm, key, st.salt(key), ef, red)
+                # a deterministic codec ignores the salt (ccoll.collectives.salts: 0 and the real one alike), so
+                # it is not derived (a hash of the call key: ~1 us)
+                call = _new_call(Compressed, (st, dim, rule, codec, group if comm is None else comm, key,
+                                              0 if codec.deterministic else st.salt(key), ef, red))
                 if coalescing is None:
                     h = collective(call, *args)
                 else:
@@ -191,6 +201,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
                 ev.end()
             raise
         finally:
+            leave_dimension(token)
             local.busy = False
         # epilogue
         if async_op and h is not None:
@@ -207,7 +218,7 @@ def _coalescing(group: Any) -> "tuple[dict, Any] | None":
     else None. Megatron-core's DistributedDataParallel reduces its gradient buckets inside one
     (``param_and_grad_buffer.start_grad_sync``); there torch's all_reduce / all_gather_into_tensor /
     reduce_scatter_tensor only record themselves, to be issued together when the block ends."""
-    state = dist.distributed_c10d._world.pg_coalesce_state
+    state = dist.distributed_c10d._world._pg_coalesce_state  # the property's own field (the property: a frame)
     if not state:
         return None
     g = dist.distributed_c10d._get_default_group() if group is None else group
@@ -236,8 +247,8 @@ def _names(params: str) -> list[str]:
     return [p.split("=")[0].strip() for p in params.split(",")]
 
 
-#: what a compressed call enters when no profiler runs (reusable: it holds nothing)
-_NOT_PROFILED = contextlib.nullcontext()
+#: what a compressed call enters when no profiler runs (reusable: it holds nothing; C no-ops, no frames)
+_NOT_PROFILED = NO_OP
 
 
 @contextlib.contextmanager
@@ -282,21 +293,15 @@ def make(name: str, orig: Callable) -> Callable:
 
 
 # --- the rows: what each wrapped function reads, and the collective it maps to ------------------------------
-def _collectives():
-    from .. import collectives
+def _transport(comm: Any) -> Any:
+    from ..transports import for_group
 
-    return collectives
+    return for_group(comm)
 
 
 def _hier(rule: Any) -> dict:
     """``hierarchy=`` for the three collectives that have a hierarchical form, only when the rule sets it."""
     return {} if rule.hierarchy is None else {"hierarchy": rule.hierarchy}
-
-
-def _transport(comm: Any) -> Any:
-    from ..transports import for_group
-
-    return for_group(comm)
 
 
 def _mpi_op(op: Any) -> str | None:
@@ -311,7 +316,7 @@ def _mpi_op(op: Any) -> str | None:
 
 
 def _all_reduce(c: Compressed, tensor, op, group, async_op):
-    return _collectives().all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
+    return _coll.all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
                                      error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
 
 
@@ -325,7 +330,7 @@ def _all_gather(c: Compressed, output_tensor, input_tensor, group, async_op):
         return c.st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
                                                   async_op=async_op, key=c.key, step=c.st.steps,
                                                   refresh_steps=c.rule.weight_delta, min_bytes=c.rule.min_bytes, salt=c.salt)
-    return _collectives().all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
+    return _coll.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
                                                  async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
 
 
@@ -339,7 +344,7 @@ def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
 
 
 def _reduce_scatter(c: Compressed, output, input, op, group, async_op):
-    return _collectives().reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
+    return _coll.reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
                                                 async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes,
                                                 salt=c.salt, **_hier(c.rule))
 
@@ -357,7 +362,7 @@ def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
 
 
 def _broadcast(c: Compressed, tensor, src, group, async_op, group_src):
-    return _collectives().broadcast(tensor, _global_rank(group, src, group_src), group=c.group, codec=c.codec,
+    return _coll.broadcast(tensor, _global_rank(group, src, group_src), group=c.group, codec=c.codec,
                                     async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt)
 
 
@@ -368,7 +373,7 @@ def _broadcast_mpi(comm, tensor, src, group, async_op, group_src):
 
 
 def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_sizes, group, async_op):
-    return _collectives().all_to_all_single(output, input, group=c.group, codec=c.codec, async_op=async_op,
+    return _coll.all_to_all_single(output, input, group=c.group, codec=c.codec, async_op=async_op,
                                             min_bytes=c.rule.min_bytes, salt=c.salt)
 
 
@@ -400,7 +405,7 @@ def _p2p_row(name: str) -> Row:
             return h if is_async else (h.wait(), sender())[1]
         global_peer = _global_rank(group, peer, group_peer)
         extra = {"salt": c.salt} if sending else {}  # decoding needs none: receivers take no salt
-        h = getattr(_collectives(), name)(tensor, global_peer, group=group, codec=c.codec, tag=tag, min_bytes=c.rule.min_bytes,
+        h = getattr(_coll, name)(tensor, global_peer, group=group, codec=c.codec, tag=tag, min_bytes=c.rule.min_bytes,
                                           **extra)
         return h if is_async else (None if sending else global_peer)
 
