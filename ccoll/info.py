@@ -207,8 +207,9 @@ def _backends(report: dict) -> dict:
     else:
         built = [n for n in _probe(kernels.kernel_names) if kernels.host_library_path(n).exists()] \
             if not failed("kernels") else []
+        cpu_default = "; the CPU default of int8/int4 (auto)" if "quant" in built else ""
         out["emulated"] = {"ok": True, "why": f"nvcc found; host builds cached: {', '.join(built) or 'none yet'} "
-                                              f"(built on first use)"}
+                                              f"(built on first use){cpu_default}"}
     cupy = report.get("cupy", {})
     torch_info = report.get("torch", {})
     if not cupy.get("installed"):
