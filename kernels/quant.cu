@@ -1721,8 +1721,9 @@ static void cq_host_groups(const CqDecodeRows<Tr, F>& op) {  // row by row: no d
 // q bytes and the new residuals; decode_sum adds each payload row into an L1-sized tile of the output. The
 // fp32 operations are the same ones in the same order as CqEncodeRows / CqDecodeRows / CqDecodeSum (round
 // to nearest by adding 1.5 * 2^23, exact for |v| < 2^22, as the torch backend does), so the bytes are the
-// same: tests/unit/test_quant_rows.py compares them. Blocks these loops do not take -- stochastic rounding,
-// a block cut by the end of a row or of the tensor -- run the general per-block code above.
+// same: tests/unit/test_quant_rows.py compares them. Blocks these loops do not take --
+// a block cut by the end of a row or of the tensor (or, stochastic, by a 2^32-element segment of indices) --
+// run the general per-block code above.
 
 // an input type's conversions written without branches (selects), so that loops over them vectorise; the
 // same bits as the Tr functions (kernels/common.cuh)
@@ -1792,8 +1793,9 @@ struct CqCpuEncode {
     typedef CqCpu<Tr> C;
     static constexpr int QMAX = CqInt<BITS>::QMAX;
 
-    // block b of row `row`, whole and inside the tensor; nearest rounding. FB: with error feedback
-    template <bool FB>
+    // block b of row `row`, whole and inside the tensor. FB: with error feedback; ST: stochastic rounding (the
+    // block inside one 2^32-element segment of stochastic indices: one stream key)
+    template <bool FB, bool ST>
     static void block(const Op& op, cq_i64 row, cq_i64 b) {
         const cq_i64 B = op.g.block, start = b * B, e0 = row * op.g.row_numel + start;
         const S* x = op.x + e0;
@@ -1816,16 +1818,24 @@ struct CqCpuEncode {
             if (FB) memset(r, 0, (size_t)B * sizeof(float));
             return;
         }
-        // pass 1 (the block is in L1): q = clamp(rint(s * enc)), then r = c - decode rounded to the input type
+        // pass 1 (the block is in L1): q = clamp(rint(s * enc)) (stochastic: clamp(floor(s * enc + u)), u from
+        // the element's index as cq_uniform draws it), then r = c - decode rounded to the input type
         const float enc = bp.enc, scale = bp.scale;
+        const cq_u32 key = ST ? cq_stream_key(op.seed, (cq_u64)e0) : 0u;
         for (cq_i64 k0 = 0; k0 < B; k0 += CQ_CPU_CHUNK) {
             const int n = (int)cq_min(CQ_CPU_CHUNK, B - k0);  // a multiple of 8
             int qi[CQ_CPU_CHUNK];
             for (int k = 0; k < n; ++k) {
                 const float c = FB ? cq_add(C::to_f(x[k0 + k]), r[k0 + k]) : C::to_f(x[k0 + k]);
                 const float s = FB ? C::round(c) : c;
-                const float t = cq_add(cq_mul(s, enc), CQ_ROUND_MAGIC);
-                int v = (int)cq_f2u(t) - CQ_ROUND_MAGIC_BITS;
+                int v;
+                if (ST) {  // |s * enc + u| <= qmax + 1: floor and the int conversion are exact
+                    const cq_u32 h = cq_mix32(cq_mix32((cq_u32)(e0 + k0 + k) ^ key) + key);
+                    const float u = cq_mul((float)(int)(h >> 8), 5.9604644775390625e-08f);  // 2^-24
+                    v = (int)cq_floor(cq_add(cq_mul(s, enc), u));
+                } else {
+                    v = (int)cq_f2u(cq_add(cq_mul(s, enc), CQ_ROUND_MAGIC)) - CQ_ROUND_MAGIC_BITS;
+                }
                 v = v < -QMAX ? -QMAX : v > QMAX ? QMAX : v;
                 qi[k] = v;
                 if (FB) {
@@ -1851,11 +1861,11 @@ struct CqCpuEncode {
         for (cq_i64 u = 0; u < units; ++u) {
             const cq_i64 row = u / bpr, b = u - row * bpr;
             const cq_i64 start = b * op.g.block;
-            const bool whole = start + op.g.block <= op.g.row_numel &&
-                               row * op.g.row_numel + start + op.g.block <= op.g.numel;
-            if (!whole || op.stochastic) op.team_block(u, t);
-            else if (fb) block<true>(op, row, b);
-            else block<false>(op, row, b);
+            const cq_i64 e0 = row * op.g.row_numel + start;
+            const bool whole = start + op.g.block <= op.g.row_numel && e0 + op.g.block <= op.g.numel;
+            if (!whole || (op.stochastic && (e0 >> 32) != ((e0 + op.g.block - 1) >> 32))) op.team_block(u, t);
+            else if (op.stochastic) fb ? block<true, true>(op, row, b) : block<false, true>(op, row, b);
+            else fb ? block<true, false>(op, row, b) : block<false, false>(op, row, b);
         }
     }
 };

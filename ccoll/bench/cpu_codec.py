@@ -98,15 +98,16 @@ def run(args) -> dict:
 
 
 def render(result: dict) -> str:
+    w = max(len("variant"), *(len(r["variant"]) for r in result["rows"]))
     lines = [f"# ccoll.bench.cpu_codec: {result['size'] >> 20} MiB of {result['dtype']}, {result['threads']} thread(s), "
              f"decode_sum of {result['rows_summed']} rows, best of {result['rounds']} interleaved rounds",
              f"# load average (1/5/15 min) {' '.join(f'{v:.2f}' for v in result['loadavg_start'])} at start, "
              f"{' '.join(f'{v:.2f}' for v in result['loadavg_end'])} at end",
              "# gbs: tensor bytes per second; moved_gbs: the bytes the phase must move, per second; "
              "of_copy: moved_gbs over copy's",
-             f"{'variant':<22} {'backend':<9} {'op':<11} {'gbs':>8} {'moved_gbs':>10} {'of_copy':>8} {'ms':>9}"]
+             f"{'variant':<{w}} {'backend':<9} {'op':<11} {'gbs':>8} {'moved_gbs':>10} {'of_copy':>8} {'ms':>9}"]
     for r in result["rows"]:
-        lines.append(f"{r['variant']:<22} {r['backend']:<9} {r['op']:<11} {r['gbs']:8.2f} {r['moved_gbs']:10.2f} "
+        lines.append(f"{r['variant']:<{w}} {r['backend']:<9} {r['op']:<11} {r['gbs']:8.2f} {r['moved_gbs']:10.2f} "
                      f"{r['of_copy']:8.0%} {r['ms']:9.2f}")
     return "\n".join(lines)
 

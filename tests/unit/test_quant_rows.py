@@ -149,14 +149,15 @@ def test_given_rows_of_every_shape_when_encoding_expect_backends_and_reference_b
         _check_rows(spec, dtype, numel, rows, row_numel, with_feedback, salt=12345 + i, seed=i, data=data)
 
 
-@pytest.mark.parametrize("spec", ["int8:block=256", "int4:block=64", "int8:block=8", "int4:block=4096"])
+@pytest.mark.parametrize("spec", ["int8:block=256", "int4:block=64", "int8:block=8", "int4:block=4096",
+                                  "int8:block=256,round=stochastic,seed=7", "int4:block=64,round=stochastic,seed=8"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_feedback", [False, True])
 @pytest.mark.parametrize("data", DATA)
 def test_given_the_policies_blocks_when_encoding_expect_streaming_paths_byte_identical(spec, dtype, with_feedback, data):
-    """The block sizes the shipped policies use (int8 256, int4 64) and the extremes, on rows of whole blocks
-    and rows ending in a partial block or in the tensor's end: the host build's streaming paths (whole
-    blocks, round to nearest) and its general code (the rest) against the torch backend, byte for byte --
+    """The block sizes the shipped policies use (int8 256, int4 64) and the extremes, both roundings, on rows of
+    whole blocks and rows ending in a partial block or in the tensor's end: the host build's streaming paths
+    (whole blocks) and its general code (the rest) against the torch backend, byte for byte --
     payloads, residuals, decode_rows and, below, decode_sum of the rows."""
     block = ccoll.get_codec(spec).block
     for i, (numel, rows, row_numel) in enumerate([
