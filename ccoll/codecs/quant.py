@@ -152,15 +152,30 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
         first build takes minutes); else "torch". Both write the same bytes (tests/unit/test_quant_rows.py);
         the host build is the faster: one fused pass per phase and no temporaries, where the torch backend
         makes a dozen passes over cache-sized pieces (python -m ccoll.bench.cpu_codec measures both).
-        ``CCOLL_CPU_BACKEND=torch|emulated`` overrides the choice."""
+        ``CCOLL_CPU_BACKEND=torch|emulated`` overrides the choice. Decided once per codec object: every batched
+        call resolves its backend, and reading the environment each time cost ~2 us of a compressed call's
+        host path."""
+        try:
+            return self._cpu_choice
+        except AttributeError:
+            pass
         forced = os.environ.get("CCOLL_CPU_BACKEND")
-        if forced in ("torch", "emulated"):
-            return forced
-        if forced:
+        if forced and forced not in ("torch", "emulated"):
             raise CodecSpecError(f"CCOLL_CPU_BACKEND={forced!r}: expected torch or emulated (or unset)")
-        if self.kernel_format in self.CPU_STREAMING_FORMATS and not self.rotate and host_build_ready("quant"):
-            return "emulated"
-        return "torch"
+        if forced:
+            choice = forced
+        elif self.kernel_format in self.CPU_STREAMING_FORMATS and not self.rotate and host_build_ready("quant"):
+            choice = "emulated"
+        else:
+            choice = "torch"
+        self._cpu_choice: str = choice
+        return choice
+
+    def __getstate__(self) -> dict:
+        """Pickled without the CPU backend choice: the process that loads it decides for its own machine."""
+        state = dict(self.__dict__)
+        state.pop("_cpu_choice", None)
+        return state
 
     # --- declared properties (base.Codec): determinism and the documented error bound ---------------
     @property
