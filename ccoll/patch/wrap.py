@@ -35,6 +35,7 @@ from .. import capture as _capture, collectives as _coll
 from ..callctx import Call as _CallCtx, local as _local, set_current, reduce_name
 from ..stats import enter_dimension, leave_dimension
 from ..streams import NO_OP
+from ..transports import mpi_comm_for
 from . import anysource, events as _events, fingerprint, native
 from .handles import async_result
 from .state import SLOT, State
@@ -90,19 +91,6 @@ def decide(st: State, dim: str, op: str, tensor: torch.Tensor):
     they reach the same answer rather than being told to skip the check."""
     if _capture.state.active: _capture.sample(dim, op, tensor, st.steps)  # CCOLL_CAPTURE=DIR: see ccoll.capture
     return st.policy.resolve(dim, op, tensor, step=st.steps)  # its first test: the rule compresses at all
-
-
-def mpi_comm(rule: Any, group: Any) -> Any:
-    """The MPI communicator standing for ``group`` when the rule says ``transport: mpi``, else None.
-    A function of the rule alone, so every member of the group picks the same transport (see
-    ccoll.policy: why two transports in one job cannot deadlock)."""
-    if rule.transport != "mpi":
-        return None
-    from ..transports import mpi_comm_for
-
-    return mpi_comm_for(group)
-
-
 
 
 def enter(st: State) -> None:
@@ -167,7 +155,9 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         if same_dtype and codec is not None and args[0].dtype != args[1].dtype:
             codec = None
         rule = st.policy.rule(dim, op) if mpi is not None or codec is not None else None
-        comm = mpi_comm(rule, group) if mpi is not None and rule.transport == "mpi" else None
+        # the MPI communicator standing for the group where the rule says ``transport: mpi``: a function of the rule
+        # alone, so every member of the group picks the same transport (ccoll.policy: why two cannot deadlock)
+        comm = mpi_comm_for(group) if mpi is not None and rule.transport == "mpi" else None
         # native: torch's function, or the MPI transport's uncompressed call; counted
         if codec is None:
             nbytes = tensor.numel() * tensor.element_size() if size is None else size(*args)  # not .nbytes: sparse tensors refuse it
@@ -179,7 +169,7 @@ def shape(row: Row, torch_fn: Callable) -> Callable:
         # compress: the row's collective, under the call's dimension, with torch calls passing through
         coalescing = _coalescing(group) if c10d._world._pg_coalesce_state else None
         ev, profiling = None, torch.autograd._profiler_enabled()  # the one check per call when nothing listens
-        if not st.checked:
+        if not st.checked:  # enter(st), inline: one frame less per compressed call
             fingerprint.check(st)
         local.busy = True
         token = enter_dimension(dim)  # stats.dimension(dim), without a context manager's frames
@@ -317,7 +307,7 @@ def _mpi_op(op: Any) -> str | None:
 
 def _all_reduce(c: Compressed, tensor, op, group, async_op):
     return _coll.all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
-                                     error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+                            error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
 
 
 def _all_reduce_mpi(comm, tensor, op, group, async_op):
@@ -331,7 +321,7 @@ def _all_gather(c: Compressed, output_tensor, input_tensor, group, async_op):
                                                   async_op=async_op, key=c.key, step=c.st.steps,
                                                   refresh_steps=c.rule.weight_delta, min_bytes=c.rule.min_bytes, salt=c.salt)
     return _coll.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
-                                                 async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+                                        async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
 
 
 def _all_gather_outputs(output_tensor, input_tensor, group, async_op):
@@ -345,8 +335,8 @@ def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
 
 def _reduce_scatter(c: Compressed, output, input, op, group, async_op):
     return _coll.reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
-                                                async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes,
-                                                salt=c.salt, **_hier(c.rule))
+                                       async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes,
+                                       salt=c.salt, **_hier(c.rule))
 
 
 def _reduce_scatter_mpi(comm, output, input, op, group, async_op):
@@ -363,7 +353,7 @@ def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
 
 def _broadcast(c: Compressed, tensor, src, group, async_op, group_src):
     return _coll.broadcast(tensor, _global_rank(group, src, group_src), group=c.group, codec=c.codec,
-                                    async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt)
+                           async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt)
 
 
 def _broadcast_mpi(comm, tensor, src, group, async_op, group_src):
@@ -374,7 +364,7 @@ def _broadcast_mpi(comm, tensor, src, group, async_op, group_src):
 
 def _all_to_all(c: Compressed, output, input, output_split_sizes, input_split_sizes, group, async_op):
     return _coll.all_to_all_single(output, input, group=c.group, codec=c.codec, async_op=async_op,
-                                            min_bytes=c.rule.min_bytes, salt=c.salt)
+                                   min_bytes=c.rule.min_bytes, salt=c.salt)
 
 
 def _all_to_all_even(output, input, output_split_sizes, input_split_sizes, group, async_op):
