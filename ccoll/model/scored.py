@@ -15,8 +15,10 @@ A prediction is tested only where a source gives everything it needs, and only o
     score     predicted gain (speed-up - 1, compressed vs uncompressed, both predicted with the fitted eta) against
               the published gain: error = predicted / published gain - 1, target |error| <= ``TARGET``
 
-``ROWS`` holds the rows sourced so far; ``CANDIDATES`` the sources examined and why each is not (yet) a row. SDP4Bit's
-results are reserved for an independent check and are not used here.
+``ROWS`` holds the rows sourced so far; ``CANDIDATES`` the sources examined and why each is not (yet) a row;
+``BLOCKED`` complete rows the model cannot take yet, with why (a row may carry its own independent compute figure,
+``Row.mfu`` / ``Row.mfu_source``, when its GPU differs from the protocol's). SDP4Bit's results are reserved for an
+independent check and are not used here.
 """
 from __future__ import annotations
 
@@ -48,6 +50,10 @@ class Row:
     base_step_s: float
     policy: str | None = None
     comp_step_s: float | None = None
+    #: the row's own compute figure, independent of the rows (fraction of the node file's dense peak for the layout's
+    #: dtype), and where it comes from; None: the ``mfu`` the protocol is run at (``score(rows, mfu)``)
+    mfu: float | None = None
+    mfu_source: str = ""
 
 
 #: sources examined for rows (where each was read), and what each lacks to be a scored row. Read through public
@@ -103,12 +109,88 @@ CANDIDATES = [
     ("Narayanan et al., SC'21 (arXiv 2104.04473), Table 1",
      "uncompressed only (absolute throughput per layout on A100): a source for compute (MFU), not a scored row"),
     ("SDP4Bit", "reserved for an independent check: not used"),
+    # --- examined 2026-12-07 ------------------------------------------------------------------------------------------
+    ("FP8-LM (Peng et al., arXiv 2310.18313) Tables 1 and 5, read in full in an ar5iv HTML copy of the paper "
+     "(ar5iv.labs.arxiv.org/html/2310.18313) clipped into a public notes repository",
+     "COMPLETE but not scorable yet: see BLOCKED -- the 'FP8 (TE)' vs 'FP8 (Ours)' rows at the same micro-batch give "
+     "layout, machine (Azure ND H100 v5) and both throughputs (gains -2.1%, -2.0%, -5.6%); ccoll.model.memory refuses "
+     "all three layouts, and the compressed rows change the optimizer too"),
+    ("'Enabling float8 all-gather in FSDP2' (PyTorch dev-discuss 2359 / discuss.pytorch.org 209323), read through the "
+     "pages corpus, which holds only the post's beginning",
+     "the TL;DR only: 1.50x float8 vs bf16 for Llama3-70B on 128 H100, 20% of it from the float8 all-gather, on Meta "
+     "Grand Teton nodes whose specifications 'might be different' from public ones; no per-row table was readable; "
+     "FSDP overlaps its all-gathers with compute, which ccoll.model's step time does not model"),
+    ("torchtitan issues 651/653 and 687 (enable_fsdp_float8_all_gather), torchao PR 1793 (torchao/float8/README.md "
+     "perf table), torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, lightning-thunder PR 1528",
+     "in words ('not obviously faster on 64 GPUs'; '80% from float8 compute, 20% from the all-gather'), or bf16 vs "
+     "float8 compute+all-gather together, or float8 runs only, or a toggle of fp8 weight recomputation: none holds "
+     "float8 compute fixed and toggles only the all-gather"),
+    ("Megatron-LM PR 3067 (Megatron-FSDP dtype customization), read in the PR description",
+     "Llama 70B, 3300.5 ms (fp32 gradient reduce-scatter, NCCL user buffers) vs 2559.1 ms (bf16 communication, NCCL "
+     "symmetric memory): two changes at once, no node or NIC count, and FSDP overlap is not modelled"),
+    ("mlfoundations/scaling issue 3; torchtitan PR 1028 (mixed_precision_reduce bfloat16)",
+     "bf16 instead of fp32 gradient reduction: 3000 -> 3200 tokens/s/GPU for a 7B on 2 A100 nodes (no batch, FSDP "
+     "layout or NICs), and screenshots without figures"),
+    ("LoCo (Xie et al., arXiv 2407.04480; TPAMI 2025) and the ZeRO++ hpZ fix of Dai et al. (arXiv 2407.01614), read "
+     "through abstract pages and the pages corpus (only each page's beginning)",
+     "ranges in words (LoCo: Adam 14-40% faster on LLaMA/MoE, Megatron-LM and FSDP); no table was retrievable; no "
+     "full-text copy found in the repositories searched"),
+    ("COCCL (github.com/maomaohpp/coccl-dev README, maomaohpp/COCCL_PPoPP_AE README)",
+     "collective micro-benchmarks on RTX 4090 as images only; no training throughput"),
+    ("MS-AMP (github.com/Azure/MS-AMP README and docs)",
+     "optimization levels and accuracy/memory figures; the throughput table is the FP8-LM paper's Table 5 (above)"),
+    ("jindajia/icml-rebuttal-anwser README (DUO4Bit vs SDP4Bit TFLOPS, 32 A100)",
+     "both columns compressed, and built on SDP4Bit's results, which are reserved: not used"),
+    ("LLM-written paper summaries (e.g. bzhng-development/summary-of-some-paper-in-cuda)",
+     "secondary: numbers were taken only from the primary table they point to (FP8-LM, above)"),
 ]
 
 #: the scored rows (see ``CANDIDATES``: none of the sources examined so far gives a complete row). A row's
 #: ``source`` names the publication AND the table or figure its numbers come from; its predicted gain is frozen in
 #: tests/unit/test_model_scored_rows.py (a model change that moves it must be seen there)
 ROWS: list[Row] = []
+
+#: FP8-LM's system table, as the rows it would give (Peng et al., arXiv 2310.18313, Table 5, on Azure ND H100 v5 with
+#: 32 / 32 / 128 GPUs): uncompressed = "FP8 (TE)" (FP8 GEMMs; fp32 gradient reduce-scatter and bf16 parameter
+#: all-gather of Megatron's distributed optimizer, per the paper's Sec. 3.2.2 and Table 5's comm volumes), compressed =
+#: "FP8 (Ours)" at the SAME micro-batch (FP8 gradients and weights on the wire, FP8 on the sequence-parallel
+#: all-gathers). Step time = global batch / samples per second; the global batch is Table 1's (4M, 4M and 1M tokens
+#: at sequence 2048 = 2048, 2048 and 512 sequences: Table 5 does not repeat it). Vocabulary: not stated; Megatron's
+#: GPT-2 BPE padded (50304) is assumed. Recomputation: not stated; none assumed. Compute: NVIDIA NeMo's published FP8
+#: model TFLOP/s per H100 of the nearest GPT-3 layout (NeMo docs/source/performance/performance_summary.md at
+#: 070a0bb, NeMo 24.07, DGX-H100: GPT3-5B 736, GPT3-20B 750, GPT3-175B on 128 GPUs 782) over the bf16 dense peak
+#: the node file gives (989): independent of FP8-LM.
+#: Why they are not in ROWS (each would make a score say something other than the model's accuracy):
+#:   memory    ccoll.model.memory's lower bound keeps the s x s attention scores (Korthikanti et al. eq. 2 without
+#:             FlashAttention) and has no sequence parallelism; FP8-LM uses both, and measured 69.6-77.3 GB at 7B
+#:             where the bound says >= 98 GiB: check_rows refuses all three layouts (tests/unit/test_model_scored_rows.py pins
+#:             this: a memory model that learns FlashAttention / sequence parallelism fails it, and the rows move)
+#:   optimizer the compressed rows also change the optimizer (FP8 first moment, FP16 second moment and master
+#:             weights) and ZeRO's partition (whole tensors, Alg. 1): both sides of the wire are not all that changes
+#:   wire      only the sequence-parallel all-gather before each GEMM goes FP8 (Fig. 2; Table 7: -34% activation
+#:             bytes), which a ccoll policy, per dimension and op, cannot say (configs/fp8lm.yaml sends all TP in
+#:             FP8); and FP8-LM runs NCCL's ring on FP8 bytes, while ccoll.model prices a compressed reduce-scatter
+#:             as ccoll's own all-to-all
+#: Run anyway (``predict(check_memory=False)``, at e7c4693's model; not a committed result): eta 0.478, predicted gains
+#: -0.5% / +6.2% / +20.3% against -2.1% / -2.0% / -5.6% published: 0 of 3 within +-15%, the sign wrong on two.
+_FP8LM = dict(seq=2048, vocab=50304, zero=1, dtype="bfloat16", zero_reduce="reduce_scatter", grad_dtype="float32")
+_NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md (commit 070a0bb, NeMo 24.07, DGX-H100, FP8): "
+         "{} model TFLOP/s per GPU, over the 989 TFLOPS bf16 dense peak")
+BLOCKED: list[Row] = [
+    Row("fp8lm-gpt7b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-7B, FP8 (TE) 224.5 vs FP8 (Ours) 219.8 "
+        "samples/s at micro-batch 2) and Table 1 (batch 4M tokens)",
+        Layout(layers=32, hidden=4096, heads=32, micro_batch=2, micro_batches=32, dp=32, **_FP8LM),
+        "azure-nd-h100-v5", 2048 / 224.5, "fp8lm", 2048 / 219.8, mfu=736 / 989, mfu_source=_NEMO.format("GPT3-5B 736")),
+    Row("fp8lm-gpt13b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-13B, FP8 (TE) 111.7 vs FP8 (Ours) 109.5 "
+        "samples/s at micro-batch 2) and Table 1 (batch 4M tokens)",
+        Layout(layers=40, hidden=5120, heads=40, micro_batch=2, micro_batches=64, dp=16, tp=2, **_FP8LM),
+        "azure-nd-h100-v5", 2048 / 111.7, "fp8lm", 2048 / 109.5, mfu=750 / 989, mfu_source=_NEMO.format("GPT3-20B 750")),
+    Row("fp8lm-gpt175b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-175B, FP8 (TE) 28.7 vs FP8 (Ours) 27.1 "
+        "samples/s at micro-batch 1) and Table 1 (batch 1M tokens)",
+        Layout(layers=96, hidden=12288, heads=96, micro_batch=1, micro_batches=128, dp=4, tp=8, pp=4, **_FP8LM),
+        "azure-nd-h100-v5", 512 / 28.7, "fp8lm", 512 / 27.1, mfu=782 / 989,
+        mfu_source=_NEMO.format("GPT3-175B (128 GPUs) 782")),
+]
 
 
 def check_rows(rows: list[Row]) -> list[str]:
@@ -140,7 +222,14 @@ def check_rows(rows: list[Row]) -> list[str]:
             out.append(f"{r.name}: step times must be > 0")
         if (r.comp_step_s is None) != (r.policy is None):
             out.append(f"{r.name}: a compressed step time needs the policy standing for its compression, and back")
+        if r.mfu is not None and not (0 < r.mfu <= 1 and r.mfu_source.strip()):
+            out.append(f"{r.name}: a row's own mfu must be in (0, 1] and name its source (mfu_source)")
     return out
+
+
+def _row_mfu(row: Row, mfu: float, factor: float = 1.0) -> float:
+    """The compute figure a row is predicted at: its own (``Row.mfu``) or the protocol's, times ``factor``."""
+    return (row.mfu if row.mfu is not None else mfu) * factor
 
 
 def _predict_step(row: Row, eta: float, mfu: float, policy, codec_table=None) -> float:
@@ -153,14 +242,16 @@ def _predict_step(row: Row, eta: float, mfu: float, policy, codec_table=None) ->
     return predict(row.layout, node, policy, mfu=mfu, codec_table=codec_table)["total_s"]
 
 
-def fit_eta(rows: list[Row], mfu: float, codec_table=None) -> float:
-    """The link fraction that best explains the rows' UNCOMPRESSED step times (least squares of log step time)."""
+def fit_eta(rows: list[Row], mfu: float, codec_table=None, factor: float = 1.0) -> float:
+    """The link fraction that best explains the rows' UNCOMPRESSED step times (least squares of log step time), each
+    row at its compute figure (:func:`_row_mfu`) times ``factor``."""
     if not rows:
         raise ValueError("fit_eta: no rows")
 
     def loss(log_eta: float) -> float:
         e = math.exp(log_eta)
-        return sum(math.log(_predict_step(r, e, mfu, None, codec_table) / r.base_step_s) ** 2 for r in rows)
+        return sum(math.log(_predict_step(r, e, _row_mfu(r, mfu, factor), None, codec_table) / r.base_step_s) ** 2
+                   for r in rows)
 
     lo, hi = math.log(ETA_MIN), 0.0
     g = (math.sqrt(5) - 1) / 2
@@ -185,12 +276,14 @@ def score(rows: list[Row], mfu: float, codec_table=None, eta: float | None = Non
     factors (eta refitted at each, since compute and network trade off in the uncompressed fit)."""
     from ..policy import find_policy
 
-    def one(m: float, e: float | None) -> dict:
-        e = fit_eta(rows, m, codec_table) if e is None else e
+    def one(f: float, e: float | None) -> dict:
+        e = fit_eta(rows, mfu, codec_table, f) if e is None else e
         out = []
         for r in rows:
+            m = _row_mfu(r, mfu, f)
             base = _predict_step(r, e, m, None, codec_table)
-            row = {"name": r.name, "source": r.source, "published_base_s": r.base_step_s, "predicted_base_s": base}
+            row = {"name": r.name, "source": r.source, "mfu": m, "published_base_s": r.base_step_s,
+                   "predicted_base_s": base}
             if r.comp_step_s is not None and r.policy is not None:
                 comp = _predict_step(r, e, m, find_policy(r.policy), codec_table)
                 pub_gain = r.base_step_s / r.comp_step_s - 1
@@ -199,10 +292,10 @@ def score(rows: list[Row], mfu: float, codec_table=None, eta: float | None = Non
                 row.update(published_gain=pub_gain, predicted_gain=pred_gain, error=err,
                            hit=abs(err) <= TARGET)
             out.append(row)
-        return {"mfu": m, "eta": e, "rows": out}
+        return {"mfu": mfu * f, "eta": e, "rows": out}
 
-    res = one(mfu, eta)
-    res["sensitivity"] = [one(mfu * f, None if eta is None else eta) for f in MFU_SENSITIVITY]
+    res = one(1.0, eta)
+    res["sensitivity"] = [one(f, None if eta is None else eta) for f in MFU_SENSITIVITY]
     scored = [r for r in res["rows"] if "error" in r]
     res["scored"] = len(scored)
     res["hits"] = sum(r["hit"] for r in scored)
@@ -219,17 +312,25 @@ def print_scored(res: dict | None, rows: list[Row], file=None) -> None:
               "per row. Examined:", file=file)
         for src, why in CANDIDATES:
             print(f"#   {src}: {why}", file=file)
+        for r in BLOCKED:
+            print(f"# blocked row {r.name}: published gain {100 * (r.base_step_s / r.comp_step_s - 1):+.1f}% "
+                  f"({r.source}); not scored: {'; '.join(m.split(' (a lower bound')[0] for m in check_rows([r])) or 'see BLOCKED'}",
+                  file=file)
         return
     print(f"# fitted eta (fraction of the node file's link rates) = {res['eta']:.3f} on {len(rows)} uncompressed "
-          f"step times; MFU {res['mfu']:g}", file=file)
+          f"step times; MFU {res['mfu']:g}" + (" where a row gives none" if any(r.mfu is not None for r in rows) else ""),
+          file=file)
+    for r in rows:
+        if r.mfu is not None:
+            print(f"#   {r.name}: MFU {r.mfu:.3f} ({r.mfu_source})", file=file)
     print(f"#{'row':<28} {'published gain':>14} {'predicted gain':>14} {'error':>8} hit   source", file=file)
     for r in res["rows"]:
         if "error" in r:
             print(f" {r['name']:<28} {100 * r['published_gain']:>13.1f}% {100 * r['predicted_gain']:>13.1f}% "
                   f"{100 * r['error']:>7.1f}% {'yes' if r['hit'] else 'NO ':<4}  {r['source']}", file=file)
-    for s in res["sensitivity"]:
+    for s, f in zip(res["sensitivity"], MFU_SENSITIVITY):
         errs = ", ".join(f"{100 * r['error']:+.0f}%" for r in s["rows"] if "error" in r)
-        print(f"# sensitivity: MFU {s['mfu']:.3g} -> eta {s['eta']:.3f}, errors {errs}", file=file)
+        print(f"# sensitivity: MFU x {f:g} ({s['mfu']:.3g}) -> eta {s['eta']:.3f}, errors {errs}", file=file)
     print(f"# {res['hits']} of {res['scored']} scored rows within +-{100 * TARGET:.0f}%", file=file)
 
 
