@@ -125,7 +125,7 @@ class WeightDelta:
             payload = rows(1, c.encoded_nbytes(m, rdtype), inp.device)
             c.encode_rows(delta, payload, m, salt=salts(salt, tr, c)(OWN, 0))
             gathered = rows(p, payload.shape[1], inp.device)
-            work = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op))
+            work = side.wrap(tr.all_gather(gathered, payload, async_op))
 
         def body() -> None:
             decoded = torch.empty(p * m, dtype=rdtype, device=inp.device)

@@ -66,7 +66,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
             recv = torch.empty_like(send)
             wire += send.numel()
             issued = (s, lo, seg_numel, chunk, recv, send, own,
-                      side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True)))
+                      side.wrap(tr.all_to_all(recv, send, True)))
             if reducing is not None:
                 gathers.append(_reduce_and_gather(c, tr, side, reducing, opn, dtype, ef, key, salt_of))
             reducing = issued
@@ -103,7 +103,7 @@ def _reduce_and_gather(c, tr, side, issued, opn, dtype, ef, key, salt_of):
     fb = feedback_buffer(ef, residual_key(key, "ag", s), chunk, dtype, recv.device, c, side)
     c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(REDUCED, s))
     gathered = rows(tr.world_size, recv.shape[1], recv.device)
-    return (lo, seg_numel, chunk, gathered, payload, side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), True)))
+    return (lo, seg_numel, chunk, gathered, payload, side.wrap(tr.all_gather(gathered, payload, True)))
 
 
 def _encode_scatter(c, flat, lo, seg_numel, chunk, send, fb, salt, rank, p):
@@ -165,7 +165,7 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
             c.encode_rows(src, send, span, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()
-            exchanges.append((a, span, recv, send, side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), True))))
+            exchanges.append((a, span, recv, send, side.wrap(tr.all_to_all(recv, send, True))))
             if not async_op and len(exchanges) > 1:
                 _reduce_span(c, exchanges.pop(0), p, opn, obuf)
 
@@ -214,7 +214,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
             gathered = rows(p, payload.shape[1], inp.device)
             wire += payload.numel()
             gathers.append((a, span, gathered, payload,
-                            side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), issue_async))))
+                            side.wrap(tr.all_gather(gathered, payload, issue_async))))
             if not async_op and len(gathers) > 1:
                 _decode_span(c, gathers.pop(0), obuf, m)
 
@@ -257,7 +257,7 @@ def broadcast(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, root: int
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         if tr.rank == root:
             c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr, c)(OWN, 0))
-        inner = side.wrap(tr.broadcast(payload.view(-1), root, async_op))
+        inner = side.wrap(tr.broadcast(payload, root, async_op))
 
     return run.compressed(async_op, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
                           [tensor])
@@ -285,7 +285,7 @@ def all_to_all_single(run: Run, c: Codec, tr: Transport, output: torch.Tensor, i
         send = rows(tr.world_size, c.payload_nbytes(m, inp.dtype), inp.device)
         c.encode_rows(contig(flat_view(inp)), send, m, salt=salts(salt, tr, c)(OWN, 0))
         recv = torch.empty_like(send)
-        inner = side.wrap(tr.all_to_all(recv.view(-1), send.view(-1), async_op))
+        inner = side.wrap(tr.all_to_all(recv, send, async_op))
     send_alive = [send]  # the send buffer lives until the exchange completes
 
     decode = _decoding(c, recv, out, m)
@@ -306,7 +306,7 @@ def isend(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
         c.encode_rows(contig(flat_view(t)), payload, n, salt=salts(salt, tr, c)(OWN, 0))
-        inner = side.wrap(tr.isend(payload.view(-1), peer, tag))
+        inner = side.wrap(tr.isend(payload, peer, tag))
     sending = [payload]
 
     def body() -> None:
@@ -321,7 +321,7 @@ def irecv(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, peer: int, ta
     with side.on_side():
         side.keep(t)
         payload = rows(1, c.payload_nbytes(n, t.dtype), t.device)
-        inner = side.wrap(tr.irecv(payload.view(-1), peer, tag))
+        inner = side.wrap(tr.irecv(payload, peer, tag))
 
     return run.compressed(True, [inner], _decoding(c, payload, t, n), c, n * t.element_size(), payload.numel(),
                           [tensor])

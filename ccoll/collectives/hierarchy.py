@@ -118,7 +118,7 @@ def all_reduce(run: Run, c: Codec, lay: Layout, tensor: torch.Tensor, opn: str, 
                 c.encode_rows(part, payload, k, feedback=fb, salt=salt_of(NODE, s))
                 received = rows(N, payload.shape[1], dev)
                 raw[1] += payload.numel()
-                exchanges.append((s, payload, received, side.wrap(inter.all_gather(received.view(-1), payload.view(-1), True))))
+                exchanges.append((s, payload, received, side.wrap(inter.all_gather(received, payload, True))))
                 if len(exchanges) > 1:
                     sum_payloads(exchanges.pop(0))
             else:

@@ -77,7 +77,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         # one exchange and nothing to overlap it with: a sync call's is issued sync (done when it returns, the
         # side stream ordered after it, as torch's sync calls order the current stream), no request to wait for;
         # while phases are labelled, async and waited for, as the trace has always shown it
-        inner = side.wrap(tr.all_gather(gathered.view(-1), payload.view(-1), async_op or is_labelled(tr)))
+        inner = side.wrap(tr.all_gather(gathered, payload, async_op or is_labelled(tr)))
     sending = [payload]  # the send buffer lives until the exchange completes
 
     def body() -> None:

@@ -58,7 +58,7 @@ def _gather_payload(tr: Transport, payload: torch.Tensor, used: int) -> tuple[to
     """All-gather one payload row of ``used`` bytes: ([p, capacity] rows, bytes this rank sent)."""
     width = max(_gather_sizes(tr, used, payload.device))
     gathered = torch.empty(tr.world_size, width, dtype=torch.uint8, device=payload.device)
-    tr.all_gather(gathered.view(-1), payload[0, :width])
+    tr.all_gather(gathered, payload[0, :width])
     return _rows_from(gathered, payload.shape[1]), width
 
 

@@ -3,8 +3,8 @@
 A transport wraps a ``torch.distributed`` process group (gloo here, NCCL on GPUs) or an mpi4py
 communicator behind one small interface, so every collective algorithm is written once:
 
-- byte movement (1-D uint8 tensors, contiguous, equal sizes on every rank, as fixed-size codec
-  payloads guarantee): ``all_to_all``, ``all_gather``, ``broadcast``, ``isend``, ``irecv``; the
+- byte movement (contiguous uint8 tensors of any shape, equal sizes on every rank, as fixed-size codec
+  payloads guarantee; all_to_all splits dim 0): ``all_to_all``, ``all_gather``, ``broadcast``, ``isend``, ``irecv``; the
   collective ones take ``async_op`` and then return a :class:`Handle`;
 - the native (uncompressed, exact) calls the collectives fall back to: ``native_all_reduce``,
   ``native_reduce_scatter``, ``native_all_gather``, ``native_broadcast``, ``native_all_to_all``,

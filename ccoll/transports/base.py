@@ -69,14 +69,9 @@ class Transport:
 
     # byte movement (defaults: check the buffers, then the native call on their bytes) ----------------
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        """``input`` holds world_size equal chunks, chunk j goes to rank j; ``output`` chunk i comes
-        from rank i."""
-        check_bytes(output, input)
-        if output.numel() != input.numel() or input.numel() % self.world_size:
-            raise TransportError(
-                f"all_to_all needs equal input/output sizes divisible by {self.world_size}, "
-                f"got {input.numel()} and {output.numel()}"
-            )
+        """``input`` holds world_size equal chunks along dim 0 (bytes of a 1-D buffer, rows of a [p, nbytes]
+        one), chunk j goes to rank j; ``output`` chunk i comes from rank i."""
+        check_all_to_all(output, input, self.world_size)
         return self.native_all_to_all(output, input, None, None, async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
@@ -136,12 +131,27 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_bytes(*bufs: torch.Tensor) -> None:
+    """Byte buffers are contiguous uint8 tensors of any shape (a transport moves their ``numel()`` bytes).
+    Why any shape: the collectives' payloads are [rows, nbytes] tensors (what the batched codec calls
+    take); flattening each to 1-D for the transport was a view per buffer per call (~1 us of host time
+    each) that moved nothing."""
     for b in bufs:
-        if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 or not b.is_contiguous():
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or not b.is_contiguous():
             raise TransportError(
-                f"transport buffers must be contiguous 1-D uint8 tensors, got "
+                f"transport buffers must be contiguous uint8 tensors, got "
                 f"{getattr(b, 'dtype', type(b).__name__)} with shape {tuple(getattr(b, 'shape', ()))}"
             )
 
 
-__all__ = ["OPS", "Transport", "check_bytes", "op_name"]
+def check_all_to_all(output: torch.Tensor, input: torch.Tensor, p: int) -> None:
+    """An all_to_all's buffers: bytes (:func:`check_bytes`) of equal sizes whose dim 0 splits into ``p``
+    equal chunks (a 1-D buffer's bytes, a [p, nbytes] buffer's rows), the chunk each rank gets."""
+    check_bytes(output, input)
+    if output.numel() != input.numel() or input.dim() == 0 or input.shape[0] % p or output.shape[0] % p:
+        raise TransportError(
+            f"all_to_all needs equal input/output sizes whose dim 0 divides by {p}, "
+            f"got {tuple(input.shape)} and {tuple(output.shape)}"
+        )
+
+
+__all__ = ["OPS", "Transport", "check_all_to_all", "check_bytes", "op_name"]

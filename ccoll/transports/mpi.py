@@ -33,7 +33,7 @@ import torch
 from ..errors import TransportError
 from ..log import logger
 from ..once import once
-from .base import Transport, check_bytes
+from .base import Transport, check_all_to_all, check_bytes
 from .handle import Handle
 
 # dtypes whose numpy view MPI reduces natively (mpi4py maps numpy float16 to MPI's 16-bit float)
@@ -222,12 +222,7 @@ class MPITransport(Transport):
 
     # byte movement -----------------------------------------------------------------------------
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() or input.numel() % self.world_size:
-            raise TransportError(
-                f"all_to_all needs equal input/output sizes divisible by {self.world_size}, "
-                f"got {input.numel()} and {output.numel()}"
-            )
+        check_all_to_all(output, input, self.world_size)
         s = self._src(input)
         d, finish = self._dst(output)
         return self._run(lambda: self.comm.Alltoall(s, d), lambda: self.comm.Ialltoall(s, d), async_op, finish, (s, d))

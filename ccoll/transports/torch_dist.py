@@ -24,7 +24,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..errors import TransportError
 from ..log import warn_once
-from .base import Transport
+from .base import Transport, check_bytes
 from .handle import Handle
 
 _REDUCE_OPS = {
@@ -118,7 +118,22 @@ class TorchTransport(Transport):
             return int(group_rank)
         return c10d.get_global_rank(self.group, int(group_rank))
 
-    # byte movement: the Transport defaults (checked buffers, native calls) -----------------------
+    # byte movement: the Transport defaults (checked buffers, native calls), but all_gather -------------
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
+        """The default's checks, then torch's all_gather in the form gloo takes: ``output`` cut along dim 0
+        into p pieces shaped as ``input`` (a [1, nbytes] payload row into [p, nbytes] rows as they are; a
+        1-D input into [p, nbytes] rows as its [1, nbytes] view, and back)."""
+        check_bytes(output, input)
+        if output.numel() != input.numel() * self.world_size:
+            raise TransportError(
+                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
+            )
+        if input.dim() != output.dim():
+            input = input.view(1, -1) if output.dim() == 2 else input.reshape(-1)
+            if output.dim() > 2:
+                output = output.view(-1)
+        return self.native_all_gather(output, input, async_op)
+
     # native calls ------------------------------------------------------------------------------
     def native_all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool = False) -> Handle | None:
         reduce_op, then = self._reduce_op(op, tensor)

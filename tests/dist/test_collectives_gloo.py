@@ -15,8 +15,10 @@ _reports: dict[int, dict] = {}
 
 
 def _transport_checks(env: GlooEnv) -> None:
-    """Transport-level: the point-to-point all-to-all fallback moves the same bytes as the native one,
-    and buffers that are not 1-D uint8 are refused with a typed error."""
+    """Transport-level: the point-to-point all-to-all fallback moves the same bytes as the native one;
+    [p, nbytes] row buffers (what the collectives pass) move the same bytes as their 1-D form, in
+    all_to_all and in all_gather (a [1, nbytes] row or a 1-D input into rows); buffers that are not
+    contiguous uint8 are refused with a typed error."""
     from ccoll.errors import TransportError
     from ccoll.transports import for_group
     from ccoll.transports.torch_dist import TorchTransport
@@ -32,6 +34,25 @@ def _transport_checks(env: GlooEnv) -> None:
     expect_equal(env, "all_to_all bytes", a.view(p, 37)[:, 0], torch.tensor([k + 37 * r for k in range(p)], dtype=torch.uint8))
     p2p.all_to_all(b, inp, async_op=True).wait()
     expect_equal(env, "p2p all_to_all async", b, a)
+    rows2d = torch.empty(p, 37, dtype=torch.uint8)
+    native.all_to_all(rows2d, inp.view(p, 37))
+    expect_equal(env, "all_to_all of [p, n] rows", rows2d.view(-1), a)
+    mine = torch.arange(5, dtype=torch.uint8) + 10 * r
+    flat_out, rows_out, row_in_out = (torch.empty(p * 5, dtype=torch.uint8), torch.empty(p, 5, dtype=torch.uint8),
+                                      torch.empty(p, 5, dtype=torch.uint8))
+    native.all_gather(flat_out, mine)
+    native.all_gather(rows_out, mine.view(1, 5))
+    native.all_gather(row_in_out, mine)
+    expect_equal(env, "all_gather of a [1, n] row into [p, n]", rows_out.view(-1), flat_out)
+    expect_equal(env, "all_gather of a 1-D input into [p, n]", row_in_out.view(-1), flat_out)
+    expect_equal(env, "all_gather bytes", flat_out.view(p, 5)[:, 0], torch.tensor([10 * k for k in range(p)], dtype=torch.uint8))
+    for bad in (torch.empty(p * 4), torch.empty(p, 8, dtype=torch.uint8)[:, ::2]):
+        try:
+            native.all_gather(bad, torch.empty(4, dtype=torch.uint8))
+        except TransportError:
+            pass
+        else:
+            raise AssertionError(f"{bad.dtype} buffer of strides {bad.stride()} accepted by a byte transport")
     try:
         native.all_gather(torch.empty(p * 4), torch.empty(4))
     except TransportError:
