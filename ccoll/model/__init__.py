@@ -17,9 +17,12 @@ TP (Megatron column/row-parallel layers, per micro-batch, on a stage holding ``l
     LM head:  column-parallel input: 1 backward all-reduce of b*s*h; output gathered (``gathered``):
               1 all-gather of b*s*V/tp per rank, or vocab-parallel cross-entropy (``parallel``):
               3 all-reduces of b*s elements
+    sequence parallelism (``sequence_parallel``): each all-reduce above becomes a reduce-scatter of b*s*h and an
+              all-gather of its b*s*h/tp shard (the same ring bytes), plus the all-gather each column-parallel linear
+              repeats in backward for its weight gradient (``core._sp_flows``)
 PP (per micro-batch and stage boundary, sender side): the activation b*s*h forward and its gradient
     b*s*h backward; every TP rank of a stage sends its full copy (DeepSpeed; ``pp_scatter_gather``
-    divides by tp as Megatron's scatter-gather optimisation does); with ``pp_mask`` GPT-NeoX's fp16
+    divides by tp as Megatron's scatter-gather optimisation does, and so does ``sequence_parallel``); with ``pp_mask`` GPT-NeoX's fp16
     attention mask [b, 1, s, s] travels with every forward activation
 DP (per step): the gradient reduction of this rank's parameters P_rank (the local shard: sharded
     weights / tp + replicated ones), as ``all_reduce`` (ZeRO-0/1 by default) or ``reduce_scatter``
@@ -58,7 +61,8 @@ pipeline slots, DP after the schedule) is :mod:`ccoll.model.timing`; node descri
 :mod:`ccoll.model.clusters` (``configs/clusters/*.yaml``, each naming its machine, each figure with its public source).
 Every prediction on a node file checks memory first and refuses a layout that cannot fit (:mod:`ccoll.model.memory`);
 the framework knobs (``--grad-dtype``, ``--distributed-optimizer``, ``--zero-reduce``, ``--recompute``,
-``--parallel-residual``, ``--pp-mask``, ``--dp-bucket-mb``, ``--rails``, ``--rail-gbps``) set :class:`Layout` fields and
+``--parallel-residual``, ``--flash-attention``, ``--sequence-parallel``, ``--pp-mask``, ``--dp-bucket-mb``, ``--rails``,
+``--rail-gbps``) set :class:`Layout` fields and
 the node's NICs; :mod:`ccoll.model.scored` is the scored protocol for published results.
 """
 from __future__ import annotations

@@ -24,7 +24,8 @@ def print_traffic(lay: Layout, policy, file=None) -> None:
     rows = traffic(lay, policy)
     print(f"# ccoll.model: {lay.layers} layers x {lay.hidden} hidden, {lay.heads} heads, seq {lay.seq}, vocab "
           f"{lay.vocab}, micro-batch {lay.micro_batch} x {lay.micro_batches}, dp={lay.dp} tp={lay.tp} pp={lay.pp}, "
-          f"ZeRO-{lay.zero}, {lay.dtype}; policy {policy or 'none (native)'}", file=file)
+          f"ZeRO-{lay.zero}, {lay.dtype}{', sequence-parallel' if lay.sequence_parallel else ''}"
+          f"{', FlashAttention' if lay.flash_attention else ''}; policy {policy or 'none (native)'}", file=file)
     print("# bytes per optimizer step: per rank (busiest rank of the stage) and summed over all ranks", file=file)
     print(f"#{'dim':<4} {'op':<15} {'what':<32} {'stage':>5} {'codec':<26} {'calls/rank':>10} {'raw/rank':>12} "
           f"{'wire/rank':>12} {'raw total':>12} {'wire total':>12} {'ratio':>6}", file=file)
@@ -123,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="full activation recomputation (the forward and its TP all-reduces again in backward)")
     k.add_argument("--parallel-residual", action=argparse.BooleanOptionalAction, default=None,
                    help="GPT-J/NeoX parallel residual: one forward TP all-reduce per layer")
+    k.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="FlashAttention (Megatron --use-flash-attn): the attention scores are not stored (memory)")
+    k.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron sequence parallelism: activations outside the TP regions split over TP too (memory); "
+                        "TP all-reduces become reduce-scatter + all-gather, plus a backward re-gather per "
+                        "column-parallel linear; PP sends the s/tp shard")
     k.add_argument("--pp-mask", action=argparse.BooleanOptionalAction, default=None,
                    help="NeoX/DeepSpeed pipeline: the fp16 attention mask travels with every forward activation")
     k.add_argument("--dp-bucket-mb", type=float, default=None,
@@ -234,7 +241,7 @@ def build_layout(args) -> tuple:
         knobs.update(zero=1, zero_reduce="reduce_scatter")
     if args.zero_reduce:
         knobs["zero_reduce"] = args.zero_reduce
-    for k in ("recompute", "parallel_residual", "pp_mask"):
+    for k in ("recompute", "parallel_residual", "flash_attention", "sequence_parallel", "pp_mask"):
         if getattr(args, k) is not None:
             knobs[k] = getattr(args, k)
     if args.dp_bucket_mb is not None:

@@ -47,6 +47,16 @@ class Layout:
     #: activation recomputation (``checkpoint-activations``): the forward runs again in backward, with its
     #: TP all-reduces, and compute is 8 instead of 6 FLOPs per parameter per token
     recompute: bool = False
+    #: FlashAttention (Megatron ``--use-flash-attn``, Transformer Engine's fused attention): the a x s x s attention
+    #: scores, their softmax and dropout are never stored (recomputed in backward), so a layer's activations lose
+    #: Korthikanti et al.'s 5 a s / h score term (:mod:`ccoll.model.memory`); bytes and FLOPs counted are unchanged
+    flash_attention: bool = False
+    #: Megatron sequence parallelism (``--sequence-parallel``; Korthikanti et al. 2022, arXiv 2205.05198, sec. 4.2.2):
+    #: the layernorms, dropouts and residuals run on s/t of the sequence, so every activation of a layer is split
+    #: over TP (memory: s b h / t (34 + 5 a s / h)); each TP all-reduce becomes a reduce-scatter + all-gather of the
+    #: same tensor (the same ring bytes), plus the all-gather each column-parallel linear repeats in backward for
+    #: its weight gradient (it keeps only its s/t input), and PP sends the s/t shard (see :func:`flows`)
+    sequence_parallel: bool = False
     #: GPT-NeoX / DeepSpeed's pipeline engine sends the attention mask [b, 1, s, s] in fp16 with every
     #: forward activation: b*s*s elements beside the b*s*h activation, +s/h: +33% forward PP bytes for
     #: NeoX-20B (s 2048, h 6144); never compressed by a policy that excludes 4-D fp16 tensors
@@ -81,6 +91,8 @@ class Layout:
             raise CcollError(f"layout: layers={self.layers} < pp={self.pp}")
         if self.heads % self.tp or self.hidden % self.heads:
             raise CcollError(f"layout: tp={self.tp} must divide heads={self.heads}, heads must divide hidden")
+        if self.sequence_parallel and self.seq % self.tp:
+            raise CcollError(f"layout: sequence parallelism splits seq={self.seq} over tp={self.tp}: tp must divide it")
         if self.embedding not in ("replicated", "vocab_parallel") or self.lm_head not in ("gathered", "parallel"):
             raise CcollError(f"layout: embedding {self.embedding!r} / lm_head {self.lm_head!r} unknown")
 
@@ -139,7 +151,9 @@ def flows(lay: Layout) -> list[Flow]:
     grad_dtype = lay.grad_dtype or lay.dtype
     for st, nl in enumerate(lay.stage_layers()):
         first, last = st == 0, st == lay.pp - 1
-        if lay.tp > 1:
+        if lay.tp > 1 and lay.sequence_parallel:
+            out += _sp_flows(lay, st, nl, act)
+        elif lay.tp > 1:
             per_layer = 1 if lay.parallel_residual else 2
             fwd = per_layer * nl * (2 if lay.recompute else 1) + (1 if first and lay.embedding == "vocab_parallel" else 0)
             bwd = 2 * nl + (1 if last else 0)
@@ -152,7 +166,8 @@ def flows(lay: Layout) -> list[Flow]:
                 out.append(Flow("tp", "all_reduce", "vocab-parallel cross-entropy", b * s, 3 * m, per_stage, lay.tp,
                                 "float32", st))
         if lay.pp > 1:
-            n = act // lay.tp if lay.pp_scatter_gather else act
+            # Megatron's scatter-gather optimisation, or sequence parallelism (each TP rank holds and sends s/t)
+            n = act // lay.tp if lay.pp_scatter_gather or lay.sequence_parallel else act
             if not last:
                 out.append(Flow("pp", "send", "activations", n, m, per_stage, 2, lay.dtype, st))
                 if lay.pp_mask:
@@ -172,6 +187,45 @@ def flows(lay: Layout) -> list[Flow]:
             elif lay.zero >= 1:
                 out.append(Flow("dp", "all_gather", "parameters (ZeRO)", -(-p_rank // lay.dp), 1, per_stage, lay.dp,
                                 lay.dtype, st))
+    return out
+
+
+def _sp_flows(lay: Layout, st: int, nl: int, act: int) -> list[Flow]:
+    """TP flows of one stage of ``nl`` layers under sequence parallelism (Megatron ``--sequence-parallel``), derived
+    from which linears are column- and row-parallel, per micro-batch (``act`` = b s h; an all-gather's numel is the
+    s/t shard a rank passes, a reduce-scatter's the whole b s h tensor, as ``wire_nbytes`` and ``timing`` take them):
+        forward   all-gather of each column-parallel linear's input (QKV, FC1: 2 per layer; the LM head's on the
+                  last stage) and reduce-scatter of each row-parallel output (attention dense, FC2: 2 per layer, 1
+                  with parallel residual, whose branch outputs are summed first; the vocab-parallel embedding's on the
+                  first stage; a replicated embedding's output is split, no traffic) -- the layers' again with
+                  recomputation
+        backward  each forward all-gather's gradient is a reduce-scatter and each reduce-scatter's an all-gather;
+                  and each column-parallel linear all-gathers its s/t input again for its weight gradient
+                  (megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication.backward``;
+                  Transformer Engine's Linear likewise): Megatron overlaps it with the input-gradient GEMM, which this
+                  model does not (no TP collective is overlapped here)
+    An all-reduce is a reduce-scatter + an all-gather on a ring, so every pair replacing one of :func:`flows`' TP
+    all-reduces moves its bytes; the backward re-gathers are the only added bytes: per layer and micro-batch 2 x
+    (t-1)/t b s h on top of 8 (+25%; on top of 12 with recomputation) (first stage: the embedding's all-reduce becomes a reduce-scatter, half its bytes, and
+    its gradient an all-gather; a replicated embedding's split has an all-gather as its gradient)."""
+    first, last = st == 0, st == lay.pp - 1
+    col, row = 2 * nl, (1 if lay.parallel_residual else 2) * nl
+    rc = 2 if lay.recompute else 1
+    emb = 1 if first and lay.embedding == "vocab_parallel" else 0
+    head = 1 if last else 0
+    m, g, ranks, dt, shard = lay.micro_batches, lay.tp, lay.dp * lay.tp, lay.dtype, act // lay.tp
+    out = [Flow("tp", "all_gather", "SP activations (forward)", shard, (col * rc + head) * m, ranks, g, dt, st),
+           Flow("tp", "reduce_scatter", "SP activations (forward)", act, (row * rc + emb) * m, ranks, g, dt, st),
+           Flow("tp", "reduce_scatter", "SP act. gradients (backward)", act, (col + head) * m, ranks, g, dt, st),
+           Flow("tp", "all_gather", "SP act. gradients (backward)", shard, (row + first) * m, ranks, g, dt, st),
+           Flow("tp", "all_gather", "SP inputs re-gathered (wgrad)", shard, (col + head) * m,
+                ranks, g, dt, st)]
+    out = [f for f in out if f.calls]
+    b, s, v = lay.micro_batch, lay.seq, lay.vocab
+    if last and lay.lm_head == "gathered":
+        out.append(Flow("tp", "all_gather", "logits", b * s * v // lay.tp, m, ranks, g, dt, st))
+    elif last:
+        out.append(Flow("tp", "all_reduce", "vocab-parallel cross-entropy", b * s, 3 * m, ranks, g, "float32", st))
     return out
 
 

@@ -9,12 +9,19 @@ Per GPU of pipeline stage ``i`` holding ``P`` parameters (:meth:`Layout.stage_pa
         holds 2 + 2 bytes of 16-bit weights and gradients and K = 12 bytes of fp32 master weights, momentum and
         variance per parameter; fp32 training: 4 + 4 + 8): optimizer / dp from ZeRO-1, gradients / dp from
         ZeRO-2, weights / dp at ZeRO-3
-    activations (Korthikanti et al. 2022, arXiv 2205.05198, eq. 2 with tensor parallelism ``t``, no sequence
-        parallelism, 16-bit activations): one layer of one micro-batch holds s b h (10 + 24/t + 5 a s / (h t))
-        bytes; with full recomputation (NeoX's ``checkpoint_num_layers: 1``) a layer keeps only its input,
-        2 s b h bytes, and one layer's full set exists while it is recomputed. 1F1B keeps at most pp - i
-        micro-batches in flight on stage i (Narayanan et al., SC'21, sec. 2.2), never more than m. fp32 training
-        doubles the 16-bit count (an approximation: the 1-byte dropout masks stay 1 byte).
+    activations (Korthikanti et al. 2022, arXiv 2205.05198, 16-bit activations, tensor parallelism ``t``): one layer
+        of one micro-batch holds s b h (10 + 24/t + 5 a s / (h t)) bytes (eq. 2: the 10 s b h of layernorms,
+        dropouts and residuals replicated over TP); with sequence parallelism (``Layout.sequence_parallel``, sec.
+        4.2.2) those are split too: s b h / t (34 + 5 a s / h); with FlashAttention (``Layout.flash_attention``) the
+        5 a s^2 b score term (softmax output, its dropout mask and output) is never stored: s b h (10 + 24/t), or
+        34 s b h / t with both (FlashAttention's per-row softmax statistics, 4 a s b bytes, are left out). With
+        full recomputation (NeoX's ``checkpoint_num_layers: 1``) a layer keeps only its input, 2 s b h bytes
+        (2 s b h / t with sequence parallelism: the input is the layer's s/t shard), and one layer's full set exists
+        while it is recomputed. 1F1B keeps at most pp - i micro-batches in flight on stage i (Narayanan et al.,
+        SC'21, sec. 2.2), never more than m. fp32 training doubles the 16-bit count (an approximation: the 1-byte
+        dropout masks stay 1 byte). Two assumptions of the 34 can overstate a run: it holds 2 s b h of 1-byte
+        dropout masks (a run with dropout 0 stores none) and every saved GEMM input in 16 bits (FP8 training with
+        Transformer Engine keeps some in 8): for such runs this one term is not a strict lower bound.
     CUDA context: ``CONTEXT_BYTES`` = 0.3 GiB, below what one process holds before it allocates anything
         (PyTorch issue 34323: nvidia-smi shows 781 MB for a process that has only initialised CUDA; the context's
         size varies with the GPU and CUDA version, so the bound takes less than any figure found)
@@ -63,11 +70,16 @@ def stage_bytes(lay, stage: int) -> dict:
         weights /= lay.dp
     s, b, h, a, t = lay.seq, lay.micro_batch, lay.hidden, lay.heads, lay.tp
     scale = 1 if half else 2
-    full = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
+    score = 0 if lay.flash_attention else 5 * a * s / h
+    if lay.sequence_parallel:
+        full = s * b * h * (34 + score) / t * scale
+    else:
+        full = s * b * h * (10 + 24 / t + score / t) * scale
     layers = lay.stage_layers()[stage]
     inflight = min(lay.micro_batches, lay.pp - stage)
     if lay.recompute:
-        acts = inflight * layers * 2 * s * b * h * scale + full
+        kept = 2 * s * b * h / (t if lay.sequence_parallel else 1)
+        acts = inflight * layers * kept * scale + full
     else:
         acts = inflight * layers * full
     bucket = min(lay.dp_bucket_bytes, grads) if lay.dp > 1 else 0
@@ -88,9 +100,11 @@ def fits(lay, node) -> dict | None:
 
 
 def describe(lay) -> str:
-    """A layout in one phrase: degrees, micro-batch, ZeRO and recomputation."""
+    """A layout in one phrase: degrees, micro-batch, ZeRO, recomputation, sequence parallelism, FlashAttention."""
     return (f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, micro-batch {lay.micro_batch} x {lay.micro_batches}, "
-            f"ZeRO-{lay.zero}{', recomputation' if lay.recompute else ''}")
+            f"ZeRO-{lay.zero}{', recomputation' if lay.recompute else ''}"
+            f"{', sequence parallelism' if lay.sequence_parallel else ''}"
+            f"{', FlashAttention' if lay.flash_attention else ''}")
 
 
 def alternatives(lay, node, limit: int = 4) -> list:

@@ -54,6 +54,9 @@ class Row:
     #: dtype), and where it comes from; None: the ``mfu`` the protocol is run at (``score(rows, mfu)``)
     mfu: float | None = None
     mfu_source: str = ""
+    #: what the score must be read with: what the source's compressed run changed besides the wire, or what the
+    #: policy standing for it cannot say (printed under the table)
+    note: str = ""
 
 
 #: sources examined for rows (where each was read), and what each lacks to be a scored row. Read through public
@@ -112,9 +115,9 @@ CANDIDATES = [
     # --- examined 2026-12-07 ------------------------------------------------------------------------------------------
     ("FP8-LM (Peng et al., arXiv 2310.18313) Tables 1 and 5, read in full in an ar5iv HTML copy of the paper "
      "(ar5iv.labs.arxiv.org/html/2310.18313) clipped into a public notes repository",
-     "COMPLETE but not scorable yet: see BLOCKED -- the 'FP8 (TE)' vs 'FP8 (Ours)' rows at the same micro-batch give "
-     "layout, machine (Azure ND H100 v5) and both throughputs (gains -2.1%, -2.0%, -5.6%); ccoll.model.memory refuses "
-     "all three layouts, and the compressed rows change the optimizer too"),
+     "COMPLETE: scored (ROWS) -- the 'FP8 (TE)' vs 'FP8 (Ours)' rows at the same micro-batch give layout, machine "
+     "(Azure ND H100 v5) and both throughputs (gains -2.1%, -2.0%, -5.6%); the compressed rows change the optimizer "
+     "too (each row's note)"),
     ("'Enabling float8 all-gather in FSDP2' (PyTorch dev-discuss 2359 / discuss.pytorch.org 209323), read through the "
      "pages corpus, which holds only the post's beginning",
      "the TL;DR only: 1.50x float8 vs bf16 for Llama3-70B on 128 H100, 20% of it from the float8 all-gather, on Meta "
@@ -145,52 +148,64 @@ CANDIDATES = [
      "secondary: numbers were taken only from the primary table they point to (FP8-LM, above)"),
 ]
 
-#: the scored rows (see ``CANDIDATES``: none of the sources examined so far gives a complete row). A row's
-#: ``source`` names the publication AND the table or figure its numbers come from; its predicted gain is frozen in
-#: tests/unit/test_model_scored_rows.py (a model change that moves it must be seen there)
-ROWS: list[Row] = []
-
-#: FP8-LM's system table, as the rows it would give (Peng et al., arXiv 2310.18313, Table 5, on Azure ND H100 v5 with
-#: 32 / 32 / 128 GPUs): uncompressed = "FP8 (TE)" (FP8 GEMMs; fp32 gradient reduce-scatter and bf16 parameter
-#: all-gather of Megatron's distributed optimizer, per the paper's Sec. 3.2.2 and Table 5's comm volumes), compressed =
-#: "FP8 (Ours)" at the SAME micro-batch (FP8 gradients and weights on the wire, FP8 on the sequence-parallel
-#: all-gathers). Step time = global batch / samples per second; the global batch is Table 1's (4M, 4M and 1M tokens
-#: at sequence 2048 = 2048, 2048 and 512 sequences: Table 5 does not repeat it). Vocabulary: not stated; Megatron's
-#: GPT-2 BPE padded (50304) is assumed. Recomputation: not stated; none assumed. Compute: NVIDIA NeMo's published FP8
-#: model TFLOP/s per H100 of the nearest GPT-3 layout (NeMo docs/source/performance/performance_summary.md at
-#: 070a0bb, NeMo 24.07, DGX-H100: GPT3-5B 736, GPT3-20B 750, GPT3-175B on 128 GPUs 782) over the bf16 dense peak
-#: the node file gives (989): independent of FP8-LM.
-#: Why they are not in ROWS (each would make a score say something other than the model's accuracy):
-#:   memory    ccoll.model.memory's lower bound keeps the s x s attention scores (Korthikanti et al. eq. 2 without
-#:             FlashAttention) and has no sequence parallelism; FP8-LM uses both, and measured 69.6-77.3 GB at 7B
-#:             where the bound says >= 98 GiB: check_rows refuses all three layouts (tests/unit/test_model_scored_rows.py pins
-#:             this: a memory model that learns FlashAttention / sequence parallelism fails it, and the rows move)
+#: FP8-LM's system table as scored rows (Peng et al., arXiv 2310.18313, Table 5, on Azure ND H100 v5 with 32 / 32 / 128
+#: GPUs): uncompressed = "FP8 (TE)" (FP8 GEMMs; fp32 gradient reduce-scatter and bf16 parameter all-gather of Megatron's
+#: distributed optimizer, per the paper's Sec. 3.2.2 and Table 5's comm volumes), compressed = "FP8 (Ours)" at the SAME
+#: micro-batch (FP8 gradients and weights on the wire, FP8 on the sequence-parallel all-gathers). Step time = global
+#: batch / samples per second; the global batch is Table 1's (4M, 4M and 1M tokens at sequence 2048 = 2048, 2048 and 512
+#: sequences: Table 5 does not repeat it). Vocabulary: not stated; Megatron's GPT-2 BPE padded (50304) is assumed.
+#: Sequence parallelism, FlashAttention, the distributed optimizer and no recomputation: the authors' Megatron-LM
+#: launch scripts for the GPT-6.7B and 13B models (github.com/Azure/MS-AMP-Examples gpt3/pretrain_6b7_megatron.sh and
+#: pretrain_13b_megatron.sh: ``--sequence-parallel --use-flash-attn --use-distributed-optimizer``, no
+#: ``--recompute-*``; the same flags for the "te" and "msamp" runs; taken for 175B too). Compute: NVIDIA NeMo's
+#: published FP8 model TFLOP/s per H100 of the nearest GPT-3 layout (NeMo docs/source/performance/performance_summary.md
+#: at 070a0bb, NeMo 24.07, DGX-H100: GPT3-5B 736, GPT3-20B 750, GPT3-175B on 128 GPUs 782) over the bf16 dense peak the
+#: node file gives (989): independent of FP8-LM.
+#: Memory: ccoll.model.memory's lower bound, with FlashAttention and sequence parallelism, is 58.0 / 54.8 / 56.1 GiB
+#: (62.3 / 58.8 / 60.3 GB) per GPU for the three layouts, below the 69.6-77.3 GB the paper measured at 7B (without
+#: them: 98.0 / 89.9 / 98.3 GiB, refused). Read every score with (``Row.note``):
 #:   optimizer the compressed rows also change the optimizer (FP8 first moment, FP16 second moment and master
-#:             weights) and ZeRO's partition (whole tensors, Alg. 1): both sides of the wire are not all that changes
-#:   wire      only the sequence-parallel all-gather before each GEMM goes FP8 (Fig. 2; Table 7: -34% activation
-#:             bytes), which a ccoll policy, per dimension and op, cannot say (configs/fp8lm.yaml sends all TP in
-#:             FP8); and FP8-LM runs NCCL's ring on FP8 bytes, while ccoll.model prices a compressed reduce-scatter
-#:             as ccoll's own all-to-all
-#: Run anyway (``predict(check_memory=False)``, at e7c4693's model; not a committed result): eta 0.478, predicted gains
-#: -0.5% / +6.2% / +20.3% against -2.1% / -2.0% / -5.6% published: 0 of 3 within +-15%, the sign wrong on two.
-_FP8LM = dict(seq=2048, vocab=50304, zero=1, dtype="bfloat16", zero_reduce="reduce_scatter", grad_dtype="float32")
+#:             weights) and ZeRO's partition (whole tensors, Alg. 1): the wire is not all that changes, and the model
+#:             sees only the wire
+#:   wire      FP8-LM puts in FP8 the sequence-parallel all-gathers before each GEMM (Fig. 2; Table 7: -34% activation
+#:             bytes), not every TP collective; configs/fp8lm.yaml sends all TP in FP8 (its reduce-scatters too), so
+#:             the model's TP saving is an upper bound of FP8-LM's; and FP8-LM runs NCCL's ring on FP8 bytes, while
+#:             ccoll.model prices a compressed reduce-scatter as ccoll's own all-to-all
+_FP8LM = dict(seq=2048, vocab=50304, zero=1, dtype="bfloat16", zero_reduce="reduce_scatter", grad_dtype="float32",
+              sequence_parallel=True, flash_attention=True)
 _NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md (commit 070a0bb, NeMo 24.07, DGX-H100, FP8): "
          "{} model TFLOP/s per GPU, over the 989 TFLOPS bf16 dense peak")
-BLOCKED: list[Row] = [
+_FP8LM_NOTE = ("the compressed run also changed the optimizer (FP8 first moment, FP16 second moment and master weights) "
+               "and ZeRO's partition, which the model does not see; ")
+
+#: the scored rows. A row's ``source`` names the publication AND the table or figure its numbers come from; its
+#: predicted gain is frozen in tests/unit/test_model_scored_rows.py (a model change that moves it must be seen there)
+ROWS: list[Row] = [
     Row("fp8lm-gpt7b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-7B, FP8 (TE) 224.5 vs FP8 (Ours) 219.8 "
         "samples/s at micro-batch 2) and Table 1 (batch 4M tokens)",
         Layout(layers=32, hidden=4096, heads=32, micro_batch=2, micro_batches=32, dp=32, **_FP8LM),
-        "azure-nd-h100-v5", 2048 / 224.5, "fp8lm", 2048 / 219.8, mfu=736 / 989, mfu_source=_NEMO.format("GPT3-5B 736")),
+        "azure-nd-h100-v5", 2048 / 224.5, "fp8lm", 2048 / 219.8, mfu=736 / 989, mfu_source=_NEMO.format("GPT3-5B 736"),
+        note=_FP8LM_NOTE + "TP 1: DP only, whose FP8 reduce-scatter the model prices as ccoll's all-to-all, which with 8 "
+        "DP ranks per node sends more off the node than NCCL's ring of the fp32 gradients (the predicted DP wire grows)"),
     Row("fp8lm-gpt13b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-13B, FP8 (TE) 111.7 vs FP8 (Ours) 109.5 "
         "samples/s at micro-batch 2) and Table 1 (batch 4M tokens)",
         Layout(layers=40, hidden=5120, heads=40, micro_batch=2, micro_batches=64, dp=16, tp=2, **_FP8LM),
-        "azure-nd-h100-v5", 2048 / 111.7, "fp8lm", 2048 / 109.5, mfu=750 / 989, mfu_source=_NEMO.format("GPT3-20B 750")),
+        "azure-nd-h100-v5", 2048 / 111.7, "fp8lm", 2048 / 109.5, mfu=750 / 989, mfu_source=_NEMO.format("GPT3-20B 750"),
+        note=_FP8LM_NOTE + "the predicted gain is mostly TP wire halved, with every TP collective in FP8 "
+        "(configs/fp8lm.yaml) where FP8-LM sends only the sequence-parallel all-gathers in FP8"),
     Row("fp8lm-gpt175b", "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (GPT-175B, FP8 (TE) 28.7 vs FP8 (Ours) 27.1 "
         "samples/s at micro-batch 1) and Table 1 (batch 1M tokens)",
         Layout(layers=96, hidden=12288, heads=96, micro_batch=1, micro_batches=128, dp=4, tp=8, pp=4, **_FP8LM),
         "azure-nd-h100-v5", 512 / 28.7, "fp8lm", 512 / 27.1, mfu=782 / 989,
-        mfu_source=_NEMO.format("GPT3-175B (128 GPUs) 782")),
+        mfu_source=_NEMO.format("GPT3-175B (128 GPUs) 782"),
+        note=_FP8LM_NOTE + "the predicted gain is mostly TP wire halved (TP 8: a third of the predicted native step), "
+        "with every TP collective in FP8 (configs/fp8lm.yaml) where FP8-LM sends only the sequence-parallel "
+        "all-gathers in FP8"),
 ]
+
+#: complete rows the model cannot take yet, with why (FP8-LM's three were here until ccoll.model.memory learned
+#: FlashAttention and sequence parallelism, ``Layout.flash_attention`` / ``Layout.sequence_parallel``)
+BLOCKED: list[Row] = []
 
 
 def check_rows(rows: list[Row]) -> list[str]:
@@ -328,10 +343,17 @@ def print_scored(res: dict | None, rows: list[Row], file=None) -> None:
         if "error" in r:
             print(f" {r['name']:<28} {100 * r['published_gain']:>13.1f}% {100 * r['predicted_gain']:>13.1f}% "
                   f"{100 * r['error']:>7.1f}% {'yes' if r['hit'] else 'NO ':<4}  {r['source']}", file=file)
+    for r in rows:
+        if r.note:
+            print(f"#   read {r.name} with: {r.note}", file=file)
     for s, f in zip(res["sensitivity"], MFU_SENSITIVITY):
         errs = ", ".join(f"{100 * r['error']:+.0f}%" for r in s["rows"] if "error" in r)
         print(f"# sensitivity: MFU x {f:g} ({s['mfu']:.3g}) -> eta {s['eta']:.3f}, errors {errs}", file=file)
     print(f"# {res['hits']} of {res['scored']} scored rows within +-{100 * TARGET:.0f}%", file=file)
+    print("# other sources examined, and why each is not a row:", file=file)
+    for src, why in CANDIDATES:
+        if not why.startswith("COMPLETE: scored"):
+            print(f"#   {src}: {why}", file=file)
 
 
 def synthetic_rows(cluster: str, layouts: list, policy: str, eta: float, mfu: float, codec_table=None) -> list[Row]:

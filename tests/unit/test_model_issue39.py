@@ -62,6 +62,104 @@ def test_given_recompute_and_parallel_residual_options_when_flows_expect_tp_forw
     assert _lay("--recompute").recompute and not _lay("--no-recompute").recompute
 
 
+def _sp(lay):
+    """{(op, what): (numel, calls)} of the TP flows of stage 0."""
+    return {(f.op, f.what): (f.numel, f.calls) for f in flows(lay) if f.dim == "tp" and f.stage == 0}
+
+
+def test_given_sequence_parallel_option_when_flows_expect_reduce_scatter_all_gather_pairs_and_backward_regathers():
+    """SMALL: 2 layers, b s h = 2 x 16 x 64 = 2048 elements, t = 2 (shard 1024), 3 micro-batches, one stage (it holds
+    the vocab-parallel embedding and the LM head). Per micro-batch under sequence parallelism:
+        forward   all-gather of the inputs of QKV and FC1 (2 per layer) + the LM head's = 5, numel 1024 (the shard)
+                  reduce-scatter of the attention-dense and FC2 outputs (2 per layer) + the embedding's = 5, numel 2048
+        backward  reduce-scatter of the 5 gathered inputs' gradients; all-gather of the 5 scattered outputs'
+                  gradients; all-gather of the QKV, FC1 and LM-head inputs again for the weight gradients = 5
+    x 3 micro-batches = 15 calls each. Without it: 5 forward + 5 backward all-reduces of 2048 per micro-batch.
+    Ring elements a rank moves per micro-batch (t = 2): all-reduce 2 (t-1)/t x 2048 = 2048, reduce-scatter
+    (t-1)/t x 2048 = 1024, all-gather (t-1) x 1024 = 1024: 10 x 2048 = 20480 without, 20 x 1024 = 20480 with (the same
+    bytes) + 5 x 1024 re-gathered = 25600 (+25%)."""
+    lay = _lay("--sequence-parallel")
+    assert lay.sequence_parallel and not _lay().sequence_parallel and not _lay("--no-sequence-parallel").sequence_parallel
+    sp = _sp(lay)
+    assert sp == {("all_gather", "SP activations (forward)"): (1024, 15),
+                  ("reduce_scatter", "SP activations (forward)"): (2048, 15),
+                  ("reduce_scatter", "SP act. gradients (backward)"): (2048, 15),
+                  ("all_gather", "SP act. gradients (backward)"): (1024, 15),
+                  ("all_gather", "SP inputs re-gathered (wgrad)"): (1024, 15),
+                  ("all_reduce", "vocab-parallel cross-entropy"): (32, 9)}  # b s fp32 values, unchanged
+    assert _sp(_lay()) == {("all_reduce", "activations (forward)"): (2048, 15),
+                           ("all_reduce", "activation gradients (backward)"): (2048, 15),
+                           ("all_reduce", "vocab-parallel cross-entropy"): (32, 9)}
+    ring = {"all_reduce": lambda n: n, "reduce_scatter": lambda n: n // 2, "all_gather": lambda n: n}  # t = 2
+
+    def moved(d, skip=()):
+        return sum(ring[op](n) * c for (op, what), (n, c) in d.items() if "entropy" not in what and what not in skip)
+
+    assert moved(_sp(_lay())) == 3 * 20480
+    assert moved(sp, skip=("SP inputs re-gathered (wgrad)",)) == 3 * 20480
+    assert moved(sp) == 3 * 25600
+    # recomputation replays the forward's 4 per layer: 2 x 2 x 2 + 1 = 9 gathers and 9 scatters per micro-batch;
+    # parallel residual sums the two branch outputs before ONE reduce-scatter (forward 2 + 1, and its gradient's
+    # all-gather 2 + 1), while both column-parallel inputs are still gathered: 16 x 1024 per micro-batch either
+    # way (without: 3 forward + 5 backward all-reduces of 2048)
+    rec = _sp(_lay("--sequence-parallel", "--recompute"))
+    assert rec[("all_gather", "SP activations (forward)")] == (1024, 27)
+    assert rec[("reduce_scatter", "SP activations (forward)")] == (2048, 27)
+    assert rec[("reduce_scatter", "SP act. gradients (backward)")] == (2048, 15)
+    par = _sp(_lay("--sequence-parallel", "--parallel-residual"))
+    assert [par[k][1] for k in sorted(par) if "entropy" not in k[1]] == [9, 15, 15, 15, 9]
+    assert moved(par, skip=("SP inputs re-gathered (wgrad)",)) == moved(_sp(_lay("--parallel-residual"))) == 3 * 16 * 1024
+    with pytest.raises(CcollError, match="tp must divide"):
+        _lay("--sequence-parallel", "--seq", "15")
+
+
+def test_given_sequence_parallel_with_pipeline_when_flows_expect_the_shard_sent_and_stage_ends_counted():
+    """SMALL at PP 2 (1 layer per stage): each TP rank sends its s/t shard, b s h / t = 1024 elements (Megatron's p2p
+    shape under sequence parallelism), not 2048. Stage 0 holds the embedding (1 more forward reduce-scatter, and its
+    gradient's all-gather), stage 1 the LM head (1 more forward all-gather, backward reduce-scatter and re-gather):
+    per micro-batch stage 0: AG 2, RS 3 | RS 2, AG 3, re-gather 2; stage 1: AG 3, RS 2 | RS 3, AG 2, re-gather 3."""
+    lay = _lay("--sequence-parallel", "--pp", "2")
+    assert [f.numel for f in flows(lay) if f.dim == "pp"] == [1024, 1024]
+    assert [f.numel for f in flows(_lay("--pp", "2")) if f.dim == "pp"] == [2048, 2048]
+    for st, calls in ((0, [2, 3, 2, 3, 2]), (1, [3, 2, 3, 2, 3])):
+        got = [f.calls for f in flows(lay) if f.dim == "tp" and f.stage == st and f.what.startswith("SP")]
+        assert got == [3 * c for c in calls], st
+
+
+def test_given_sequence_parallel_in_a_node_when_predicted_expect_tp_time_plus_the_regathers_only():
+    """Inside a node a reduce-scatter + all-gather pair costs exactly what the all-reduce did (t = 2: 2 (a + W/(2B))
+    both ways), so TP wire time grows only by the 15 re-gathers: 15 x (t-1) (a + 1024 x 4 bytes / B)."""
+    from ccoll.model.timing import call_seconds, predict
+
+    node = load_cluster("dgx-h100")
+    base = predict(_lay(), node, None, mfu=0.4)
+    sp = predict(_lay("--sequence-parallel"), node, None, mfu=0.4)
+    regather = call_seconds("all_gather", 1024 * 4, 2, 2, True, node, False)
+    assert regather == pytest.approx(node.intra_latency_us * 1e-6 + 4096 / (node.intra_data_gbps * 1e9 / 8))
+    assert sp["link_s"]["tp"] - base["link_s"]["tp"] == pytest.approx(15 * regather)
+    assert sp["compute_s"] == base["compute_s"] and sp["link_s"]["dp"] == base["link_s"]["dp"]
+
+
+def test_given_flash_attention_option_when_built_expect_memory_only_and_refusal_lifted():
+    """FlashAttention changes what a layer stores, not what it sends or computes: the same flows and FLOPs; and a
+    layout the score term alone pushes past a GPU is admitted with it. SMALL at seq 4096 (s b h = 2 x 4096 x 64),
+    fp32: the score term 5 a s / (h t) = 5 x 4 x 4096 / 128 = 640 against 10 + 12 = 22: one layer of one
+    micro-batch holds 2 x 524288 x (22 + 640) bytes = 694 MB with scores, 23 MB without."""
+    from ccoll.model import training_flops
+
+    lay, fa = _lay("--seq", "4096"), _lay("--seq", "4096", "--flash-attention")
+    assert fa.flash_attention and not lay.flash_attention
+    assert flows(fa) == flows(lay) and training_flops(fa) == training_flops(lay)
+    sbh = 4096 * 2 * 64
+    from ccoll.model.memory import stage_bytes
+    assert stage_bytes(lay, 0)["activations"] == pytest.approx(2 * 2 * sbh * 662)  # 2 layers, 1 stage, fp32
+    assert stage_bytes(fa, 0)["activations"] == pytest.approx(2 * 2 * sbh * 22)
+    node = dataclasses.replace(load_cluster("dgx-h100"), memory_gib=1.0)
+    with pytest.raises(InfeasibleLayout, match="needs >= 1.6 GiB"):
+        require(lay, node)
+    assert require(fa, node)["fits"]
+
+
 def test_given_preset_and_knobs_when_built_expect_the_presets_fields_overridden_only_where_given():
     args = _parser().parse_args(["--preset", "neox20b-v100", "--micro-batches", "16", "--grad-dtype", "float32",
                                  "--no-pp-mask", "--dp-bucket-mb", "100"])
@@ -180,13 +278,12 @@ def test_given_rows_made_by_the_model_when_scored_expect_eta_recovered_and_zero_
 
 
 def test_given_no_complete_public_row_when_published_expect_the_candidates_and_why(capsys):
-    from ccoll.model.scored import CANDIDATES, ROWS, print_scored
+    from ccoll.model.scored import CANDIDATES, print_scored
 
-    print_scored(None if not ROWS else {}, ROWS)
+    print_scored(None, [])  # the ROWS shipped are scored: tests/unit/test_model_scored_rows.py
     out = capsys.readouterr().out
-    if not ROWS:
-        assert "no scored rows yet" in out
-        assert all(src in out for src, _ in CANDIDATES)
+    assert "no scored rows yet" in out
+    assert all(src in out for src, _ in CANDIDATES)
 
 
 # --- --from-run over repeated runs ----------------------------------------------------------------------

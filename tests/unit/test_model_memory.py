@@ -32,6 +32,37 @@ def test_given_fp16_zero1_layout_when_stage_bytes_expect_zero_paper_states_and_1
     assert stage_bytes(dataclasses.replace(LAY, micro_batches=1), 0)["activations"] == pytest.approx(FULL)
 
 
+def test_given_flash_attention_and_sequence_parallel_when_stage_bytes_expect_korthikantis_terms_by_hand():
+    """LAY: s 16, b 2, h 64, a 4, t 2, so s b h = 2048 and the score term 5 a s / h = 5 x 4 x 16 / 64 = 5. One layer of
+    one micro-batch (Korthikanti et al. 2022), 16-bit:
+        neither                 s b h (10 + 24/t + 5/t)   = 2048 x (10 + 12 + 2.5) = 50176   (FULL)
+        FlashAttention          s b h (10 + 24/t)         = 2048 x 22              = 45056   (no a s^2 b scores)
+        sequence parallelism    s b h / t (34 + 5)        = 1024 x 39              = 39936   (the 10 split over t too)
+        both                    s b h / t x 34            = 1024 x 34              = 34816
+    Stage 0 holds pp - 0 = 2 micro-batches of its 1 layer; with recomputation each keeps its input, 2 s b h = 4096
+    bytes (2 s b h / t = 2048 under sequence parallelism), plus one layer's full set."""
+    def acts(stage=0, **kw):
+        return stage_bytes(dataclasses.replace(LAY, **kw), stage)["activations"]
+
+    assert FULL == 50176
+    assert acts() == pytest.approx(2 * 50176)  # the default is unchanged
+    assert acts(flash_attention=True) == pytest.approx(2 * 45056)
+    assert acts(sequence_parallel=True) == pytest.approx(2 * 39936)
+    assert acts(flash_attention=True, sequence_parallel=True) == pytest.approx(2 * 34816)
+    assert acts(1, flash_attention=True, sequence_parallel=True) == pytest.approx(34816)  # last stage: 1 in flight
+    assert acts(recompute=True, flash_attention=True) == pytest.approx(2 * 4096 + 45056)
+    assert acts(recompute=True, sequence_parallel=True) == pytest.approx(2 * 2048 + 39936)
+    assert acts(recompute=True, flash_attention=True, sequence_parallel=True) == pytest.approx(2 * 2048 + 34816)
+    # fp32 doubles every term; at t = 1 sequence parallelism changes nothing (10 + 24/1 = 34)
+    assert acts(dtype="float32", flash_attention=True) == pytest.approx(2 * 2 * 45056)
+    t1 = dataclasses.replace(LAY, tp=1)
+    assert (stage_bytes(dataclasses.replace(t1, sequence_parallel=True), 0)["activations"]
+            == pytest.approx(stage_bytes(t1, 0)["activations"]) == pytest.approx(2 * 2048 * 39))
+    # the other parts do not move
+    base, both = stage_bytes(LAY, 0), stage_bytes(dataclasses.replace(LAY, flash_attention=True, sequence_parallel=True), 0)
+    assert all(base[k] == both[k] for k in ("weights", "gradients", "optimizer", "context", "bucket"))
+
+
 def test_given_zero_stages_and_fp32_when_stage_bytes_expect_partitioned_states_and_doubled_activations():
     p0 = LAY.stage_params(0)
     z2 = stage_bytes(dataclasses.replace(LAY, zero=2), 0)
