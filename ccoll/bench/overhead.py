@@ -58,6 +58,7 @@ is the evidence for :data:`ccoll.defaults.DEFAULT_MIN_BYTES`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import contextlib
 import json
 import os
@@ -428,10 +429,19 @@ def _patched_policy(spec: str) -> Any:
                              "dp": {"codec": spec, "min_bytes": 0, "error_feedback": True}})
 
 
+#: compressed calls per optimizer step in the "through the patch" table (``--calls-per-step``): ``ccoll.patch.step()``
+#: (numbering the next step's calls, ~1-2 us) runs once per step, not per call, and a step makes many compressed calls
+#: (one per gradient bucket; four per layer under tensor parallelism); 8 is the few-bucket end, so each call carries
+#: 1/8 of a step (1: a step after every call, the table before issue 41's last round)
+CALLS_PER_STEP = 8
+
+
 def run_patched(args: argparse.Namespace) -> list[dict]:
     """Compressed calls as the patch makes them (``torch.distributed.all_reduce`` / ``all_gather_into_tensor``
     on a group every call resolves to "dp", compressed by the policy of :func:`_patched_policy`; one
-    ``ccoll.patch.step()`` after each call, as one gradient bucket per step), over :func:`_instant_group`,
+    ``ccoll.patch.step()`` after every ``--calls-per-step`` calls (:data:`CALLS_PER_STEP`), each call its own
+    residual), over
+    :func:`_instant_group`,
     with the codec's arithmetic removed (:func:`codec_arithmetic_removed`): the wrapper, policy, resolver,
     router, call skeleton, stats, handle and the codec's front end, nothing else. Per variant, interleaved
     rounds, thread CPU time per call: ``path_us`` (through the patch), ``path_over_us`` (over native: the
@@ -455,15 +465,18 @@ def run_patched(args: argparse.Namespace) -> list[dict]:
                 n = max(1, size // 4)
                 x, out = torch.randn(n), torch.empty(n * p)
                 x0 = x.clone()
+                calls, per_step = itertools.count(1), args.calls_per_step
                 if op == "all_reduce":
                     def through_patch() -> None:
                         x.copy_(x0)
                         dist.all_reduce(x, group=group)
-                        patch.step()
+                        if not next(calls) % per_step:
+                            patch.step()
                 else:
                     def through_patch() -> None:
                         dist.all_gather_into_tensor(out, x, group=group)
-                        patch.step()
+                        if not next(calls) % per_step:
+                            patch.step()
                 tr = group.ccoll_transport
                 if op == "all_reduce":
                     def native() -> None:  # the stand-in's own call: no ccoll at all
@@ -632,6 +645,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--in-process", type=int, default=1, help="1: measure the host path alone first (0: skip)")
     ap.add_argument("--patched", type=int, default=1,
                     help="1: compressed calls through the patch, in process, without codec arithmetic (0: skip)")
+    ap.add_argument("--calls-per-step", type=int, default=CALLS_PER_STEP,
+                    help="compressed calls per ccoll.patch.step() in the through-the-patch table")
     ap.add_argument("--fake-pg", type=int, default=1,
                     help="1: pass-through calls on torch's fake process group, torch vs patched (0: skip)")
     ap.add_argument("--fake-pg-calls", type=int, default=5000, help="calls per timed block on the fake group")
@@ -645,8 +660,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
     bad = [op for op in args.ops if op not in OPS]
-    if bad or args.calls < 1 or args.rounds < 1 or args.sim_calls < 1 or args.sim_rounds < 1:
-        ap.error(f"ops must be among {', '.join(OPS)}; calls and rounds at least 1")
+    if bad or min(args.calls, args.rounds, args.sim_calls, args.sim_rounds, args.calls_per_step) < 1:
+        ap.error(f"ops must be among {', '.join(OPS)}; calls, rounds and calls per step at least 1")
     return args
 
 
@@ -681,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.patched:
         doc["patched"] = run_patched(args)
         print(f"# through the patch, in process: torch.distributed calls compressed by the policy (dp: the codec, "
-              f"error feedback on; one ccoll.patch.step() per call) over the stand-in transport, codec arithmetic "
+              f"error feedback on; one ccoll.patch.step() per {args.calls_per_step} calls) over the stand-in transport, codec arithmetic "
               f"removed; {args.rounds} rounds x {args.calls} calls, median thread CPU per call, microseconds; "
               f"path_over = over the stand-in's own native call; direct_over = ccoll.{{op}} called directly; "
               f"patch = the patch's share (path less direct); load average {os.getloadavg()[0]:.2f}")

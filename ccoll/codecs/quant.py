@@ -52,6 +52,8 @@ ties to even) and ``seed=S`` (0 <= S < 2^32, default 0, used by stochastic round
 """
 from __future__ import annotations
 
+import functools
+
 import os
 import sys
 from typing import ClassVar
@@ -178,8 +180,10 @@ class BlockQuantCodec(QuantTorchBackend, QuantKernelBackend, Codec):
         return state
 
     # --- declared properties (base.Codec): determinism and the documented error bound ---------------
-    @property
+    @functools.cached_property
     def deterministic(self) -> bool:
+        """Kept after the first read (a dict read, no frame): every compressed call asks it twice, and the
+        rounding mode is fixed at construction."""
         return not self.stochastic
 
     def _step_fraction(self) -> float:

@@ -238,18 +238,26 @@ class Run:
         current, then the done event, then the stream current at completion (the caller's) waits for
         it, then stats. ``works``: what a handle waits for before ``body`` (sync calls wait for them
         first too); ``wire`` may be a callable when the bytes are only known at completion."""
-        def then() -> None:
-            side = self.stream
-            if side is streams.NULL:  # no device streams (CPU): nothing to order
-                body()
-            else:
-                with side.on_side():
-                    body()
-                    side.finish()
-                side.join()
-            self.record(name or codec.spec, raw, wire() if callable(wire) else wire)
+        if not async_op:  # finish()'s sync branch, inline: no closure and two frames less per sync call
+            for w in works:
+                if w is not None:
+                    w.wait()
+            self._complete(body, codec, raw, wire, name)
+            return None
+        return finish(True, works, lambda: self._complete(body, codec, raw, wire, name), outputs, self.stream.join)
 
-        return finish(async_op, works, then, outputs, self.stream.join)
+    def _complete(self, body: Callable[[], None], codec: Codec, raw: int, wire: "int | Callable[[], int]",
+                  name: str | None) -> None:
+        """:meth:`compressed`'s completion, once its exchanges are done."""
+        side = self.stream
+        if side is streams.NULL:  # no device streams (CPU): nothing to order
+            body()
+        else:
+            with side.on_side():
+                body()
+                side.finish()
+            side.join()
+        self.record(name or codec.spec, raw, wire() if callable(wire) else wire)
 
 
 __all__ = ["REDUCING_OPS", "Run", "as_codec", "check_tensor", "contig", "copy_back", "decide", "feedback_buffer",

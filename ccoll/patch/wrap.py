@@ -289,11 +289,6 @@ def _transport(comm: Any) -> Any:
     return for_group(comm)
 
 
-def _hier(rule: Any) -> dict:
-    """``hierarchy=`` for the three collectives that have a hierarchical form, only when the rule sets it."""
-    return {} if rule.hierarchy is None else {"hierarchy": rule.hierarchy}
-
-
 def _mpi_op(op: Any) -> str | None:
     """The MPI transport's name for a torch reduce op, or None (e.g. bitwise ops: kept on torch, which
     every rank decides alike since they all pass the same op)."""
@@ -306,8 +301,9 @@ def _mpi_op(op: Any) -> str | None:
 
 
 def _all_reduce(c: Compressed, tensor, op, group, async_op):
-    return _coll.all_reduce(tensor, op=c.red, group=c.group, codec=c.codec, async_op=async_op,
-                            error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+    rule = c.rule
+    return _coll.all_reduce(tensor, c.red, c.group, c.codec, async_op, error_feedback=c.ef, key=c.key,
+                            min_bytes=rule.min_bytes, salt=c.salt, hierarchy=rule.hierarchy)
 
 
 def _all_reduce_mpi(comm, tensor, op, group, async_op):
@@ -320,8 +316,9 @@ def _all_gather(c: Compressed, output_tensor, input_tensor, group, async_op):
         return c.st.wdelta.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
                                                   async_op=async_op, key=c.key, step=c.st.steps,
                                                   refresh_steps=c.rule.weight_delta, min_bytes=c.rule.min_bytes, salt=c.salt)
-    return _coll.all_gather_into_tensor(output_tensor, input_tensor, group=c.group, codec=c.codec,
-                                        async_op=async_op, min_bytes=c.rule.min_bytes, salt=c.salt, **_hier(c.rule))
+    rule = c.rule
+    return _coll.all_gather_into_tensor(output_tensor, input_tensor, c.group, c.codec, async_op,
+                                        min_bytes=rule.min_bytes, salt=c.salt, hierarchy=rule.hierarchy)
 
 
 def _all_gather_outputs(output_tensor, input_tensor, group, async_op):
@@ -334,9 +331,9 @@ def _all_gather_mpi(comm, output_tensor, input_tensor, group, async_op):
 
 
 def _reduce_scatter(c: Compressed, output, input, op, group, async_op):
-    return _coll.reduce_scatter_tensor(output, input, op=c.red, group=c.group, codec=c.codec,
-                                       async_op=async_op, error_feedback=c.ef, key=c.key, min_bytes=c.rule.min_bytes,
-                                       salt=c.salt, **_hier(c.rule))
+    rule = c.rule
+    return _coll.reduce_scatter_tensor(output, input, c.red, c.group, c.codec, async_op, error_feedback=c.ef,
+                                       key=c.key, min_bytes=rule.min_bytes, salt=c.salt, hierarchy=rule.hierarchy)
 
 
 def _reduce_scatter_mpi(comm, output, input, op, group, async_op):

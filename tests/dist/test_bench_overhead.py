@@ -15,7 +15,8 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     out = tmp_path / "o.json"
     r = subprocess.run([sys.executable, "-m", "ccoll.bench.overhead", "--sizes", "4K,8K", "--codecs", "bf16",
                         "--calls", "2", "--rounds", "2", "--sim", "2,4", "--sim-sizes", "4K", "--sim-calls", "1",
-                        "--sim-rounds", "2", "--sim-max-bytes", str(40 * 1024), "--fake-pg-calls", "5", "--json", str(out)],
+                        "--sim-rounds", "2", "--sim-max-bytes", str(40 * 1024), "--fake-pg-calls", "5", "--calls-per-step", "3",
+                        "--json", str(out)],
                        cwd=REPO, env=dict(os.environ, PYTHONWARNINGS="ignore"), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
@@ -29,7 +30,8 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     assert set(patched) == {(op, n, "bf16") for op in ("all_reduce", "all_gather_into_tensor") for n in (4096, 8192)}
     for x in res["patched"]:
         assert x["world"] == "patched p=2" and x["path_us"] > 0 and x["floor_us"] > 0 and x["native_us"] > 0
-    assert "# through the patch, in process" in r.stdout
+    assert "# through the patch, in process" in r.stdout and "one ccoll.patch.step() per 3 calls" in r.stdout
+    assert res["args"]["calls_per_step"] == 3
     assert [x["op"] for x in res["fake_pg"]] == ["all_reduce", "all_gather_into_tensor", "broadcast", "send", "recv",
                                                  "isend+wait"]
     assert all(x["torch_us"] > 0 and x["patched_us"] > 0 and x["wrapper_only_us"] > 0 for x in res["fake_pg"])
@@ -53,6 +55,17 @@ def test_given_tiny_run_when_measuring_overhead_expect_every_row_and_consistent_
     assert res["skipped"] == ["all_gather_into_tensor 4KiB at p=4 (64KiB of outputs)"]
     assert "# skipped: all_gather_into_tensor 4KiB at p=4" in r.stdout
     assert len(res["load_average"]) == 2
+
+
+def test_given_calls_per_step_below_one_expect_usage_error():
+    import pytest
+
+    from ccoll.bench.overhead import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--calls-per-step", "0"])
+    assert e.value.code == 2
+    assert parse_args([]).calls_per_step == 8
 
 
 def test_given_arithmetic_removed_expect_hooks_skipped_within_and_every_class_restored_after():

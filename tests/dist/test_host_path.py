@@ -126,8 +126,10 @@ def test_given_small_compressed_call_through_patch_when_counted_expect_within_bu
     assert frames["callctx.py:stable_salt"] == 0 and frames["transports/handle.py:__init__"] == 0, frames
     assert frames["feedback.py:_signature"] == 0, frames  # the residual's layout is memoised
     # torch ops of ccoll's own (the stand-in's exchange adds one view pair, an expand and a copy): the two
-    # payload buffers and their flat views; no detach of tensors without autograd history
+    # payload buffers, no view of them (transports take the [rows, nbytes] buffers as they are) and no detach
+    # of tensors without autograd history
     assert ops["aten.empty.memory_format"] == 2 and ops["aten.detach.default"] == 0, ops
+    assert ops["aten.view.default"] == 2, ops
 
 
 def test_given_pass_through_call_on_fake_group_when_counted_expect_within_budget():

@@ -1,8 +1,8 @@
 """The patch under a v2 policy on real gloo ranks: size buckets pick the codec per call, and
 ``hierarchy: node`` reaches the three collectives that have a hierarchical form as ``hierarchy="node"``
-(and nothing is passed where the rule does not set it). The hierarchical algorithm itself is
-ccoll.hierarchy's (tested there); here a spy records the keyword and forwards the call to the real
-collective (without the keyword when this checkout's collective does not take it yet)."""
+(and no hierarchy -- absent or None -- where the rule does not set it). The hierarchical algorithm itself is
+ccoll.hierarchy's (tested there); here a spy records the argument, however it is passed, and forwards the
+call to the real collective."""
 from __future__ import annotations
 
 import inspect
@@ -33,12 +33,12 @@ def _job(rank: int, world: int):
 
     def spy(name):
         real = getattr(cc, name)
-        takes = "hierarchy" in inspect.signature(real).parameters
+        signature = inspect.signature(real)
 
         def f(*args, **kwargs):
-            seen.append((name, kwargs.get("hierarchy", "absent"), kwargs["codec"].spec))
-            if not takes:
-                kwargs.pop("hierarchy", None)
+            given = signature.bind(*args, **kwargs).arguments  # positional or keyword alike
+            hierarchy = given.get("hierarchy")
+            seen.append((name, "absent" if hierarchy is None else hierarchy, given["codec"].spec))
             return real(*args, **kwargs)
         return f
 
@@ -69,7 +69,7 @@ def _job(rank: int, world: int):
     return {"seen": seen, "errors": out, "codecs": sorted(codecs)}
 
 
-def test_given_v2_policy_when_patched_expect_bucket_codecs_and_hierarchy_keyword_only_where_set():
+def test_given_v2_policy_when_patched_expect_bucket_codecs_and_hierarchy_only_where_set():
     results = run_gloo(2, _job, timeout_s=150)
     for r in results:
         seen = [(name, h, spec.split(",")[0]) for name, h, spec in r["seen"]]
