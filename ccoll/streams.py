@@ -232,9 +232,15 @@ class _SideWork:
 _cuda_api = once(lambda: CudaApi())  # made on the first CUDA call: CPU-only runs never touch torch.cuda
 
 
+_CPU = torch.device("cpu")
+
+
 def _api_for(device: torch.device) -> Any:
     """The device API for ``device``: :class:`CudaApi` for CUDA tensors, None (no streams) otherwise.
-    Tests replace this to drive :class:`Call` with a recording fake on CPU."""
+    Tests replace this to drive :class:`Call` with a recording fake on CPU. (The CPU test first: comparing
+    devices is a C call, reading ``device.type`` builds a string, ~0.3 us of every call's host path.)"""
+    if device == _CPU:
+        return None
     return _cuda_api() if device.type == "cuda" else None
 
 

@@ -65,15 +65,16 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
     """One encode (residual key phase "whole"), one all-gather, one fused decode-and-sum of the p rows
     in fp32, rounded once into the caller's dtype."""
     t = plain(tensor)
-    p, n, dtype = tr.world_size, t.numel(), t.dtype
+    p, n, dtype, device = tr.world_size, t.numel(), t.dtype, t.device  # each read builds a Python object: once
     side = run.stream
     with side.on_side():
         side.keep(t)
-        payload = rows(1, c.payload_nbytes(n, dtype), t.device)
-        fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, t.device, c, side)
+        nbytes = c.payload_nbytes(n, dtype)
+        payload = rows(1, nbytes, device)
+        fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, device, c, side)
         flat = t if t.dim() == 1 and t.is_contiguous() else contig(flat_view(t))
         c.encode_rows(flat, payload, n, feedback=fb, salt=salts(salt, tr, c)(OWN, 0))
-        gathered = rows(p, payload.shape[1], t.device)
+        gathered = rows(p, nbytes, device)
         # one exchange and nothing to overlap it with: a sync call's is issued sync (done when it returns, the
         # side stream ordered after it, as torch's sync calls order the current stream), no request to wait for;
         # while phases are labelled, async and waited for, as the trace has always shown it
@@ -82,7 +83,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
 
     def body() -> None:
         out = flat if flat is t else output_flat(t)  # a 1-D contiguous tensor decodes into itself
-        acc = out if dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=t.device)
+        acc = out if dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=device)
         c.decode_sum(gathered, n, dtype, out=acc)
         if opn == "avg":
             acc.div_(p)
@@ -92,8 +93,7 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
             copy_back(t, out)
         del sending[:]
 
-    return run.compressed(async_op, [inner], body, c, n * t.element_size(), payload.numel(),
-                          [tensor])
+    return run.compressed(async_op, [inner], body, c, n * dtype.itemsize, nbytes, [tensor])
 
 
 __all__ = ["all_reduce", "one_exchange"]
