@@ -197,7 +197,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
     """Every input encoded once; every rank decodes all p payloads, its own too. Pipelined over spans
     of the input: span s's decode overlaps span s+1's all-gather."""
     out, inp = plain(output), plain(input)
-    p, m = tr.world_size, inp.numel()
+    p, m, dtype, device = tr.world_size, inp.numel(), inp.dtype, inp.device  # each read builds an object: once
     side = run.stream
     salt_of = salts(salt, tr, c)
     gathers = []  # (span start, span numel, gathered, payload, handle), issued, not yet decoded
@@ -208,11 +208,12 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
         # stream ordered after it, as torch's sync calls order the current stream), unless phases are labelled
         issue_async = async_op or len(pieces) > 1 or is_labelled(tr)
         for s, (a, span) in enumerate(pieces):
-            payload = rows(1, c.payload_nbytes(span, inp.dtype), inp.device)
+            nbytes = c.payload_nbytes(span, dtype)
+            payload = rows(1, nbytes, device)
             src = flat if len(pieces) == 1 else flat[a:a + span]  # one span is the whole input: no slice view
             c.encode_rows(src, payload, span, salt=salt_of(OWN, s))
-            gathered = rows(p, payload.shape[1], inp.device)
-            wire += payload.numel()
+            gathered = rows(p, nbytes, device)
+            wire += nbytes
             gathers.append((a, span, gathered, payload,
                             side.wrap(tr.all_gather(gathered, payload, issue_async))))
             if not async_op and len(gathers) > 1:
@@ -225,7 +226,7 @@ def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tens
             copy_back(out, obuf)
 
     works = [g[-1] for g in gathers] if async_op else []
-    return run.compressed(async_op, works, body, c, inp.numel() * inp.element_size(), wire, [output])
+    return run.compressed(async_op, works, body, c, m * dtype.itemsize, wire, [output])
 
 
 def _decode_span(c: Codec, gather, obuf: torch.Tensor, m: int) -> None:
