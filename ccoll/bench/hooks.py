@@ -1,9 +1,9 @@
 """ccoll's DDP hook against torch's own DDP comm hooks: the same model, seed and data, step time, wire
 ratio, held-out loss and the wall time to a target loss.
 
-    python -m ccoll.bench.hooks [--ranks 2] [--size-mb 20] [--bucket-mb 25] [--steps 30] [--target-step N]
-        [--max-steps M] [--rounds 2] [--hooks none,fp16,bf16,powersgd,batched_powersgd] [--powersgd-ranks 1,4]
-        [--batched-ranks 1] [--codecs int8:block=64 int4:block=64] [--policy hybrid]
+    python -m ccoll.bench.hooks [--ranks 2] [--size-mb 20] [--bucket-mb 25] [--ccoll-bucket-mb B] [--steps 30]
+        [--target-step N] [--max-steps M] [--rounds 2] [--hooks none,fp16,bf16,powersgd,batched_powersgd]
+        [--powersgd-ranks 1,4] [--batched-ranks 1] [--codecs int8:block=64 int4:block=64] [--policy hybrid]
         [--rate 100mbit [--delay 1ms]] [--json out.json] [--plot out.png]
 
 What runs: ``--ranks`` gloo ranks (on loopback by default, started by :func:`ccoll.launch.run_gloo`; with
@@ -21,6 +21,16 @@ model per variant with torch's ``DistributedDataParallel``:
   its default unless ``--min-bytes``) with :func:`ccoll.ddp.compress_hook`;
 - ``policy <name>`` per ``--policy``: no hook registered; the model is built and trained inside
   ``ccoll.patch.installed(policy)``, so ccoll attaches itself as under ``ccoll-run`` (zero code).
+
+DDP's ``bucket_cap_mb`` is ``--bucket-mb`` (default torch's 25: the 20 MiB model is one bucket) for every
+variant, except that ``--ccoll-bucket-mb`` (default: ``--bucket-mb``) sets it for the ccoll and policy variants
+alone. Why two: torch's PowerSGD hook on gloo aborts once the model has several buckets (torch 2.13,
+``--bucket-mb 6``, loopback and shaped links: ``gloo::EnforceNotMet`` "Received data size doesn't match
+expected size", a collective mismatch between the ranks), so the torch variants keep one bucket. ccoll's hook
+does host work per bucket (packing, error feedback, encoding) before its first byte is sent, and on two ranks
+a bucket of at most one segment (8 MiB, :mod:`ccoll.collectives.segments`) goes out in one exchange that does
+not hold up DDP's backward, so smaller buckets let that work and the wire overlap the backward and each other.
+The bucket sizes used are in the header and the JSON's meta.
 
 The model: an MLP (128 inputs, four hidden layers of width H, 128 classes) with H, a multiple of 64,
 chosen so its fp32 gradients come closest to ``--size-mb`` MiB; He-initialised, trained with SGD (momentum
@@ -136,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (default 2)")
     ap.add_argument("--size-mb", type=float, default=20.0, help="fp32 gradient MiB of the model (default 20)")
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (default torch's 25)")
+    ap.add_argument("--ccoll-bucket-mb", type=float, default=None,
+                    help="DDP bucket_cap_mb of the ccoll and policy variants only (default --bucket-mb)")
     ap.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     ap.add_argument("--target-step", type=int, default=None,
                     help="N: the target is none's held-out loss after step N (default 3/4 of --steps)")
@@ -167,8 +179,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.ranks < 2:
         _fail(f"--ranks must be at least 2, got {args.ranks}")
-    if not args.size_mb > 0 or not args.bucket_mb > 0:
-        _fail("--size-mb and --bucket-mb must be positive")
+    if args.ccoll_bucket_mb is None:
+        args.ccoll_bucket_mb = args.bucket_mb
+    if not args.size_mb > 0 or not args.bucket_mb > 0 or not args.ccoll_bucket_mb > 0:
+        _fail("--size-mb, --bucket-mb and --ccoll-bucket-mb must be positive")
     if args.steps < 1 or args.rounds < 1:
         _fail(f"--steps and --rounds must be at least 1, got {args.steps} and {args.rounds}")
     if args.target_step is None:
@@ -369,7 +383,8 @@ def _run_variant(v: Variant, cfg: dict, batches, heldout, target: float | None) 
         torch.manual_seed(cfg["seed"])
         model = build_model(cfg["hidden"])
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        ddp = DDP(model, bucket_cap_mb=cfg["bucket_mb"], init_sync=False)
+        bucket_mb = cfg["ccoll_bucket_mb"] if v.kind in ("ccoll", "policy") else cfg["bucket_mb"]
+        ddp = DDP(model, bucket_cap_mb=bucket_mb, init_sync=False)
         state = None
         if v.kind in ("fp16", "bf16"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -595,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
 
     vs = variants(args)
     h = hidden_width(args.size_mb)
-    cfg = {"ranks": args.ranks, "hidden": h, "bucket_mb": args.bucket_mb, "steps": args.steps,
+    cfg = {"ranks": args.ranks, "hidden": h, "bucket_mb": args.bucket_mb, "ccoll_bucket_mb": args.ccoll_bucket_mb,
+           "steps": args.steps,
            "max_steps": args.max_steps, "target_step": args.target_step, "rounds": args.rounds,
            "variants": [(v.kind, v.arg) for v in vs], "powersgd_start": args.powersgd_start,
            "min_bytes": args.min_bytes, "lr": args.lr, "seed": args.seed, "timeout": args.timeout}
@@ -619,13 +635,16 @@ def main(argv: list[str] | None = None) -> int:
     grad_bytes = runs[0]["grad_bytes"]
     meta = {"date": started.isoformat(timespec="seconds"), "ranks": args.ranks, "link": link,
             "hidden": h, "params": grad_bytes // 4, "grad_mib": grad_bytes / (1 << 20), "bucket_mb": args.bucket_mb,
+            "ccoll_bucket_mb": args.ccoll_bucket_mb,
             "steps": args.steps, "max_steps": args.max_steps, "target_step": args.target_step,
             "rounds": args.rounds, "lr": args.lr, "seed": args.seed,
             "powersgd_start": args.powersgd_start, "load_average_start": list(load0), "load_average_end": list(load1),
             "cpus": os.cpu_count(), "command": " ".join([PROG] + list(sys.argv[1:] if argv is None else argv))}
     doc = {"meta": meta, "target": target, "variants": rows, "runs": runs}
+    own = "" if args.ccoll_bucket_mb == args.bucket_mb else f" ({args.ccoll_bucket_mb:g} MB for ccoll and policies)"
     print(f"# {args.ranks} gloo ranks, {link}; MLP {IN_DIM}-{h}x{HIDDEN_LAYERS}-{CLASSES}, {grad_bytes // 4} params = "
-          f"{meta['grad_mib']:.1f} MiB fp32 gradients, DDP buckets {args.bucket_mb:g} MB; {args.steps} steps (up to "
+          f"{meta['grad_mib']:.1f} MiB fp32 gradients, DDP buckets {args.bucket_mb:g} MB{own}; {args.steps} steps "
+          f"(up to "
           f"{args.max_steps} to reach the target) x {args.rounds} interleaved rounds; target = none's held-out loss "
           f"at step {args.target_step} "
           f"({target['heldout_loss_per_round'][0]:.4f}); load average {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} "

@@ -118,6 +118,7 @@ def test_given_tiny_run_when_comparing_hooks_expect_table_json_exact_ratios_and_
     (["--codecs", "int9:block=64"], "int9"),
     (["--ranks", "1"], "--ranks"),
     (["--rate", "fast"], "fast"),
+    (["--ccoll-bucket-mb", "0"], "--ccoll-bucket-mb"),
     (["--bogus"], "--bogus"),
 ])
 def test_given_bad_argument_when_parsing_expect_one_line_and_exit_2(args, says, capsys):
@@ -133,3 +134,37 @@ def test_given_bad_argument_when_parsing_expect_one_line_and_exit_2(args, says, 
 def test_given_bad_argument_when_run_as_a_program_expect_exit_2():
     r = _hooks("--steps", "0", timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
+
+
+def test_given_ccoll_bucket_mb_when_parsing_expect_it_for_ccoll_only_defaulting_to_bucket_mb():
+    from ccoll.bench.hooks import parse_args
+
+    a = parse_args([])
+    assert (a.bucket_mb, a.ccoll_bucket_mb) == (25.0, 25.0)
+    a = parse_args(["--bucket-mb", "10"])
+    assert (a.bucket_mb, a.ccoll_bucket_mb) == (10.0, 10.0)
+    a = parse_args(["--ccoll-bucket-mb", "6"])
+    assert (a.bucket_mb, a.ccoll_bucket_mb) == (25.0, 6.0)
+
+
+def test_given_ccoll_bucket_mb_when_running_expect_ccoll_runs_on_those_buckets_and_meta_says_so(tmp_path, monkeypatch):
+    """In process, DDP replaced by a recorder: the bucket_cap_mb each variant's DDP gets."""
+    import torch.nn.parallel
+
+    from ccoll.bench import hooks
+
+    seen = []
+
+    class Recorder(Exception):
+        pass
+
+    def fake_ddp(model, bucket_cap_mb=None, **kw):
+        seen.append(bucket_cap_mb)
+        raise Recorder
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", fake_ddp)
+    cfg = {"hidden": 64, "bucket_mb": 25.0, "ccoll_bucket_mb": 6.0, "seed": 1, "min_bytes": None, "powersgd_start": 2}
+    for v in (hooks.Variant("none"), hooks.Variant("powersgd", 1), hooks.Variant("ccoll", "int8:block=64")):
+        with pytest.raises(Recorder):
+            hooks._run_variant(v, cfg, [], None, None)
+    assert seen == [25.0, 25.0, 6.0]
