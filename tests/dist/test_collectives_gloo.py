@@ -15,17 +15,40 @@ _reports: dict[int, dict] = {}
 
 
 def _transport_checks(env: GlooEnv) -> None:
-    """Transport-level: the point-to-point all-to-all fallback moves the same bytes as the native one;
-    [p, nbytes] row buffers (what the collectives pass) move the same bytes as their 1-D form, in
-    all_to_all and in all_gather (a [1, nbytes] row or a 1-D input into rows); buffers that are not
-    contiguous uint8 are refused with a typed error."""
+    """Transport-level: the point-to-point exchanges (receives first: gloo's default from 1 MiB per peer, and
+    the all-to-all fallback) move the same bytes as torch's collectives, also with a user's own tag-0 message
+    in flight between the same ranks; [p, nbytes] row buffers (what the collectives pass) move the same bytes
+    as their 1-D form, in all_to_all and in all_gather (a [1, nbytes] row or a 1-D input into rows); buffers
+    that are not contiguous uint8 are refused with a typed error."""
+    import torch.distributed as dist
+
     from ccoll.errors import TransportError
     from ccoll.transports import for_group
-    from ccoll.transports.torch_dist import TorchTransport
+    from ccoll.transports.torch_dist import P2P_MIN_NBYTES, TorchTransport
 
     p, r = env.world, env.rank
-    native, p2p = for_group(None), TorchTransport(None, all_to_all_impl="p2p")
-    assert native is for_group(None) and native.world_size == p and native.rank == r
+    auto = for_group(None)
+    native, p2p = TorchTransport(None, exchange_impl="native"), TorchTransport(None, exchange_impl="p2p")
+    assert auto is for_group(None) and auto.world_size == p and auto.rank == r
+    assert (auto.exchange_impl, auto.p2p_min_nbytes, p2p.p2p_min_nbytes) == ("p2p", P2P_MIN_NBYTES, 0)
+    # the default's large exchanges (point to point) against torch's collectives, with a user's tag-0
+    # message to the next rank posted before them and completed after
+    big = torch.arange(p * P2P_MIN_NBYTES, dtype=torch.int64).to(torch.uint8).view(p, -1) + r
+    got, want = torch.empty_like(big), torch.empty_like(big)
+    peer_to, peer_from = (r + 1) % p, (r - 1) % p
+    user_in, user_out = torch.empty(3, dtype=torch.uint8), torch.full((3,), 100 + r, dtype=torch.uint8)
+    user_recv = dist.irecv(user_in, peer_from, tag=0)
+    auto.all_to_all(got, big)
+    native.all_to_all(want, big)
+    expect_equal(env, "all_to_all from 1 MiB per peer, point to point", got, want)
+    gathered, gathered_native = torch.empty_like(big), torch.empty_like(big)
+    auto.all_gather(gathered, big[r:r + 1])
+    native.all_gather(gathered_native, big[r:r + 1])
+    expect_equal(env, "all_gather from 1 MiB per peer, point to point", gathered, gathered_native)
+    dist.isend(user_out, peer_to, tag=0).wait()
+    user_recv.wait()
+    expect_equal(env, "a user's tag-0 message beside the exchanges", user_in,
+                 torch.full((3,), 100 + peer_from, dtype=torch.uint8))
     inp = torch.arange(p * 37, dtype=torch.uint8) + r
     a, b = torch.empty_like(inp), torch.empty_like(inp)
     native.all_to_all(a, inp)
