@@ -4,6 +4,8 @@ All checks live in collective_checks.py and run inside the ranks; these tests la
 compare figures across world sizes (error must not grow with p)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -31,6 +33,20 @@ def _transport_checks(env: GlooEnv) -> None:
     native, p2p = TorchTransport(None, exchange_impl="native"), TorchTransport(None, exchange_impl="p2p")
     assert auto is for_group(None) and auto.world_size == p and auto.rank == r
     assert (auto.exchange_impl, auto.p2p_min_nbytes, p2p.p2p_min_nbytes) == ("p2p", P2P_MIN_NBYTES, 0)
+    # CCOLL_EXCHANGE overrides "auto" (not an explicit choice); a value it does not know is a typed error
+    os.environ["CCOLL_EXCHANGE"] = "native"
+    try:
+        assert TorchTransport(None).exchange_impl == "native"
+        assert TorchTransport(None, exchange_impl="p2p").exchange_impl == "p2p"
+        os.environ["CCOLL_EXCHANGE"] = "fast"
+        try:
+            TorchTransport(None)
+        except TransportError as e:
+            assert "CCOLL_EXCHANGE" in str(e), e
+        else:
+            raise AssertionError("CCOLL_EXCHANGE=fast accepted")
+    finally:
+        del os.environ["CCOLL_EXCHANGE"]
     # the default's large exchanges (point to point) against torch's collectives, with a user's tag-0
     # message to the next rank posted before them and completed after
     big = torch.arange(p * P2P_MIN_NBYTES, dtype=torch.int64).to(torch.uint8).view(p, -1) + r
