@@ -75,11 +75,7 @@ class Transport:
         return self.native_all_to_all(output, input, None, None, async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() * self.world_size:
-            raise TransportError(
-                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
-            )
+        check_all_gather(output, input, self.world_size)
         return self.native_all_gather(output, input, async_op)
 
     def broadcast(self, buf: torch.Tensor, src: int, async_op: bool = False) -> Handle | None:
@@ -143,6 +139,13 @@ def check_bytes(*bufs: torch.Tensor) -> None:
             )
 
 
+def check_all_gather(output: torch.Tensor, input: torch.Tensor, p: int) -> None:
+    """An all_gather's buffers: bytes (:func:`check_bytes`), ``output`` holding ``p`` x ``input``'s."""
+    check_bytes(output, input)
+    if output.numel() != input.numel() * p:
+        raise TransportError(f"all_gather output must hold {p} x {input.numel()} bytes, got {output.numel()}")
+
+
 def check_all_to_all(output: torch.Tensor, input: torch.Tensor, p: int) -> None:
     """An all_to_all's buffers: bytes (:func:`check_bytes`) of equal sizes whose dim 0 splits into ``p``
     equal chunks (a 1-D buffer's bytes, a [p, nbytes] buffer's rows), the chunk each rank gets."""
@@ -154,4 +157,4 @@ def check_all_to_all(output: torch.Tensor, input: torch.Tensor, p: int) -> None:
         )
 
 
-__all__ = ["OPS", "Transport", "check_all_to_all", "check_bytes", "op_name"]
+__all__ = ["OPS", "Transport", "check_all_gather", "check_all_to_all", "check_bytes", "op_name"]

@@ -33,7 +33,7 @@ import torch
 from ..errors import TransportError
 from ..log import logger
 from ..once import once
-from .base import Transport, check_all_to_all, check_bytes
+from .base import Transport, check_all_gather, check_all_to_all, check_bytes
 from .handle import Handle
 
 # dtypes whose numpy view MPI reduces natively (mpi4py maps numpy float16 to MPI's 16-bit float)
@@ -228,11 +228,7 @@ class MPITransport(Transport):
         return self._run(lambda: self.comm.Alltoall(s, d), lambda: self.comm.Ialltoall(s, d), async_op, finish, (s, d))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        check_bytes(output, input)
-        if output.numel() != input.numel() * self.world_size:
-            raise TransportError(
-                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
-            )
+        check_all_gather(output, input, self.world_size)
         s = self._src(input)
         d, finish = self._dst(output)
         return self._run(lambda: self.comm.Allgather(s, d), lambda: self.comm.Iallgather(s, d), async_op, finish, (s, d))

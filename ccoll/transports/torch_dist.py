@@ -39,7 +39,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..errors import TransportError
 from ..log import warn_once
-from .base import Transport, check_all_to_all, check_bytes
+from .base import Transport, check_all_gather, check_all_to_all
 from .handle import Handle
 
 _REDUCE_OPS = {
@@ -104,16 +104,15 @@ class TorchTransport(Transport):
         (point to point, receives first, on any backend; the exact ``native_all_to_all`` goes point to point
         too: the tests force it so the fallback runs every time). Whatever the choice, a backend without
         ``all_to_all_single`` switches its all-to-alls to point to point at the first call that says so."""
+        if exchange_impl == "auto":
+            exchange_impl = os.environ.get("CCOLL_EXCHANGE", "auto")
         if exchange_impl not in ("auto", "native", "p2p"):
-            raise TransportError(f"exchange_impl must be auto, native or p2p, got {exchange_impl!r}")
+            raise TransportError(f"exchange_impl (or CCOLL_EXCHANGE) must be auto, native or p2p, got {exchange_impl!r}")
         self.group = default_group() if group is None else group
         self.is_world = self.group is c10d._get_default_group()
         self.rank = c10d.get_rank(self.group)  # -1 when this process is not a member
         self.world_size = c10d.get_world_size(self.group) if self.rank >= 0 else 0
         self.backend = str(c10d.get_backend(self.group)).lower() if self.rank >= 0 else "none"
-        exchange_impl = os.environ.get("CCOLL_EXCHANGE", exchange_impl) if exchange_impl == "auto" else exchange_impl
-        if exchange_impl not in ("auto", "native", "p2p"):
-            raise TransportError(f"CCOLL_EXCHANGE must be auto, native or p2p, got {exchange_impl!r}")
         self.exchange_impl = "p2p" if exchange_impl == "auto" and self.backend == "gloo" else exchange_impl
         # "auto" keeps torch's collectives for exchanges below P2P_MIN_NBYTES per peer, where the wire is not what
         # decides and two point-to-point calls cost more host time than one collective
@@ -147,21 +146,15 @@ class TorchTransport(Transport):
 
     # byte movement: the Transport defaults (checked buffers, native calls), but all_gather -------------
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
-        """The default's checks, then torch's all_gather in the form gloo takes: ``output`` cut along dim 0
-        into p pieces shaped as ``input`` (a [1, nbytes] payload row into [p, nbytes] rows as they are; a
-        1-D input into [p, nbytes] rows as its [1, nbytes] view, and back)."""
-        check_bytes(output, input)
-        if output.numel() != input.numel() * self.world_size:
-            raise TransportError(
-                f"all_gather output must hold {self.world_size} x {input.numel()} bytes, got {output.numel()}"
-            )
+        """The default's checks, then point to point (see the module docstring) or torch's all_gather in the
+        form gloo takes: ``output`` cut along dim 0 into p pieces shaped as ``input`` (a [1, nbytes] payload row
+        into [p, nbytes] rows as they are; buffers of unequal dimensions as [p, n] rows and a [1, n] row)."""
+        check_all_gather(output, input, self.world_size)
         if self.exchange_impl == "p2p" and input.numel() >= self.p2p_min_nbytes:
             rows = output.view(self.world_size, -1)
             return self._p2p(rows, [input.view(-1)] * self.world_size, async_op)
-        if input.dim() != output.dim():
-            input = input.view(1, -1) if output.dim() == 2 else input.reshape(-1)
-            if output.dim() > 2:
-                output = output.view(-1)
+        if input.dim() != output.dim():  # e.g. a 1-D payload into [p, nbytes] rows
+            output, input = output.view(self.world_size, -1), input.view(1, -1)
         return self.native_all_gather(output, input, async_op)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle | None:
