@@ -358,35 +358,40 @@ def _instant_group(p: int) -> Any:
     return Group()
 
 
+def _cases(args: argparse.Namespace, p: int):
+    """(op, numel, input, output) of every in-process table's case: each op of ``--ops`` the in-process
+    stand-in serves, at each ``--sizes`` (fp32 input; the output holds ``p`` inputs for all_gather)."""
+    import torch
+
+    for op in SIM_OPS:
+        if op in args.ops:
+            for size in args.sizes:
+                n = max(1, size // 4)
+                yield op, n, torch.randn(n), torch.empty(n * p)
+
+
 def run_in_process(args: argparse.Namespace) -> list[dict]:
     """all_reduce and all_gather_into_tensor over :func:`_instant_group` (p = ``--ranks``, at least 2):
     thread CPU time per call, interleaved rounds as on gloo."""
-    import torch
-
     from ..stats import time_codecs
 
     p = max(2, args.ranks)
     group = _instant_group(p)
     time_codecs(False)
     rows = []
-    for op in SIM_OPS:
-        if op not in args.ops:
-            continue
-        for size in args.sizes:
-            n = max(1, size // 4)
-            x, out = torch.randn(n), torch.empty(n * p)
-            variants = [(name, _call(op, 0, p, group, codec, x, out)) for name, codec in _variants(["none"] + [
-                c for c in args.codecs if c != "none"])]
-            for _, fn in variants:
-                for _ in range(max(2, args.calls // 10)):
-                    fn()
-            times: dict[str, list[Times]] = {name: [] for name, _ in variants}
-            for r in range(args.rounds):
-                for name, fn in _rotated(variants, r):
-                    times[name].append(_round(fn, _codec_of(name), args.calls, "overhead", time.thread_time,
-                                              [x, out]))
-            for s in _summary(times):
-                rows.append({"world": f"in-process p={p}", "op": op, "nbytes": n * 4, **s})
+    for op, n, x, out in _cases(args, p):
+        variants = [(name, _call(op, 0, p, group, codec, x, out)) for name, codec in _variants(["none"] + [
+            c for c in args.codecs if c != "none"])]
+        for _, fn in variants:
+            for _ in range(max(2, args.calls // 10)):
+                fn()
+        times: dict[str, list[Times]] = {name: [] for name, _ in variants}
+        for r in range(args.rounds):
+            for name, fn in _rotated(variants, r):
+                times[name].append(_round(fn, _codec_of(name), args.calls, "overhead", time.thread_time,
+                                          [x, out]))
+        for s in _summary(times):
+            rows.append({"world": f"in-process p={p}", "op": op, "nbytes": n * 4, **s})
     return rows
 
 
@@ -447,7 +452,6 @@ def run_patched(args: argparse.Namespace) -> list[dict]:
     rounds, thread CPU time per call: ``path_us`` (through the patch), ``path_over_us`` (over native: the
     stand-in transport's own call on the uncompressed tensor, no ccoll), ``direct_over_us`` (``ccoll.all_reduce`` called
     directly, over native) and ``patch_us`` (their difference: the patch's share)."""
-    import torch
     import torch.distributed as dist
 
     from .. import patch
@@ -458,60 +462,55 @@ def run_patched(args: argparse.Namespace) -> list[dict]:
     time_codecs(False)
     rows = []
     try:  # no process group: the group of every call is the stand-in, and the patch needs none to compress
-        for op in SIM_OPS:
-            if op not in args.ops:
-                continue
-            for size in args.sizes:
-                n = max(1, size // 4)
-                x, out = torch.randn(n), torch.empty(n * p)
-                x0 = x.clone()
-                calls, per_step = itertools.count(1), args.calls_per_step
-                if op == "all_reduce":
-                    def through_patch() -> None:
-                        x.copy_(x0)
-                        dist.all_reduce(x, group=group)
-                        if not next(calls) % per_step:
-                            patch.step()
-                else:
-                    def through_patch() -> None:
-                        dist.all_gather_into_tensor(out, x, group=group)
-                        if not next(calls) % per_step:
-                            patch.step()
-                tr = group.ccoll_transport
-                if op == "all_reduce":
-                    def native() -> None:  # the stand-in's own call: no ccoll at all
-                        x.copy_(x0)
-                        tr.native_all_reduce(x, "sum")
-                else:
-                    def native() -> None:
-                        tr.native_all_gather(out, x)
-                times: dict[str, list[tuple[float, float, float]]] = {c: [] for c in args.codecs}
-                base: list[float] = []
-                for r in range(args.rounds + 1):  # round 0: warm-up, not kept
-                    nat = _block(native, args.calls, "overhead", time.thread_time)[1]
-                    for spec in _rotated(list(args.codecs), r):
-                        direct = _call(op, 0, p, group, spec, x, out)
-                        floor = _floor(op, spec, tr, x, x0, out)
-                        with codec_arithmetic_removed(spec):
-                            f = _block(floor, args.calls, "overhead", time.thread_time)[1]
-                            d = _block(direct, args.calls, "overhead", time.thread_time)[1]
-                            _install_alone(_patched_policy(spec), lambda g, o: "dp", step_counter="manual")
-                            t = _block(through_patch, args.calls, "overhead", time.thread_time)[1]
-                        x.copy_(x0)
-                        if r:
-                            times[spec].append((t, d, f))
+        for op, n, x, out in _cases(args, p):
+            x0 = x.clone()
+            calls, per_step = itertools.count(1), args.calls_per_step
+            if op == "all_reduce":
+                def through_patch() -> None:
+                    x.copy_(x0)
+                    dist.all_reduce(x, group=group)
+                    if not next(calls) % per_step:
+                        patch.step()
+            else:
+                def through_patch() -> None:
+                    dist.all_gather_into_tensor(out, x, group=group)
+                    if not next(calls) % per_step:
+                        patch.step()
+            tr = group.ccoll_transport
+            if op == "all_reduce":
+                def native() -> None:  # the stand-in's own call: no ccoll at all
+                    x.copy_(x0)
+                    tr.native_all_reduce(x, "sum")
+            else:
+                def native() -> None:
+                    tr.native_all_gather(out, x)
+            times: dict[str, list[tuple[float, float, float]]] = {c: [] for c in args.codecs}
+            base: list[float] = []
+            for r in range(args.rounds + 1):  # round 0: warm-up, not kept
+                nat = _block(native, args.calls, "overhead", time.thread_time)[1]
+                for spec in _rotated(list(args.codecs), r):
+                    direct = _call(op, 0, p, group, spec, x, out)
+                    floor = _floor(op, spec, tr, x, x0, out)
+                    with codec_arithmetic_removed(spec):
+                        f = _block(floor, args.calls, "overhead", time.thread_time)[1]
+                        d = _block(direct, args.calls, "overhead", time.thread_time)[1]
+                        _install_alone(_patched_policy(spec), lambda g, o: "dp", step_counter="manual")
+                        t = _block(through_patch, args.calls, "overhead", time.thread_time)[1]
+                    x.copy_(x0)
                     if r:
-                        base.append(nat)
-                    patch.uninstall()
-                for spec, ts in times.items():
-                    rows.append({"world": f"patched p={p}", "op": op, "nbytes": n * 4, "codec": spec,
-                                 "native_us": statistics.median(base),
-                                 "path_us": statistics.median(t for t, _, _ in ts),
-                                 "path_over_us": statistics.median(t - b for (t, _, _), b in zip(ts, base)),
-                                 "direct_over_us": statistics.median(d - b for (_, d, _), b in zip(ts, base)),
-                                 "patch_us": statistics.median(t - d for t, d, _ in ts),
-                                 "floor_us": statistics.median(f for _, _, f in ts),
-                                 "ccoll_us": statistics.median(t - f for t, _, f in ts)})
+                        times[spec].append((t, d, f))
+                if r:
+                    base.append(nat)
+                patch.uninstall()
+            for spec, ts in times.items():
+                rows.append({"world": f"patched p={p}", "op": op, "nbytes": n * 4, "codec": spec,
+                             "native_us": statistics.median(base),
+                             "path_us": statistics.median(t for t, _, _ in ts),
+                             "path_over_us": statistics.median(t - b for (t, _, _), b in zip(ts, base)),
+                             "direct_over_us": statistics.median(d - b for (_, d, _), b in zip(ts, base)),
+                             "patch_us": statistics.median(t - d for t, d, _ in ts),
+                             "floor_us": statistics.median(f for _, _, f in ts),
+                             "ccoll_us": statistics.median(t - f for t, _, f in ts)})
     finally:
         patch.uninstall()
     return rows
