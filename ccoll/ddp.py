@@ -15,9 +15,11 @@ again. So each bucket is re-packed canonically: its parameters' gradients in the
 (``model=`` given) or of first sight, each padded to the codec's ``align_numel`` so no codec block
 straddles two parameters, and the whole padded to a multiple of ``world_size * align_numel`` so the
 collective's per-rank chunks (and its segments) start on block boundaries. Error-feedback residuals
-are stored per parameter and phase (``(name, "rs")``, ``(name, "ag")``, ``(name, "whole")``: the phases of
-the algorithm the router runs, as :func:`ccoll.collectives.all_reduce_residuals` plans them) and assembled into
-the packed layout for each call, and stochastic-rounding salts derive from (step, the bucket's parameter names):
+are kept per parameter and phase (``(name, "rs")``, ``(name, "ag")``, ``(name, "whole")``: the phases of
+the algorithm the router runs, as :func:`ccoll.collectives.all_reduce_residuals` plans them) as views of one
+packed residual tensor per bucket and phase, laid out once and kept with the bucket's packed gradient buffer
+from step to step (assembling and scattering them every step cost more than the codec on the CPU), and
+stochastic-rounding salts derive from (step, the bucket's parameter names):
 the same parameters give the same bytes whatever their order in DDP's bucket, so a run resumed from
 :meth:`CompressionState.state_dict` is bit-identical to an uninterrupted one. (If DDP's rebuild moves a
 parameter to a bucket with different companions, its blocks and residuals still belong to it alone,
@@ -77,6 +79,8 @@ class CompressionState:
         # backward passes completed (DDP calls the hook once per bucket per backward)
         self.iter = 0
         self._names: dict[int, str] = {}
+        # the packing of each bucket seen, by its parameters (id, numel) in DDP's order (:class:`_Bucket`)
+        self._buckets: dict[tuple, _Bucket] = {}
         if model is not None:
             module = getattr(model, "module", model)
             self._names = {id(p): name for name, p in module.named_parameters()}
@@ -108,35 +112,37 @@ class CompressionState:
 
 
 class _PackedFeedback(ErrorFeedback):
-    """The residual buffers one packed all_reduce asks for, assembled from per-parameter residuals.
+    """The residual buffers one bucket's packed all_reduce asks for: per phase one packed residual tensor,
+    each parameter's residual a view of its region.
 
     The slots come from the router (:func:`ccoll.collectives.all_reduce_residuals`): each is a (phase,
     segment) key of :func:`ccoll.feedback.residual_key` with its span of the packed tensor, by the algorithm
-    the call will run. Per phase one packed residual tensor is assembled here from the parameters' own
-    residuals; :meth:`buffer` hands out a slot's span of it, :meth:`store` scatters the packed tensors back.
-    Nothing here knows which algorithm runs or how it segments: a change of the router's rule or of an
-    algorithm's layout changes the slots, and the parameters' residuals follow."""
+    the call will run; :meth:`buffer` hands out a slot's span. The parameters' residuals move in once
+    (:meth:`ErrorFeedback.place`: a checkpoint's or another packing's values, or zeros) and stay views, so
+    the encode updates them in place and the state's checkpoint reads them. Nothing here knows which
+    algorithm runs or how it segments: a change of the router's rule or of an algorithm's layout changes
+    the slots, and the parameters' residuals follow."""
 
     def __init__(self, state: CompressionState, regions: list, total: int, dtype: torch.dtype, device: Any,
                  codec: Codec, slots: "list[collectives.ResidualSlot]"):
         super().__init__()
-        self._state, self._regions = state, regions
-        self._fb_dtype = codec.feedback_dtype(dtype)
+        fb_dtype = codec.feedback_dtype(dtype)
         self._slots = {(slot.phase, slot.segment): (slot.start, slot.numel) for slot in slots}
-        # a last segment's rows may run past the bucket (zero padding): those residuals stay zero
+        # a last segment's rows may run past the bucket (zero padding): those residuals are no parameter's,
+        # and restart from zero every call (:meth:`zero_tail`) as after a resume
         padded_total = max([total] + [start + numel for start, numel in self._slots.values()])
-        # packed here, on the caller's stream (the side stream that writes them must not be where they are
-        # allocated: they outlive its work)
-        # (every region is copied whole, so only the tail past the last region is zeroed: zeroing a fresh tensor
-        # of the bucket's size and then overwriting it cost ~3.7 ms per 20 MiB phase on the CPU)
+        self._end = regions[-1][1] + regions[-1][3] if regions else 0
         self._packed: dict[str, torch.Tensor] = {}
-        end = regions[-1][1] + regions[-1][3] if regions else 0
         for phase in dict.fromkeys(slot.phase for slot in slots):
-            packed = torch.empty(padded_total, dtype=self._fb_dtype, device=device)
+            packed = torch.empty(padded_total, dtype=fb_dtype, device=device)
             for name, off, _, padded in regions:
-                packed[off:off + padded].copy_(state.feedback.buffer((name, phase), padded, dtype, device, codec))
-            packed[end:].zero_()
+                state.feedback.place((name, phase), packed[off:off + padded], dtype, codec)
             self._packed[phase] = packed
+        self.zero_tail()
+
+    def zero_tail(self) -> None:
+        for packed in self._packed.values():
+            packed[self._end:].zero_()
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype, device: Any, codec: Codec) -> torch.Tensor:
         try:
@@ -152,10 +158,51 @@ class _PackedFeedback(ErrorFeedback):
             raise PolicyError(f"ccoll.ddp: the collective asked for {numel} residuals at {key!r}, expected {expected}")
         return self._packed[phase][start:start + numel]
 
-    def store(self) -> None:
-        for phase, packed in self._packed.items():
-            for name, off, _, padded in self._regions:
-                self._state.feedback.residual((name, phase)).copy_(packed[off:off + padded])
+
+class _Bucket:
+    """One DDP bucket's canonical packing (module docstring), kept from step to step: the regions, the
+    packed gradient buffer and the packed residuals. DDP hands the same buckets every step once it has
+    rebuilt them after step 0, so the layout is computed, and its buffers allocated, once per bucket
+    rather than once per call."""
+
+    def __init__(self, state: CompressionState, bucket, buf: torch.Tensor, world: int, group: Any, c: Codec):
+        params = bucket.parameters()
+        names = [state.name_of(p) for p in params]
+        align = c.align_numel
+        self.order = sorted(range(len(names)), key=names.__getitem__)
+        self.regions, off = [], 0
+        for i in self.order:
+            n = params[i].numel()
+            padded = -(-n // align) * align
+            self.regions.append((names[i], off, n, padded))
+            off += padded
+        self.end = off
+        total = -(-off // (world * align)) * (world * align)
+        self.packed = torch.empty(total, dtype=buf.dtype, device=buf.device)
+        self.key = ("ddp",) + tuple(r[0] for r in self.regions)
+        self.dtype, self.device = buf.dtype, buf.device
+        self.generation = state.feedback.generation
+        self.feedback = None
+        if state.error_feedback:
+            slots = collectives.all_reduce_residuals(total, buf.dtype, group, c)
+            self.feedback = _PackedFeedback(state, self.regions, total, buf.dtype, buf.device, c, slots)
+
+    def pack(self, grads: list) -> torch.Tensor:
+        """The gradients copied into the kept buffer, and only its padding zeroed (each region's alignment
+        tail, the buffer's tail): the last call's averages are still there."""
+        packed = self.packed
+        for i, (_, start, n, padded) in zip(self.order, self.regions):
+            packed[start:start + n].copy_(grads[i].reshape(-1))
+            if padded > n:
+                packed[start + n:start + padded].zero_()
+        packed[self.end:].zero_()
+        if self.feedback is not None:
+            self.feedback.zero_tail()
+        return packed
+
+    def unpack(self, grads: list) -> None:
+        for i, (_, start, n, _) in zip(self.order, self.regions):
+            grads[i].view(-1).copy_(self.packed[start:start + n])  # views of the bucket's buffer
 
 
 def compress_hook(state: CompressionState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
@@ -188,38 +235,24 @@ compress_hook.__annotations__.update(state=CompressionState, bucket=dist.GradBuc
 
 def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, world: int, c: Codec):
     grads = bucket.gradients()
-    names = [state.name_of(p) for p in bucket.parameters()]
-    align = c.align_numel
-    regions, order, off = [], sorted(range(len(names)), key=names.__getitem__), 0
-    for i in order:
-        n = grads[i].numel()
-        padded = -(-n // align) * align
-        regions.append((names[i], off, n, padded))
-        off += padded
-    total = -(-off // (world * align)) * (world * align)
-    # every gradient copied in, then only the padding zeroed (each region's alignment tail, the tensor's tail):
-    # a fresh zeroed tensor of the bucket's size cost ~3.7 ms per 20 MiB on the CPU before being overwritten
-    packed = torch.empty(total, dtype=buf.dtype, device=buf.device)
-    for i, (_, start, n, padded) in zip(order, regions):
-        packed[start:start + n].copy_(grads[i].reshape(-1))
-        if padded > n:
-            packed[start + n:start + padded].zero_()
-    packed[off:].zero_()
-    key = ("ddp",) + tuple(r[0] for r in regions)
-    ef = None
-    if state.error_feedback:
-        slots = collectives.all_reduce_residuals(total, buf.dtype, group, c)
-        ef = _PackedFeedback(state, regions, total, buf.dtype, buf.device, c, slots)
-    fn = collectives.all_reduce
-    handle = fn(packed, op="avg", group=group, codec=c, async_op=True, error_feedback=ef, key=key, min_bytes=0,
-                salt=stable_salt(state.iter, key))
+    ident = tuple((id(p), p.numel()) for p in bucket.parameters())
+    layout = state._buckets.get(ident)
+    if (layout is None or layout.generation != state.feedback.generation or layout.dtype != buf.dtype
+            or layout.device != buf.device):
+        # a new or changed bucket (DDP's rebuild after step 0, a loaded checkpoint): its parameters' residuals
+        # move into the new layout, so a kept layout that shares a parameter with it is stale
+        mine = {i for i, _ in ident}
+        for other in [k for k in state._buckets if any(i in mine for i, _ in k)]:
+            del state._buckets[other]
+        layout = state._buckets[ident] = _Bucket(state, bucket, buf, world, group, c)
+    packed = layout.pack(grads)
+    handle = collectives.all_reduce(packed, op="avg", group=group, codec=c, async_op=True,
+                                    error_feedback=layout.feedback, key=layout.key, min_bytes=0,
+                                    salt=stable_salt(state.iter, layout.key))
 
     def unpack(fut: torch.futures.Future) -> torch.Tensor:
         fut.value()
-        for i, (_, start, n, _) in zip(order, regions):
-            grads[i].view(-1).copy_(packed[start:start + n])  # views of the bucket's buffer
-        if ef is not None:
-            ef.store()
+        layout.unpack(grads)
         return buf
 
     return handle.get_future().then(unpack)

@@ -63,6 +63,9 @@ class ErrorFeedback:
         # key -> (signature the residual was made for, residual)
         self._residuals: dict[Hashable, tuple[tuple, torch.Tensor]] = {}
         self._lock = threading.Lock()
+        #: bumped whenever residuals are dropped or replaced wholesale (:meth:`reset`, :meth:`load_state_dict`):
+        #: a caller that keeps views placed by :meth:`place` re-places them when it changes
+        self.generation = 0
 
     @staticmethod
     def _signature(numel: int, dtype: torch.dtype, device: torch.device, codec: Codec) -> tuple:
@@ -91,6 +94,22 @@ class ErrorFeedback:
             self._residuals[key] = (signature, buf)
             return buf
 
+    def place(self, key: Hashable, out: torch.Tensor, dtype: torch.dtype, codec: Codec) -> None:
+        """Keep ``key``'s residual in ``out`` from now on: ``out`` (``codec.feedback_dtype(dtype)``, 1-D,
+        the caller's, typically one piece of a larger buffer) receives the stored residual, or zeros when
+        none was made for its numel, dtype, device and codec. Why: a caller that lays many residuals out
+        in one buffer (``ccoll.ddp``: one per parameter of a packed bucket) hands that buffer to one
+        encode, with no assembly before the call and no scatter after it, while each residual keeps its
+        own key for checkpoints."""
+        signature = self._signature(out.numel(), dtype, out.device, codec)
+        with self._lock:
+            entry = self._residuals.get(key)
+            if entry is not None and entry[0] == signature:
+                out.copy_(entry[1])
+            else:
+                out.zero_()
+            self._residuals[key] = (signature, out)
+
     def residual(self, key: Hashable) -> torch.Tensor | None:
         """The current residual for ``key`` (1-D), or None."""
         with self._lock:
@@ -101,6 +120,7 @@ class ErrorFeedback:
         """Forget one logical tensor's residuals (every derived key whose first element is ``key``),
         or all of them."""
         with self._lock:
+            self.generation += 1
             if key is None:
                 self._residuals.clear()
                 return
@@ -120,6 +140,7 @@ class ErrorFeedback:
             residuals[tuplify(k)] = (tuple(sig), t.to(torch.device(sig[2])).contiguous())
         with self._lock:
             self._residuals = residuals
+            self.generation += 1
 
     def keys(self) -> list:
         with self._lock:

@@ -136,6 +136,29 @@ def test_error_feedback_given_reset_of_logical_key_expect_all_derived_keys_dropp
     assert len(ef) == 0
 
 
+def test_error_feedback_given_placed_view_expect_stored_values_moved_in_and_view_kept_until_reset():
+    """place(): a caller's view becomes the key's residual (the stored values copied in when made for the
+    same numel, dtype, device and codec; zeros otherwise), so an encode into the caller's buffer is the
+    key's residual and its checkpoint; reset and load_state_dict bump the generation callers re-place on."""
+    codec = ccoll.get_codec("int8:block=64")
+    ef = ccoll.ErrorFeedback()
+    ef.buffer("a", 64, torch.float32, "cpu", codec).fill_(0.5)
+    ef.buffer("b", 32, torch.float32, "cpu", codec).fill_(0.25)  # another numel: not moved
+    packed = torch.full((192,), 9.0)
+    ef.place("a", packed[:64], torch.float32, codec)
+    ef.place("b", packed[64:128], torch.float32, codec)
+    assert torch.equal(packed[:64], torch.full((64,), 0.5)) and not packed[64:128].any()
+    assert torch.equal(packed[128:], torch.full((64,), 9.0))
+    packed[:64].add_(1)
+    assert ef.residual("a").data_ptr() == packed.data_ptr() and torch.equal(ef.residual("a"), torch.full((64,), 1.5))
+    assert torch.equal(dict((k, t) for k, _, t in ef.state_dict()["residuals"])["a"], torch.full((64,), 1.5))
+    generation = ef.generation
+    ef.load_state_dict(ef.state_dict())
+    assert ef.generation == generation + 1 and ef.residual("a").data_ptr() != packed.data_ptr()
+    ef.reset("a")
+    assert ef.generation == generation + 2 and ef.keys() == ["b"]
+
+
 def test_stats_given_lazily_timed_calls_expect_seconds_read_only_when_the_table_is():
     """CUDA calls record event-timed seconds (ccoll.streams.LazySeconds); recording must never wait
     for them: only completed ones are folded in on the hot path, the rest when stats are read."""

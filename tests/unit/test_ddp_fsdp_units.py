@@ -56,8 +56,9 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     """World of 2, rank 1. One segment: the one-exchange all_reduce's "whole" residual is the packed
     buffer. With a small SEGMENT_BYTES the collective segments the buffer (flat's algorithm): rows of
     the reduce-scatter map to consecutive chunks of the packed layout, the all-gather residual to this
-    rank's chunk, following the segments; store() writes them back per parameter. The slots are the router's
-    (``collectives.residual_slots``), as ccoll.ddp gets them."""
+    rank's chunk, following the segments. Each parameter's residual moves in once (its stored values kept)
+    and is a view from then on, so what the encode writes is the parameter's residual with no write-back.
+    The slots are the router's (``collectives.residual_slots``), as ccoll.ddp gets them."""
     if segment_bytes is not None:
         monkeypatch.setattr(segmenting, "SEGMENT_BYTES", segment_bytes)
     codec = get_codec("int8:block=64")
@@ -77,7 +78,6 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
         whole = ef.buffer(("k", "whole"), total, torch.float32, "cpu", codec)
         assert whole.data_ptr() == ef._packed["whole"].data_ptr() and set(ef._packed) == {"whole"}
         whole.add_(1)
-        ef.store()
         assert torch.equal(st.feedback.residual(("a", "whole")), torch.ones(sizes["a"]))
         with pytest.raises(PolicyError, match="unexpected"):
             ef.buffer(("k", "rs"), 2 * total, torch.float32, "cpu", codec)
@@ -94,7 +94,7 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
         ag.fill_(7)
         assert ag.data_ptr() == ef._packed["ag"][lo + chunk:].data_ptr()  # rank 1 owns the second chunk
     assert seen == total
-    ef.store()
+    assert st.feedback.residual(("b", "rs")).data_ptr() == ef._packed["rs"][sizes["a"]:].data_ptr()
     assert torch.equal(st.feedback.residual(("a", "rs")), torch.arange(sizes["a"]) + 1.0)
     assert torch.equal(st.feedback.residual(("b", "rs")), torch.arange(sizes["b"]) + 1001.0)
     with pytest.raises(PolicyError, match="expected"):
