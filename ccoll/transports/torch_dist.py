@@ -24,11 +24,13 @@ ranks over shaped links (``ccoll.bench.netem``), back-to-back exchanges, ms each
 4 MiB per peer at 1 Gbit/s all_gather 49.0 / 35.5, all_to_all 63.7 / 34.9 (the wire: 33.5); 1 MiB at 100 Mbit/s
 125.5 / 90.6 and 156.5 / 89.1 (the wire: 84); at 256 KiB the two tie at 1 Gbit/s and receives first wins at
 100 Mbit/s (22.3 against 24.0 / 33.8); at 64 KiB and 1 Gbit/s torch's collectives win (0.61 / 0.96), hence the
-threshold. The exchanges carry tags of their own (a range no user tag reaches, one per
+threshold. An async exchange is posted on one ccoll thread (:class:`_Posted`: posting can block the poster
+for the copy into the socket), so the caller's codec work overlaps it. The exchanges carry tags of their own (a range no user tag reaches, one per
 exchange, counted alike on every rank), so they never match a user's send/recv on the same group.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 import threading
@@ -238,14 +240,63 @@ class TorchTransport(Transport):
         tag = _TAG_BASE + next(self._tags) % _TAG_SPAN
         peers = [(i, self.global_rank(i)) for i in range(self.world_size) if i != me]
         isend, irecv = _original("isend"), _original("irecv")
-        works = [irecv(recv[i], g, group=self.group, tag=tag) for i, g in peers]
-        works += [isend(send[i], g, group=self.group, tag=tag) for i, g in peers]
+
+        def post() -> list:
+            works = [irecv(recv[i], g, group=self.group, tag=tag) for i, g in peers]
+            return works + [isend(send[i], g, group=self.group, tag=tag) for i, g in peers]
+
         recv[me].copy_(send[me])
-        handle = Handle(works)
-        if async_op:
-            return handle
-        handle.wait()
-        return None
+        if not async_op:
+            Handle(post()).wait()
+            return None
+        return Handle([_Posted(_poster().submit(post))])
+
+
+class _Posted:
+    """An async exchange's receives and sends, posted on ccoll's posting thread (:func:`_poster`). Posting a
+    gloo receive or send can block: a send to a ready peer writes the buffer into the socket on the posting
+    thread, and either waits while gloo's own thread holds the link's lock to move an earlier message. Posted by
+    the caller, an exchange of 448 KiB per peer on loopback blocked it for 0.4-1.0 ms, and the codec work of the
+    next pipeline segment waited instead of overlapping the transfer (``python -m ccoll.bench.hooks``' loopback
+    int4 step: 69-70 ms, against 65-66 ms with torch's collectives, which gloo posts on its own thread). One
+    thread posts every exchange in program order, receives first; the requests come back through its future.
+    Shaped like a Work (:class:`Handle` waits for it)."""
+
+    __slots__ = ("_posted",)
+
+    def __init__(self, posted: "concurrent.futures.Future") -> None:
+        self._posted = posted
+
+    def wait(self) -> bool:
+        for w in self._posted.result():
+            w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._posted.done() and all(w.is_completed() for w in self._posted.result())
+
+
+_poster_pool: "concurrent.futures.ThreadPoolExecutor | None" = None
+_poster_lock = threading.Lock()
+
+
+def _poster() -> "concurrent.futures.ThreadPoolExecutor":
+    """The one thread that posts async point-to-point exchanges (:class:`_Posted`), made on first use."""
+    global _poster_pool
+    if _poster_pool is None:
+        with _poster_lock:
+            if _poster_pool is None:
+                _poster_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ccoll-p2p")
+    return _poster_pool
+
+
+def _forget_poster() -> None:
+    """A forked child has the pool but not its thread (a submit there would never run): it makes its own."""
+    global _poster_pool
+    _poster_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_poster)
 
 
 #: bytes per peer from which "auto" sends gloo exchanges point to point (below: torch's collective; see the module

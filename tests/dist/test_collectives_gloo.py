@@ -73,6 +73,19 @@ def _transport_checks(env: GlooEnv) -> None:
     expect_equal(env, "all_to_all bytes", a.view(p, 37)[:, 0], torch.tensor([k + 37 * r for k in range(p)], dtype=torch.uint8))
     p2p.all_to_all(b, inp, async_op=True).wait()
     expect_equal(env, "p2p all_to_all async", b, a)
+    # async exchanges are posted on ccoll's posting thread, in program order: several in flight at once, of
+    # both kinds, waited for in reverse, move the bytes torch's collectives move
+    outs = [(torch.empty_like(big), torch.empty_like(big)) for _ in range(3)]
+    handles = []
+    for k, (o_a2a, o_ag) in enumerate(outs):
+        handles.append(auto.all_to_all(o_a2a, big + k, async_op=True))
+        handles.append(auto.all_gather(o_ag, big[r:r + 1] + k, async_op=True))
+    for h in reversed(handles):
+        h.wait()
+        assert h.is_completed()
+    for k, (o_a2a, o_ag) in enumerate(outs):
+        expect_equal(env, f"async point-to-point all_to_all {k} of 3 in flight", o_a2a, want + k)
+        expect_equal(env, f"async point-to-point all_gather {k} of 3 in flight", o_ag, gathered_native + k)
     rows2d = torch.empty(p, 37, dtype=torch.uint8)
     native.all_to_all(rows2d, inp.view(p, 37))
     expect_equal(env, "all_to_all of [p, n] rows", rows2d.view(-1), a)
