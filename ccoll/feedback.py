@@ -25,8 +25,8 @@ from .codecs import Codec
 
 
 #: phases of a collective that encode lossily: the p chunks a rank sends in a reduce-scatter, the
-#: reduced chunk it owns in the all-gather, the node's partial sum in a hierarchical exchange, the whole
-#: tensor of a one-exchange all_reduce (:mod:`ccoll.collectives.small`)
+#: reduced chunk it owns in the all-gather, the node's partial sum in a hierarchical exchange, a whole
+#: segment of a one-exchange all_reduce (:mod:`ccoll.collectives.small`)
 PHASES = ("rs", "ag", "node", "whole")
 
 

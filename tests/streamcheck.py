@@ -531,8 +531,8 @@ def algorithms() -> list[str]:
 
 
 def _variant(name: str, fn, args, kwargs) -> set[str]:
-    """Tags of one call: the world size class (``p=2`` / ``p>=3``) of its transport and, for the flat
-    pipelines, whether it ran several segments (``segments>1``)."""
+    """Tags of one call: the world size class (``p=2`` / ``p>=3``) of its transport and, for the flat and
+    one-exchange pipelines, whether it ran several segments (``segments>1``)."""
     import inspect
 
     from ccoll.collectives import segments as seg
@@ -548,7 +548,8 @@ def _variant(name: str, fn, args, kwargs) -> set[str]:
         tags.add("p=2" if p == 2 else "p>=3" if p > 2 else f"p={p}")
         c = bound.get("c")
         t = bound.get("tensor", bound.get("input"))
-        if c is not None and isinstance(t, torch.Tensor) and name.startswith("ccoll.collectives.flat:"):
+        if c is not None and isinstance(t, torch.Tensor) and name.startswith(("ccoll.collectives.flat:",
+                                                                             "ccoll.collectives.small:")):
             if name.endswith(":all_reduce"):
                 n = len(seg.segments(t.numel(), p, t.element_size(), c.align_numel))
             elif name.endswith((":reduce_scatter_tensor", ":all_gather_into_tensor")):

@@ -13,8 +13,8 @@
     decode per row; with feedback compensate + encode + decode + subtract as separate ops per row).
 
 (d) With --all-reduce P: the codec calls flat.all_reduce makes on one rank of P for an fp32 tensor of
-    --tp-numel values, with the shapes it makes them (segments.py's segments and chunks; with two ranks
-    only the peer's chunk is encoded and decoded in the reduce-scatter), every segment in its own part of
+    --tp-numel values, with the shapes it makes them (segments.py's segments and chunks; two ranks take the
+    one-exchange path of ccoll/collectives/small.py instead), every segment in its own part of
     tensor-sized buffers, one thread: GB/s of fp32 values per CPU-second, per op, and the sum over the
     call -- the codec CPU time a rank spends per all_reduce.
 
@@ -219,7 +219,7 @@ def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], re
         for backend in backends:
             c = ccoll.get_codec(spec, backend=backend)
             segs = segments(numel, p, 4, c.align_numel)
-            scatter_rows = 1 if p == 2 else p  # flat._encode_scatter: two ranks send the peer's chunk only
+            scatter_rows = p  # flat.all_reduce encodes every chunk (two ranks take ccoll.collectives.small instead)
             send, gathered, acc, fb_scatter, fb_reduced = [], [], [], [], []
             for lo, seg_numel, chunk in segs:  # per segment, as flat.all_reduce allocates them
                 nbytes = c.encoded_nbytes(chunk, x.dtype)
@@ -233,7 +233,7 @@ def all_reduce_ops(numel: int, p: int, specs: list[str], backends: list[str], re
             def every_segment(call):
                 return lambda: [call(i, lo, seg_numel, chunk) for i, (lo, seg_numel, chunk) in enumerate(segs)]
 
-            def src(lo, seg_numel, chunk):  # what _encode_scatter encodes (the padded tail of a short segment too)
+            def src(lo, seg_numel, chunk):  # what flat.all_reduce encodes (the padded tail of a short segment too)
                 return x[lo:min(lo + seg_numel, lo + scatter_rows * chunk)]
 
             ops = {  # op: (all segments, fp32 values they handle)

@@ -28,8 +28,8 @@ alone. Why two: torch's PowerSGD hook on gloo aborts once the model has several 
 ``--bucket-mb 6``, loopback and shaped links: ``gloo::EnforceNotMet`` "Received data size doesn't match
 expected size", a collective mismatch between the ranks), so the torch variants keep one bucket. ccoll's hook
 does host work per bucket (packing, error feedback, encoding) before its first byte is sent, and on two ranks
-a bucket of at most one segment (8 MiB, :mod:`ccoll.collectives.segments`) goes out in one exchange that does
-not hold up DDP's backward, so smaller buckets let that work and the wire overlap the backward and each other.
+a bucket goes out in one exchange per segment (8 MiB, :mod:`ccoll.collectives.segments`) that do not hold up
+DDP's backward, so smaller buckets let that work and the wire overlap the backward and each other.
 The bucket sizes used are in the header and the JSON's meta.
 
 The model: an MLP (128 inputs, four hidden layers of width H, 128 classes) with H, a multiple of 64,

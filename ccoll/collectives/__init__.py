@@ -8,7 +8,7 @@ stats, handle). The algorithms are leaves that never import this module:
 - :mod:`.flat` -- every rank talks to every rank (fixed-size codecs);
 - :mod:`.hierarchy` -- exact inside a node, compressed between nodes (``hierarchy="node"``), when
   :mod:`.nodes` finds a layout for the group (otherwise flat);
-- :mod:`.small` -- all_reduce of small tensors in one exchange (see :func:`.small.one_exchange`);
+- :mod:`.small` -- the two-rank all_reduce, one exchange per segment (see :func:`.small.one_exchange`);
 - :mod:`.varsize` -- codecs whose payload size varies (``Codec.variable_size``: "lossless");
 - helpers: :mod:`.segments` (pipelining), :mod:`.salts` (stochastic-rounding seeds).
 
@@ -22,11 +22,11 @@ The path of one compressed all_reduce, ``ccoll.all_reduce(grad, "avg", group, "i
    size 1, non-float/sparse/complex/tiny tensors, MAX/MIN, dtypes the codec does not take -> native);
    :func:`.phases.labelled` then wraps codec and transport so each phase is a profiler range, only
    while a ``torch.profiler`` (or the bench's ``--breakdown``) listens;
-4. no hierarchy and a fixed-size codec: on two ranks a tensor of one segment (:func:`.small.one_exchange`)
-   is encoded whole once, all-gathered and decoded-and-summed by every rank
-   in rank order (:func:`.small.all_reduce`: one exchange, one quantization); otherwise
+4. no hierarchy and a fixed-size codec: on two ranks (:func:`.small.one_exchange`) each segment is
+   encoded once, all-gathered and decoded-and-summed by every rank in rank order
+   (:func:`.small.all_reduce`: one exchange and one quantization per segment, pipelined); otherwise
    :func:`.flat.all_reduce` encodes each segment's p chunks
-   (one ``encode_rows``, with error feedback if given; with two ranks only the peer's chunk), all-to-alls
+   (one ``encode_rows``, with error feedback if given), all-to-alls
    them, decodes-and-sums its own chunk in fp32, re-encodes it and all-gathers it, pipelined over
    segments, all on the side stream;
 5. :meth:`.call.Run.compressed` finishes it: decodes the gathered rows into ``grad`` (side stream),
@@ -52,7 +52,7 @@ payload; hierarchical calls: what entered and left the inter-node phase). Native
 raw. Seconds: see :mod:`.call` (one meaning on every path).
 
 Error feedback (all_reduce, reduce_scatter_tensor): one residual per lossy encode, keyed by
-:func:`ccoll.feedback.residual_key` (key, phase, segment); a one-exchange all_reduce has one ("whole"). Stochastic rounding: :mod:`.salts`.
+:func:`ccoll.feedback.residual_key` (key, phase, segment); a one-exchange all_reduce has one per segment ("whole"). Stochastic rounding: :mod:`.salts`.
 ``min_bytes=``: the threshold of the rule that chose the codec (a policy's ``min_bytes``), or None for
 the default.
 """

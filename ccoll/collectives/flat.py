@@ -6,8 +6,8 @@ communication and hands the completion to the call's :class:`~ccoll.collectives.
 
 all_reduce = compressed reduce-scatter by all-to-all (each rank decodes the p payloads of its chunk
 and sums them in fp32) + compressed all-gather of the reduced chunk: two codec round trips whatever the
-world size (compressing at every ring hop would compound the error p-1 times); with two ranks each
-rank's own chunk of the reduce-scatter stays exact (see ``_encode_scatter``). Tensors above
+world size (compressing at every ring hop would compound the error p-1 times). Two ranks take
+:mod:`.small`'s one exchange instead (the router's rule). Tensors above
 :data:`~ccoll.collectives.segments.SEGMENT_BYTES` are pipelined over segments so codec work overlaps
 the wire. Every rank decodes the all-gather bytes the others receive (its own slot too), so replicas
 stay bit-identical. Codec calls are the batched API only (one call per phase and segment).
@@ -62,11 +62,10 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
         for s, (lo, seg_numel, chunk) in enumerate(segments(n, p, t.element_size(), c.align_numel)):
             send = rows(p, c.payload_nbytes(chunk, dtype), t.device)
             fb = feedback_buffer(ef, residual_key(key, "rs", s), p * chunk, dtype, t.device, c, side)
-            own = _encode_scatter(c, flat, lo, seg_numel, chunk, send, fb, salt_of(OWN, s), tr.rank, p)
+            c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt_of(OWN, s))
             recv = torch.empty_like(send)
             wire += send.numel()
-            issued = (s, lo, seg_numel, chunk, recv, send, own,
-                      side.wrap(tr.all_to_all(recv, send, True)))
+            issued = (s, lo, seg_numel, chunk, recv, send, side.wrap(tr.all_to_all(recv, send, True)))
             if reducing is not None:
                 gathers.append(_reduce_and_gather(c, tr, side, reducing, opn, dtype, ef, key, salt_of))
             reducing = issued
@@ -84,18 +83,12 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
 
 
 def _reduce_and_gather(c, tr, side, issued, opn, dtype, ef, key, salt_of):
-    """Wait for one segment's all-to-all, reduce this rank's chunk (one fused decode-and-sum, plus
-    this rank's exact chunk with two ranks; the second codec round trip starts here) and issue the all-gather of its encoding (one encode, with
-    its error feedback); returns what :func:`_decode_gathered` needs."""
-    s, lo, seg_numel, chunk, recv, send, own, handle = issued
+    """Wait for one segment's all-to-all, reduce this rank's chunk (one fused decode-and-sum; the second
+    codec round trip starts here) and issue the all-gather of its encoding (one encode, with its error
+    feedback); returns what :func:`_decode_gathered` needs."""
+    s, lo, seg_numel, chunk, recv, send, handle = issued
     handle.wait()
-    acc = torch.empty(chunk, dtype=torch.float32, device=recv.device)
-    if own is None:
-        reduced = c.decode_sum(recv, chunk, dtype, out=acc)
-    else:  # two ranks: the peer's row decoded, this rank's own values added exactly
-        peer = 1 - tr.rank
-        reduced = c.decode_sum(recv[peer:peer + 1], chunk, dtype, out=acc)
-        reduced[:own.numel()].add_(own)
+    reduced = c.decode_sum(recv, chunk, dtype, out=torch.empty(chunk, dtype=torch.float32, device=recv.device))
     if opn == "avg":
         reduced.div_(tr.world_size)
     mine = reduced if dtype == torch.float32 else reduced.to(dtype)
@@ -104,29 +97,6 @@ def _reduce_and_gather(c, tr, side, issued, opn, dtype, ef, key, salt_of):
     c.encode_rows(mine, payload, chunk, feedback=fb, salt=salt_of(REDUCED, s))
     gathered = rows(tr.world_size, recv.shape[1], recv.device)
     return (lo, seg_numel, chunk, gathered, payload, side.wrap(tr.all_gather(gathered, payload, True)))
-
-
-def _encode_scatter(c, flat, lo, seg_numel, chunk, send, fb, salt, rank, p):
-    """Encode one segment's p chunks into the rows of ``send`` for the all-to-all; returns this rank's
-    own chunk when it stays exact, else None.
-
-    With two ranks only the peer's chunk is encoded (one ``encode_rows`` call of one row, its error
-    feedback the peer row's residuals): this rank's own chunk never leaves it and only this rank
-    reduces it, so it is summed exact instead of through a lossy round trip (half the encode and
-    decode work of the reduce-scatter, which on P1 is the codec time the wire waited for; the sum is
-    still computed on one rank only, so every rank still decodes the same all-gather payloads). Its
-    own row of ``send`` is then never written (the transport copies it to itself; nobody decodes it).
-    With more ranks the rows this rank encodes are not one block for every rank, so every row is
-    encoded in one call as before (the same codec calls on every rank)."""
-    if p != 2:
-        c.encode_rows(flat[lo:lo + seg_numel], send, chunk, feedback=fb, salt=salt)
-        return None
-    peer = 1 - rank
-    a, b = lo + peer * chunk, min(lo + seg_numel, lo + (peer + 1) * chunk)
-    src = flat[a:b] if b > a else torch.zeros(1, dtype=flat.dtype, device=flat.device)  # a chunk of padding
-    c.encode_rows(src, send[peer:peer + 1], chunk, salt=salt,
-                  feedback=None if fb is None else fb[peer * chunk:(peer + 1) * chunk])
-    return flat[lo + rank * chunk:min(lo + seg_numel, lo + (rank + 1) * chunk)]
 
 
 def _decode_gathered(c, gather, out: torch.Tensor) -> None:

@@ -19,12 +19,6 @@ def chunk_numel(p: int, element_size: int, align_numel: int) -> int:
     return max(SEGMENT_BYTES // (element_size * p) // align_numel, 1) * align_numel
 
 
-def single_segment(n: int, p: int, element_size: int, align_numel: int) -> bool:
-    """Whether :func:`segments` cuts an ``n``-element all_reduce into one segment, without building the
-    list (the router asks it on every two-rank call)."""
-    return n <= p * chunk_numel(p, element_size, align_numel)
-
-
 def segments(n: int, p: int, element_size: int, align_numel: int) -> list[tuple[int, int, int]]:
     """``(first element, numel, per-rank chunk numel)`` of each segment of an ``n``-element all_reduce.
     A tensor of at most one segment is a single segment with chunk ``ceil(n / p)``, exactly the
@@ -46,4 +40,4 @@ def spans(m: int, p: int, element_size: int, align_numel: int) -> list[tuple[int
     return [(a, min(span, m - a)) for a in range(0, m, span)]
 
 
-__all__ = ["SEGMENT_BYTES", "chunk_numel", "segments", "single_segment", "spans"]
+__all__ = ["SEGMENT_BYTES", "chunk_numel", "segments", "spans"]

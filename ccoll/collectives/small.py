@@ -1,22 +1,24 @@
-"""all_reduce of small tensors in one exchange: every rank encodes its whole tensor once (with its error
-feedback), the p payloads are all-gathered, and every rank decodes-and-sums them in rank order.
+"""all_reduce in one exchange: every rank encodes its tensor once (with its error feedback), the p payloads
+are all-gathered, and every rank decodes-and-sums them in rank order.
 
-Why: a small compressed all_reduce is latency-bound, and :func:`ccoll.collectives.flat.all_reduce` pays
-two exchanges (an all-to-all of the chunks, then an all-gather of the reduced chunks), each a collective
-launch and a network round trip, plus two quantizations and the Python around them. Here there is one
-exchange and one quantization. Every rank runs the same ``decode_sum`` on the same bytes in the same row
-order (its own payload decoded like the others, never its exact input), so replicas are bit-identical.
+Why: :func:`ccoll.collectives.flat.all_reduce` pays two exchanges (an all-to-all of the chunks, then an
+all-gather of the reduced chunks), each a collective launch and a network round trip, plus two quantizations
+and the Python around them. Here there is one exchange and one quantization. Every rank runs the same
+``decode_sum`` on the same bytes in the same row order (its own payload decoded like the others, never its
+exact input), so replicas are bit-identical.
 
-Only at p = 2: there each rank receives one encoded tensor either way (flat: two halves), so the
-one-exchange path saves an exchange and a quantization for free, and every tensor of one pipeline
-segment takes it (a tensor of several segments keeps flat's pipeline, which overlaps codec work with
-the wire). At p > 2 each rank would receive p-1 whole encoded tensors instead of 2(p-1)/p of one:
-bytes traded for latency, which pays on a fast link and loses on a slow one, and the rule cannot know
-the link (every rank must choose alike from what the call says), so p > 2 keeps flat's algorithm.
-Codec work grows a little: every rank decodes both whole payloads (flat: one and a half tensors'
-worth); with no wire at all (``python -m ccoll.bench.overhead``'s in-process table) a 1 MiB call on
-the CPU is then slower than flat's, while over two gloo ranks, where the exchange saved is hundreds of
-microseconds, it is faster at 1 MiB too.
+Only at p = 2: there each rank receives one encoded tensor either way (flat: two halves), so one exchange
+saves an exchange, a quantization and codec passes for free (flat at p = 2 encodes half the tensor, decodes
+and sums it, adds the exact half, divides, encodes it again and decodes the whole; here one encode of the
+whole and one decode-and-sum). At p > 2 each rank would receive p-1 whole encoded tensors instead of
+2(p-1)/p of one: bytes traded for latency, which pays on a fast link and loses on a slow one, and the rule
+cannot know the link (every rank must choose alike from what the call says), so p > 2 keeps flat's
+algorithm. A tensor of several segments (:mod:`.segments`) is pipelined: each segment is encoded and its
+all-gather issued in turn, so the wire carries segment s while s+1 is encoded, and (sync calls) s-1 is
+decoded; an async call issues every segment without waiting for the network, so it never holds up its
+caller (a DDP hook's bucket above one segment held up DDP's backward while flat's reduce waited for each
+segment's all-to-all). Measured on the 20 MiB loopback hooks bench, int4:block=256, one bucket: see issue 41's
+note.
 """
 from __future__ import annotations
 
@@ -30,70 +32,90 @@ from ..transports import Transport
 from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, rows
 from .phases import is_labelled
 from .salts import OWN, salts
-from . import segments
-from .segments import single_segment
+from . import segments as segmenting
+from .segments import segments
 
 
 def one_exchange(c: Codec, p: int, numel: int, dtype: torch.dtype) -> bool:
-    """Whether an all_reduce of ``numel`` elements of ``dtype`` over ``p`` ranks runs in one exchange:
-    two ranks and a single pipeline segment. Depends on (codec, p, numel, dtype) only, so every rank
-    chooses alike. Answers are kept per (codec, numel, dtype, segment size): the rule is four frames deep
-    (the codec's alignment, the segment arithmetic) and the router asks it on every two-rank call."""
-    if p != 2:
-        return False
-    k = (id(c), numel, dtype, segments.SEGMENT_BYTES)
-    known = _answers.get(k)
-    if known is not None and known[0] is c:
-        return known[1]
-    one = single_segment(numel, p, dtype.itemsize, c.align_numel)
-    if len(_answers) < 4096:
-        _answers[k] = (c, one)  # the codec kept with its answer: its id cannot be reused while the entry lives
-    return one
+    """Whether an all_reduce of ``numel`` elements of ``dtype`` over ``p`` ranks runs in one exchange: on two
+    ranks, every tensor (the module docstring says why). Depends on (codec, p, numel, dtype) only, so every
+    rank chooses alike."""
+    return p == 2
 
 
-_answers: dict[tuple, tuple] = {}
+#: (codec id, numel, p, dtype, SEGMENT_BYTES) -> (codec, its segments): the cuts are two frames deep (the codec's
+#: alignment, the segment arithmetic) and every two-rank call needs them
+_cuts: dict[tuple, tuple] = {}
 
 
 def residual_slots(c: Codec, p: int, rank: int, numel: int, element_size: int) -> list[tuple[str, int, int, int]]:
     """The residuals :func:`all_reduce` asks error feedback for, as (phase, segment, first element, numel)
-    of the flat tensor: one, the whole tensor (phase "whole")."""
-    return [("whole", 0, 0, numel)]
+    of the flat tensor: one per segment, its whole span (phase "whole")."""
+    return [("whole", s, lo, seg_numel)
+            for s, (lo, seg_numel, _) in enumerate(segments(numel, p, element_size, c.align_numel))]
 
 
 def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str, async_op: bool,
                ef: Any, key: Hashable, salt: int | None):
-    """One encode (residual key phase "whole"), one all-gather, one fused decode-and-sum of the p rows
-    in fp32, rounded once into the caller's dtype."""
+    """Per segment: one encode (residual key phase "whole"), one all-gather, one fused decode-and-sum of the
+    p rows in fp32, rounded once into the caller's dtype."""
     t = plain(tensor)
     p, n, dtype, device = tr.world_size, t.numel(), t.dtype, t.device  # each read builds a Python object: once
     side = run.stream
+    k = (id(c), n, p, dtype, segmenting.SEGMENT_BYTES)
+    known = _cuts.get(k)
+    if known is not None and known[0] is c:
+        cuts = known[1]
+    else:
+        cuts = segments(n, p, dtype.itemsize, c.align_numel)
+        if len(_cuts) < 4096:
+            _cuts[k] = (c, cuts)  # the codec kept with its cuts: its id cannot be reused while the entry lives
+    # one exchange and nothing to overlap it with: a sync call's is issued sync (done when it returns, the side
+    # stream ordered after it, as torch's sync calls order the current stream), no request to wait for; while
+    # phases are labelled, async and waited for, as the trace has always shown it
+    issue_async = async_op or len(cuts) > 1 or is_labelled(tr)
+    salt_of = salts(salt, tr, c)
+    gathers: list = []  # issued, not yet decoded
+    wire = 0
     with side.on_side():
         side.keep(t)
-        nbytes = c.payload_nbytes(n, dtype)
-        payload = rows(1, nbytes, device)
-        fb = feedback_buffer(ef, residual_key(key, "whole"), n, dtype, device, c, side)
         flat = t if t.dim() == 1 and t.is_contiguous() else contig(flat_view(t))
-        c.encode_rows(flat, payload, n, feedback=fb, salt=salts(salt, tr, c)(OWN, 0))
-        gathered = rows(p, nbytes, device)
-        # one exchange and nothing to overlap it with: a sync call's is issued sync (done when it returns, the
-        # side stream ordered after it, as torch's sync calls order the current stream), no request to wait for;
-        # while phases are labelled, async and waited for, as the trace has always shown it
-        inner = side.wrap(tr.all_gather(gathered, payload, async_op or is_labelled(tr)))
-    sending = [payload]  # the send buffer lives until the exchange completes
+        out = flat if flat is t else output_flat(t)  # a 1-D contiguous tensor decodes into itself
+        for s, (lo, seg_numel, _) in enumerate(cuts):
+            nbytes = c.payload_nbytes(seg_numel, dtype)
+            payload = rows(1, nbytes, device)
+            fb = feedback_buffer(ef, residual_key(key, "whole", s), seg_numel, dtype, device, c, side)
+            src = flat if seg_numel == n else flat[lo:lo + seg_numel]
+            c.encode_rows(src, payload, seg_numel, feedback=fb, salt=salt_of(OWN, s))
+            gathered = rows(p, nbytes, device)
+            gathers.append((lo, seg_numel, gathered, payload, side.wrap(tr.all_gather(gathered, payload, issue_async))))
+            wire += nbytes
+            if not async_op and len(gathers) > 1:
+                _decode_sum(c, gathers.pop(0), out, n, p, dtype, opn)
 
     def body() -> None:
-        out = flat if flat is t else output_flat(t)  # a 1-D contiguous tensor decodes into itself
-        acc = out if dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=device)
-        c.decode_sum(gathered, n, dtype, out=acc)
-        if opn == "avg":
-            acc.div_(p)
-        if acc is not out:
-            out.copy_(acc)
+        for g in gathers:
+            _decode_sum(c, g, out, n, p, dtype, opn)
+        del gathers[:]  # the send buffers live until the exchanges complete
         if out is not t:
             copy_back(t, out)
-        del sending[:]
 
-    return run.compressed(async_op, [inner], body, c, n * dtype.itemsize, nbytes, [tensor])
+    works = [g[-1] for g in gathers] if async_op else []
+    return run.compressed(async_op, works, body, c, n * dtype.itemsize, wire, [tensor])
+
+
+def _decode_sum(c: Codec, gather: tuple, out: torch.Tensor, n: int, p: int, dtype: torch.dtype, opn: str) -> None:
+    """One segment's p gathered rows decoded and summed in fp32 into its slice of ``out``, divided by p for avg."""
+    lo, seg_numel, gathered, _, handle = gather
+    if handle is not None:
+        handle.wait()
+    dst = out if seg_numel == n else out[lo:lo + seg_numel]
+    acc = dst if dtype == torch.float32 else torch.empty(seg_numel, dtype=torch.float32, device=dst.device)
+    c.decode_sum(gathered, seg_numel, dtype, out=acc)
+    if opn == "avg":
+        acc.div_(p)
+    if acc is not dst:
+        dst.copy_(acc)
 
 
 __all__ = ["all_reduce", "one_exchange"]

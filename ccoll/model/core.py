@@ -241,7 +241,10 @@ def wire_nbytes(codec, op: str, numel: int, dtype: torch.dtype, group: int) -> i
     if codec is None:
         return numel * elt
     if op == "all_reduce":
-        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in segments(numel, group, elt, codec.align_numel))
+        cuts = segments(numel, group, elt, codec.align_numel)
+        if group == 2:  # one exchange per segment (ccoll.collectives.small): the segment's one payload
+            return sum(codec.encoded_nbytes(seg_numel, dtype) for _, seg_numel, _ in cuts)
+        return sum(group * codec.encoded_nbytes(chunk, dtype) for _, _, chunk in cuts)
     if op == "reduce_scatter":
         return sum(group * codec.encoded_nbytes(n, dtype) for _, n in spans(numel // group, group, elt, codec.align_numel))
     if op == "all_gather":

@@ -22,11 +22,11 @@ N = 3001  # not a multiple of any block or of p
 
 # --- the rule -------------------------------------------------------------------------------------
 
-def test_given_two_ranks_when_one_segment_expect_one_exchange_and_beyond_it_flat():
+def test_given_two_ranks_expect_one_exchange_whatever_the_size():
     c = ccoll.get_codec("int8:block=256")
     assert small.one_exchange(c, 2, 16, torch.float32)
     assert small.one_exchange(c, 2, SEGMENT_BYTES // 4, torch.float32)  # the largest single segment
-    assert not small.one_exchange(c, 2, SEGMENT_BYTES // 4 + 1, torch.float32)  # two segments: flat's pipeline
+    assert small.one_exchange(c, 2, SEGMENT_BYTES // 4 + 1, torch.float32)  # two segments: pipelined
     assert not small.one_exchange(c, 1, 16, torch.float32)
 
 
@@ -152,16 +152,27 @@ def test_given_three_ranks_when_small_all_reduce_expect_flat_residuals():
     assert all(k == kinds[0] for k in kinds) and set(kinds[0]) == {"rs", "ag"}
 
 
-def test_given_two_ranks_when_a_tensor_of_two_segments_expect_flat_residuals(monkeypatch):
-    """Beyond one segment the rule keeps flat's pipeline: its residual phases, not "whole"."""
+def test_given_two_ranks_when_a_tensor_of_several_segments_expect_each_segment_one_exchange(monkeypatch):
+    """Beyond one segment, two ranks pipeline the one-exchange path: each segment encoded once (its own "whole"
+    residual) and decoded-and-summed on its own, the same bytes sync and async, on both ranks."""
     import ccoll.collectives.segments as segmenting
 
     monkeypatch.setattr(segmenting, "SEGMENT_BYTES", 2 * 4 * 512)
+    c = ccoll.get_codec("int8:block=256")
+    cuts = segmenting.segments(4000, 2, 4, c.align_numel)
+    assert len(cuts) == 4
 
     def rank_fn(rank, group):
         ef = ccoll.ErrorFeedback()
-        ccoll.all_reduce(data(3, rank, 4000), "sum", group, "int8:block=256", error_feedback=ef, key="k", min_bytes=0)
-        return sorted(k[1] for k in ef.keys())
+        t = data(3, rank, 4000)
+        ccoll.all_reduce(t, "avg", group, c, error_feedback=ef, key="k", min_bytes=0)
+        u = data(3, rank, 4000)
+        ccoll.all_reduce(u, "avg", group, c, async_op=True, min_bytes=0).wait()
+        return sorted(ef.keys(), key=str), t, u
 
-    kinds = simulated_world(2, rank_fn, timeout_s=60)
-    assert kinds[0] == kinds[1] and set(kinds[0]) == {"rs", "ag"}
+    results = simulated_world(2, rank_fn, timeout_s=60)
+    inputs = [data(3, k, 4000) for k in range(2)]
+    want = torch.cat([_expected(c, [x[lo:lo + n] for x in inputs], avg=True) for lo, n, _ in cuts])
+    for keys, t, u in results:
+        assert keys == sorted([("k", "whole")] + [("k", "whole", s) for s in range(1, 4)], key=str)
+        assert torch.equal(t, want) and torch.equal(u, want)

@@ -201,9 +201,9 @@ def _segmented_all_reduce(model, rank, group, c, async_op):
 
 
 @pytest.mark.parametrize("async_op", [False, True])
-def test_given_two_ranks_and_several_segments_expect_the_flat_pipeline_ordered(model, monkeypatch, async_op):
-    """Two ranks, a tensor of several segments: flat's pipeline with each rank's own chunk kept exact (the
-    one-exchange path takes only single-segment tensors)."""
+def test_given_two_ranks_and_several_segments_expect_the_one_exchange_pipeline_ordered(model, monkeypatch, async_op):
+    """Two ranks, a tensor of several segments: the one-exchange pipeline (each segment encoded, all-gathered and
+    decoded-and-summed; a sync call decodes segment s-1 while s is on the wire)."""
     from ccoll.collectives import segments
 
     monkeypatch.setattr(segments, "SEGMENT_BYTES", SMALL_SEGMENT_BYTES)
@@ -615,10 +615,11 @@ def test_given_get_future_finished_on_the_waiter_threads_own_stream_expect_the_m
 # --- coverage: every algorithm ran under the model ----------------------------------------------------------
 
 #: variants an algorithm must also have run with: flat's all_reduce is the path of every job of more than two
-#: ranks and of every multi-segment tensor (its two-rank form keeps the own chunk exact); the reduce_scatter /
-#: all_gather pipelines over spans
+#: ranks, the one-exchange all_reduce of two, both pipelined over segments; the reduce_scatter / all_gather
+#: pipelines over spans
 REQUIRED_VARIANTS = {
-    "ccoll.collectives.flat:all_reduce": {"p=2", "p>=3", "segments>1"},
+    "ccoll.collectives.flat:all_reduce": {"p>=3", "segments>1"},
+    "ccoll.collectives.small:all_reduce": {"p=2", "segments>1"},
     "ccoll.collectives.flat:reduce_scatter_tensor": {"segments>1"},
     "ccoll.collectives.flat:all_gather_into_tensor": {"segments>1"},
 }

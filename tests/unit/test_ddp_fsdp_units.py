@@ -50,12 +50,12 @@ def test_given_compression_state_when_saved_and_loaded_expect_steps_and_residual
         fresh.load_state_dict({"version": 0})
 
 
-@pytest.mark.parametrize("segment_bytes", [None, 4096 * 4 * 2])
+@pytest.mark.parametrize("p, segment_bytes", [(2, None), (2, 4096 * 4 * 2), (4, 4096 * 4 * 4)])
 def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_each_parameters_own_residual(
-        monkeypatch, segment_bytes):
-    """World of 2, rank 1. One segment: the one-exchange all_reduce's "whole" residual is the packed
-    buffer. With a small SEGMENT_BYTES the collective segments the buffer (flat's algorithm): rows of
-    the reduce-scatter map to consecutive chunks of the packed layout, the all-gather residual to this
+        monkeypatch, p, segment_bytes):
+    """Rank 1 of p. Two ranks: the one-exchange all_reduce's "whole" residual of each segment is its span of the
+    packed buffer (one segment: all of it). Four ranks with a small SEGMENT_BYTES (flat's algorithm, segmented):
+    rows of the reduce-scatter map to consecutive chunks of the packed layout, the all-gather residual to this
     rank's chunk, following the segments. Each parameter's residual moves in once (its stored values kept)
     and is a view from then on, so what the encode writes is the parameter's residual with no write-back.
     The slots are the router's (``collectives.residual_slots``), as ccoll.ddp gets them."""
@@ -67,29 +67,34 @@ def test_given_packed_bucket_when_collective_asks_for_residuals_expect_views_of_
     regions, off = [], 0
     for name, n in sizes.items():
         regions.append((name, off, n, n))
-        st.feedback.buffer((name, "rs"), n, torch.float32, "cpu", codec).copy_(torch.arange(n) + 1000.0 * (name == "b"))
+        for phase in ("rs", "whole"):
+            st.feedback.buffer((name, phase), n, torch.float32, "cpu", codec).copy_(
+                torch.arange(n) + 1000.0 * (name == "b"))
         off += n
-    total = -(-off // 128) * 128
+    total = -(-off // (p * 64)) * (p * 64)
     ef = _PackedFeedback(st, regions, total, torch.float32, "cpu", codec,
-                         collectives.residual_slots(codec, 2, 1, total, torch.float32))
-    segments = segmenting.segments(total, 2, 4, codec.align_numel)
+                         collectives.residual_slots(codec, p, 1, total, torch.float32))
+    segments = segmenting.segments(total, p, 4, codec.align_numel)
     assert (len(segments) > 1) == (segment_bytes is not None)
-    if segment_bytes is None:  # one segment on two ranks: the one-exchange all_reduce's "whole" residual
-        whole = ef.buffer(("k", "whole"), total, torch.float32, "cpu", codec)
-        assert whole.data_ptr() == ef._packed["whole"].data_ptr() and set(ef._packed) == {"whole"}
-        whole.add_(1)
-        assert torch.equal(st.feedback.residual(("a", "whole")), torch.ones(sizes["a"]))
+    if p == 2:  # the one-exchange all_reduce: one "whole" residual per segment, its span of the packed buffer
+        assert set(ef._packed) == {"whole"}
+        for s, (lo, seg_numel, _) in enumerate(segments):
+            whole = ef.buffer(("k", "whole") + (() if s == 0 else (s,)), seg_numel, torch.float32, "cpu", codec)
+            assert whole.data_ptr() == ef._packed["whole"][lo:].data_ptr() and whole.numel() == seg_numel
+            whole.add_(1)
+        assert torch.equal(st.feedback.residual(("a", "whole")), torch.arange(sizes["a"]) + 1.0)
+        assert torch.equal(st.feedback.residual(("b", "whole")), torch.arange(sizes["b"]) + 1001.0)
         with pytest.raises(PolicyError, match="unexpected"):
             ef.buffer(("k", "rs"), 2 * total, torch.float32, "cpu", codec)
         return
     seen = 0
     for s, (lo, seg_numel, chunk) in enumerate(segments):
         suffix = () if s == 0 else (s,)
-        view = ef.buffer(("k", "rs") + suffix, 2 * chunk, torch.float32, "cpu", codec)  # the segment's 2 rows
-        assert view.numel() == 2 * chunk and view.is_contiguous()
+        view = ef.buffer(("k", "rs") + suffix, p * chunk, torch.float32, "cpu", codec)  # the segment's p rows
+        assert view.numel() == p * chunk and view.is_contiguous()
         assert view.data_ptr() == ef._packed["rs"][lo:].data_ptr()
         view.add_(1)  # what an encode's residual update would do
-        seen += 2 * chunk
+        seen += p * chunk
         ag = ef.buffer(("k", "ag") + suffix, chunk, torch.float32, "cpu", codec)
         ag.fill_(7)
         assert ag.data_ptr() == ef._packed["ag"][lo + chunk:].data_ptr()  # rank 1 owns the second chunk
