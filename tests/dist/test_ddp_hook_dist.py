@@ -36,7 +36,7 @@ def _batch(step: int, rank: int):
 
 
 def _train(rank: int, state, steps: range, ckpt_in: str | None = None, ckpt_out: str | None = None,
-           orders: list | None = None):
+           orders: list | None = None, bucket_cap_mb: float = 100):
     """DDP with one large bucket (bucket_cap_mb=100: packing order is the only difference between steps);
     ``state``: a CompressionState, or None for plain DDP. Returns (losses, flat params)."""
     import torch
@@ -44,7 +44,7 @@ def _train(rank: int, state, steps: range, ckpt_in: str | None = None, ckpt_out:
     from ccoll import ddp as cddp
 
     model = _model()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     if ckpt_in is not None:
         saved = torch.load(ckpt_in, weights_only=False)
@@ -94,6 +94,13 @@ def _job_train(rank: int, world: int, ckpt_dir: str):
     dist.all_gather(gathered, params)
     out["replicas_equal"] = all(torch.equal(g, params) for g in gathered)
     out["iter"] = state.iter
+
+    # grouping: one bucket against (nearly) one bucket per parameter, round to nearest
+    grouped: list = []
+    out["one_bucket"] = _train(rank, CompressionState(codec="int4:block=64", min_bytes=0), range(4))
+    out["many_buckets"] = _train(rank, CompressionState(codec="int4:block=64", min_bytes=0), range(4), orders=grouped,
+                                 bucket_cap_mb=0.001)
+    out["buckets_per_step"] = len(grouped) / 4
 
     # resume check, first half: an uninterrupted run of 6 steps, and 3 steps + checkpoint
     full = CompressionState(codec=INT4_SR, min_bytes=0)
@@ -153,6 +160,18 @@ def test_given_ddp_bucket_rebuild_when_packing_order_changes_expect_premise_hold
     assert len(orders) == 8 and orders[0] != orders[1] and orders[1:] == [orders[1]] * 7
     assert sorted(orders[0]) == sorted(orders[1])
     assert resumed[1][0] == orders[0]  # a resumed run starts from the step-0 packing
+
+
+def test_given_two_ranks_when_parameters_grouped_into_other_buckets_expect_bit_identical_training(results):
+    """On two ranks every bucket is one exchange per segment and each parameter's blocks are its own (padded to the
+    codec's block), so how DDP groups parameters into buckets changes no bit (README, the hooks table)."""
+    import torch
+
+    first, _ = results
+    for r in first:
+        assert r["buckets_per_step"] > 1.5  # the premise: after step 0 DDP splits the parameters into several buckets
+        (a_losses, a_params), (b_losses, b_params) = r["one_bucket"], r["many_buckets"]
+        assert a_losses == b_losses and torch.equal(a_params, b_params)
 
 
 def test_given_checkpoint_after_k_steps_when_resumed_in_fresh_processes_expect_bit_identical_to_uninterrupted(results):
