@@ -180,7 +180,6 @@ class _Bucket:
         total = -(-off // (world * align)) * (world * align)
         self.packed = torch.empty(total, dtype=buf.dtype, device=buf.device)
         self.key = ("ddp",) + tuple(r[0] for r in self.regions)
-        self.dtype, self.device = buf.dtype, buf.device
         self.generation = state.feedback.generation
         self.feedback = None
         if state.error_feedback:
@@ -237,8 +236,8 @@ def _compressed(state: CompressionState, bucket, buf: torch.Tensor, group: Any, 
     grads = bucket.gradients()
     ident = tuple((id(p), p.numel()) for p in bucket.parameters())
     layout = state._buckets.get(ident)
-    if (layout is None or layout.generation != state.feedback.generation or layout.dtype != buf.dtype
-            or layout.device != buf.device):
+    if (layout is None or layout.generation != state.feedback.generation or layout.packed.dtype != buf.dtype
+            or layout.packed.device != buf.device):
         # a new or changed bucket (DDP's rebuild after step 0, a loaded checkpoint): its parameters' residuals
         # move into the new layout, so a kept layout that shares a parameter with it is stale
         mine = {i for i, _ in ident}

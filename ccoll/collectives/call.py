@@ -161,6 +161,18 @@ def rows(p: int, nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty(p, nbytes, dtype=torch.uint8, device=device)
 
 
+def reduce_into(c: Codec, payloads: torch.Tensor, dst: torch.Tensor, p: int, opn: str) -> None:
+    """Decode-and-sum the rows of ``payloads`` into ``dst`` (a contiguous 1-D tensor or slice): straight into it
+    when it is fp32, else through an fp32 accumulator rounded once into it; divided by ``p`` for avg. The reduce
+    step of the all_reduce / reduce_scatter algorithms."""
+    acc = dst if dst.dtype == torch.float32 else torch.empty(dst.numel(), dtype=torch.float32, device=dst.device)
+    c.decode_sum(payloads, dst.numel(), dst.dtype, out=acc)
+    if opn == "avg":
+        acc.div_(p)
+    if acc is not dst:
+        dst.copy_(acc)
+
+
 def feedback_buffer(ef: Any, rkey: Any, numel: int, dtype: torch.dtype, device: Any, c: Codec,
                     stream: Any = None) -> torch.Tensor | None:
     """The residual buffer for one lossy encode (``rkey`` from :func:`ccoll.feedback.residual_key`),
@@ -261,4 +273,4 @@ class Run:
 
 
 __all__ = ["REDUCING_OPS", "Run", "as_codec", "check_tensor", "contig", "copy_back", "decide", "feedback_buffer",
-           "finish", "flat_view", "nbytes", "output_flat", "plain", "rows"]
+           "finish", "flat_view", "nbytes", "output_flat", "plain", "reduce_into", "rows"]

@@ -21,7 +21,7 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, reduce_into, rows
 from .phases import is_labelled
 from .salts import OWN, REDUCED, salts
 from .segments import segments, spans
@@ -149,17 +149,10 @@ def reduce_scatter_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tenso
 
 
 def _reduce_span(c: Codec, exchange, p: int, opn: str, obuf: torch.Tensor) -> None:
-    """Decode-and-sum one span's p payloads: straight into the output when it is fp32, else through
-    an fp32 accumulator rounded once into it."""
+    """Decode-and-sum one span's p payloads into its slice of the output."""
     a, span, recv, send, handle = exchange
     handle.wait()
-    dst = obuf[a:a + span]
-    acc = dst if dst.dtype == torch.float32 else torch.empty(span, dtype=torch.float32, device=dst.device)
-    c.decode_sum(recv, span, dst.dtype, out=acc)
-    if opn == "avg":
-        acc.div_(p)
-    if acc is not dst:
-        dst.copy_(acc)
+    reduce_into(c, recv, obuf[a:a + span], p, opn)
 
 
 def all_gather_into_tensor(run: Run, c: Codec, tr: Transport, output: torch.Tensor, input: torch.Tensor,

@@ -29,7 +29,7 @@ import torch
 from ..codecs import Codec
 from ..feedback import residual_key
 from ..transports import Transport
-from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, rows
+from .call import Run, contig, copy_back, feedback_buffer, flat_view, output_flat, plain, reduce_into, rows
 from .phases import is_labelled
 from .salts import OWN, salts
 from . import segments as segmenting
@@ -90,32 +90,22 @@ def all_reduce(run: Run, c: Codec, tr: Transport, tensor: torch.Tensor, opn: str
             gathered = rows(p, nbytes, device)
             gathers.append((lo, seg_numel, gathered, payload, side.wrap(tr.all_gather(gathered, payload, issue_async))))
             wire += nbytes
-            if not async_op and len(gathers) > 1:
-                _decode_sum(c, gathers.pop(0), out, n, p, dtype, opn)
+            if not async_op and len(gathers) > 1:  # sync: the previous segment decoded while this one travels
+                lo, seg_numel, gathered, _, handle = gathers.pop(0)
+                handle.wait()
+                reduce_into(c, gathered, out[lo:lo + seg_numel], p, opn)
 
     def body() -> None:
-        for g in gathers:
-            _decode_sum(c, g, out, n, p, dtype, opn)
+        for lo, seg_numel, gathered, _, handle in gathers:
+            if handle is not None:  # None: a sync single segment's exchange, done when issued
+                handle.wait()
+            reduce_into(c, gathered, out if seg_numel == n else out[lo:lo + seg_numel], p, opn)
         del gathers[:]  # the send buffers live until the exchanges complete
         if out is not t:
             copy_back(t, out)
 
     works = [g[-1] for g in gathers] if async_op else []
     return run.compressed(async_op, works, body, c, n * dtype.itemsize, wire, [tensor])
-
-
-def _decode_sum(c: Codec, gather: tuple, out: torch.Tensor, n: int, p: int, dtype: torch.dtype, opn: str) -> None:
-    """One segment's p gathered rows decoded and summed in fp32 into its slice of ``out``, divided by p for avg."""
-    lo, seg_numel, gathered, _, handle = gather
-    if handle is not None:
-        handle.wait()
-    dst = out if seg_numel == n else out[lo:lo + seg_numel]
-    acc = dst if dtype == torch.float32 else torch.empty(seg_numel, dtype=torch.float32, device=dst.device)
-    c.decode_sum(gathered, seg_numel, dtype, out=acc)
-    if opn == "avg":
-        acc.div_(p)
-    if acc is not dst:
-        dst.copy_(acc)
 
 
 __all__ = ["all_reduce", "one_exchange"]

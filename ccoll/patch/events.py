@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives.phases import torch_events_off  # noqa: F401 - the patch's payload traffic outside collectives
+from ..once import once
 
 #: the backend's event name of each wrapped call, by the dispatcher event its row records (``Row.event``)
 #: and backend. gloo: as torch 2.13's ProcessGroupGloo records them (measured; it runs reduce_scatter_tensor
@@ -46,8 +47,6 @@ TITLES: dict[str, dict[str, str]] = {
 
 _enter = torch.autograd._record_function_with_args_enter
 _exit = torch.autograd._record_function_with_args_exit
-_ender: "concurrent.futures.ThreadPoolExecutor | None" = None
-_ender_lock = threading.Lock()
 
 
 def title(dispatcher_event: str, group: Any) -> str:
@@ -85,10 +84,7 @@ def begin(dispatcher_event: str, tensor: Any, group: Any) -> "Event | None":
     return Event(_enter(title(dispatcher_event, group), *inputs))
 
 
-def _ender_thread() -> concurrent.futures.ThreadPoolExecutor:
-    global _ender
-    with _ender_lock:
-        if _ender is None:
-            _ender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ccoll-profiler")
-        return _ender
+#: ccoll's profiler thread, made on first use
+_ender_thread = once(lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ccoll-profiler"),
+                     remake_after_fork=True)
 

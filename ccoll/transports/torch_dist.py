@@ -41,6 +41,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..errors import TransportError
 from ..log import warn_once
+from ..once import once
 from .base import Transport, check_all_gather, check_all_to_all
 from .handle import Handle
 
@@ -276,27 +277,8 @@ class _Posted:
         return self._posted.done() and all(w.is_completed() for w in self._posted.result())
 
 
-_poster_pool: "concurrent.futures.ThreadPoolExecutor | None" = None
-_poster_lock = threading.Lock()
-
-
-def _poster() -> "concurrent.futures.ThreadPoolExecutor":
-    """The one thread that posts async point-to-point exchanges (:class:`_Posted`), made on first use."""
-    global _poster_pool
-    if _poster_pool is None:
-        with _poster_lock:
-            if _poster_pool is None:
-                _poster_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ccoll-p2p")
-    return _poster_pool
-
-
-def _forget_poster() -> None:
-    """A forked child has the pool but not its thread (a submit there would never run): it makes its own."""
-    global _poster_pool
-    _poster_pool = None
-
-
-os.register_at_fork(after_in_child=_forget_poster)
+#: the one thread that posts async point-to-point exchanges (:class:`_Posted`), made on first use
+_poster = once(lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ccoll-p2p"), remake_after_fork=True)
 
 
 #: bytes per peer from which "auto" sends gloo exchanges point to point (below: torch's collective; see the module
